@@ -1,0 +1,24 @@
+//! ramd's engine: a sparse, memory-bounded store of 4 KiB pages.
+//!
+//! Every frontend (NBD today, FUSE, persistence and stats later) goes through
+//! [`Store`]'s narrow interface: `read`, `write`, `zero`, `trim`, `flush`,
+//! `extents`, `stats`. Callers validate requests at their own edge; the store
+//! checks ranges once more and returns [`Error`], whose [`Error::errno`] is
+//! what a client should see.
+
+mod error;
+mod pool;
+mod store;
+
+pub use error::{Error, Result};
+pub use pool::{mem_available, mem_total, PoolStats};
+pub use store::{
+    default_host_reserve, full_disk_memory, Extent, ExtentKind, Store, StoreConfig, StoreStats,
+    CHUNK_META_BYTES, MAX_SIZE,
+};
+
+/// The page size of the store: the unit of allocation, sharing and holes.
+pub const PAGE_SIZE: usize = 4096;
+
+#[cfg(test)]
+mod tests;

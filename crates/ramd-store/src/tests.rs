@@ -1,0 +1,291 @@
+//! Engine tests: every operation checked against a plain `Vec<u8>` model.
+
+use crate::*;
+
+const MIB: u64 = 1 << 20;
+
+fn store(size: u64) -> Store {
+    Store::new(StoreConfig {
+        host_reserve: 0,
+        ..StoreConfig::new(size)
+    })
+    .unwrap()
+}
+
+/// xorshift64*: deterministic data without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn read_all(s: &Store) -> Vec<u8> {
+    let mut buf = vec![0xEE; s.size() as usize];
+    s.read(0, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn fresh_disk_reads_zero_and_costs_nothing() {
+    let s = store(4 * MIB + 123);
+    assert!(read_all(&s).iter().all(|&b| b == 0));
+    let st = s.stats();
+    assert_eq!((st.memory_used, st.chunks, st.used_bytes), (0, 0, 0));
+    assert_eq!(
+        s.extents(0, s.size(), 16).unwrap(),
+        vec![Extent {
+            length: s.size(),
+            kind: ExtentKind::Hole
+        }]
+    );
+}
+
+#[test]
+fn unaligned_write_across_chunks_round_trips() {
+    let s = store(8 * MIB);
+    let mut rng = Rng(7);
+    let data = rng.bytes(3 * MIB as usize + 777);
+    let off = 2 * MIB - 1001; // straddles the first chunk boundary
+    s.write(off, &data).unwrap();
+    let mut back = vec![0; data.len()];
+    s.read(off, &mut back).unwrap();
+    assert_eq!(back, data);
+    let all = read_all(&s);
+    assert!(all[..off as usize].iter().all(|&b| b == 0));
+    assert!(all[off as usize + data.len()..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn same_filled_and_zero_pages_cost_no_page_memory() {
+    let s = store(4 * MIB);
+    let pattern: Vec<u8> = (0..PAGE_SIZE)
+        .map(|i| [1, 2, 3, 4, 5, 6, 7, 8][i % 8])
+        .collect();
+    for p in 0..64u64 {
+        s.write(p * PAGE_SIZE as u64, &pattern).unwrap();
+    }
+    s.write(MIB, &vec![0; MIB as usize]).unwrap();
+    let st = s.stats();
+    assert_eq!(st.data_pages, 0);
+    assert_eq!(st.fill_pages, 64);
+    assert_eq!(st.zero_pages, 256);
+    assert_eq!(st.memory_used, st.chunks * CHUNK_META_BYTES);
+    let mut back = vec![0; PAGE_SIZE * 64];
+    s.read(0, &mut back).unwrap();
+    assert_eq!(back, pattern.repeat(64));
+    // A partial write that agrees with the pattern allocates nothing...
+    s.write(3, &pattern[3..20]).unwrap();
+    assert_eq!(s.stats().data_pages, 0);
+    // ...one that does not splits the page, and reads stay right.
+    s.write(5, &[0xFF; 3]).unwrap();
+    assert_eq!(s.stats().data_pages, 1);
+    let mut page = vec![0; PAGE_SIZE];
+    s.read(0, &mut page).unwrap();
+    let mut expect = pattern.clone();
+    expect[5..8].fill(0xFF);
+    assert_eq!(page, expect);
+    // Writing the pattern back makes it a fill page again.
+    s.write(5, &pattern[5..8]).unwrap();
+    assert_eq!(s.stats().data_pages, 0);
+}
+
+#[test]
+fn trim_and_zero_free_page_memory() {
+    let s = store(16 * MIB);
+    let mut rng = Rng(3);
+    s.write(0, &rng.bytes(16 * MIB as usize)).unwrap();
+    let full = s.stats();
+    assert_eq!(full.data_pages, 4096);
+    assert_eq!(full.memory_used, 16 * MIB + 8 * CHUNK_META_BYTES);
+    s.trim(0, 8 * MIB).unwrap();
+    s.zero(8 * MIB, 8 * MIB, false).unwrap();
+    let st = s.stats();
+    assert_eq!(st.data_pages, 0);
+    assert_eq!(st.zero_pages, 2048);
+    assert_eq!(st.memory_used, 4 * CHUNK_META_BYTES);
+    assert!(read_all(&s).iter().all(|&b| b == 0));
+    assert_eq!(
+        s.extents(0, 16 * MIB, 16).unwrap(),
+        vec![
+            Extent {
+                length: 8 * MIB,
+                kind: ExtentKind::Hole
+            },
+            Extent {
+                length: 8 * MIB,
+                kind: ExtentKind::Zero
+            }
+        ]
+    );
+    s.trim(0, 16 * MIB).unwrap();
+    assert_eq!(s.stats().memory_used, 0);
+    // Freed frames went to the pool: part kept warm, the rest released.
+    let pool = s.stats().pool;
+    assert_eq!(pool.warm_bytes + pool.cold_bytes, 16 * MIB);
+}
+
+#[test]
+fn max_memory_gives_enospc_and_keeps_data() {
+    let limit = MIB + CHUNK_META_BYTES;
+    let s = Store::new(StoreConfig {
+        max_memory: Some(limit),
+        host_reserve: 0,
+        ..StoreConfig::new(64 * MIB)
+    })
+    .unwrap();
+    let mut rng = Rng(11);
+    let first = rng.bytes(MIB as usize);
+    s.write(0, &first).unwrap();
+    let err = s.write(MIB, &rng.bytes(PAGE_SIZE)).unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    let err = s.write(0, &rng.bytes(10)).map(|_| ());
+    assert!(err.is_ok(), "overwriting an existing page needs no memory");
+    let mut back = vec![0; MIB as usize];
+    s.read(10, &mut back[10..]).unwrap();
+    assert_eq!(back[10..], first[10..]);
+    assert!(s.stats().memory_used <= limit);
+    // Same-filled data still fits on a full disk: it costs no page memory.
+    s.write(0, &vec![0; PAGE_SIZE]).unwrap();
+    // And trimming makes room again.
+    s.trim(0, MIB).unwrap();
+    s.write(MIB, &rng.bytes(PAGE_SIZE)).unwrap();
+}
+
+#[test]
+fn out_of_range_is_einval_and_changes_nothing() {
+    let s = store(MIB);
+    let e = s.write(MIB - 1, &[1, 2]).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    assert!(s.read(u64::MAX, &mut [0; 2]).is_err());
+    assert!(s.trim(1, u64::MAX).is_err());
+    assert!(s.extents(MIB, 1, 1).is_err());
+    assert_eq!(s.stats().memory_used, 0);
+    s.read(MIB, &mut []).unwrap();
+}
+
+#[test]
+fn edge_of_range_disk() {
+    let s = store(MAX_SIZE);
+    let end = MAX_SIZE - 5000;
+    s.write(end, &[9; 5000]).unwrap();
+    let mut back = [0; 5000];
+    s.read(end, &mut back).unwrap();
+    assert_eq!(back, [9; 5000]);
+    let ext = s.extents(MAX_SIZE - (1 << 32), 1 << 32, 8).unwrap();
+    assert_eq!(ext.last().unwrap().kind, ExtentKind::Data);
+    assert_eq!(ext.iter().map(|e| e.length).sum::<u64>(), 1 << 32);
+    assert!(Store::new(StoreConfig::new(MAX_SIZE + 1)).is_err());
+}
+
+#[test]
+fn extents_respect_max_and_merge() {
+    let s = store(MIB);
+    for p in (0..256u64).step_by(2) {
+        s.write(p * PAGE_SIZE as u64, &[1; PAGE_SIZE]).unwrap();
+    }
+    let ext = s.extents(0, MIB, 10).unwrap();
+    assert_eq!(ext.len(), 10);
+    assert_eq!(ext[0].kind, ExtentKind::Data);
+    assert_eq!(ext[1].kind, ExtentKind::Hole);
+    let ext = s.extents(100, 8192, 100).unwrap();
+    assert_eq!(ext.iter().map(|e| e.length).sum::<u64>(), 8192);
+}
+
+#[test]
+fn random_operations_match_model() {
+    let size = 6 * MIB + 333;
+    let s = store(size);
+    let mut model = vec![0u8; size as usize];
+    let mut rng = Rng(0xC0FFEE);
+    for _ in 0..3000 {
+        let off = rng.below(size);
+        let len = rng.below((size - off).min(3 * PAGE_SIZE as u64 + 100)) + 1;
+        let (o, l) = (off as usize, len as usize);
+        match rng.below(6) {
+            0 | 1 => {
+                let d = rng.bytes(l);
+                model[o..o + l].copy_from_slice(&d);
+                s.write(off, &d).unwrap();
+            }
+            2 => {
+                let b = rng.next() as u8;
+                model[o..o + l].fill(b);
+                s.write(off, &vec![b; l]).unwrap();
+            }
+            3 => {
+                model[o..o + l].fill(0);
+                s.zero(off, len, rng.below(2) == 0).unwrap();
+            }
+            4 => {
+                model[o..o + l].fill(0);
+                s.trim(off, len).unwrap();
+            }
+            _ => {
+                let mut b = vec![0; l];
+                s.read(off, &mut b).unwrap();
+                assert_eq!(b, model[o..o + l], "read at {off} len {len}");
+            }
+        }
+    }
+    assert_eq!(read_all(&s), model);
+    // Extents agree with the model: holes and zeros read as zero.
+    let mut pos = 0usize;
+    for e in s.extents(0, size, usize::MAX).unwrap() {
+        if e.kind != ExtentKind::Data {
+            assert!(model[pos..pos + e.length as usize].iter().all(|&b| b == 0));
+        }
+        pos += e.length as usize;
+    }
+    assert_eq!(pos as u64, size);
+    let st = s.stats();
+    assert_eq!(
+        st.memory_used,
+        st.data_pages * PAGE_SIZE as u64 + st.chunks * CHUNK_META_BYTES
+    );
+}
+
+#[test]
+fn concurrent_writers_and_readers() {
+    let s = std::sync::Arc::new(store(32 * MIB));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(t + 1);
+                // Each thread owns every 4th page, so results are checkable.
+                for _ in 0..4000 {
+                    let page = rng.below(2048) * 4 + t;
+                    let fill = (page as u8) ^ (t as u8 + 1);
+                    let off = page * PAGE_SIZE as u64;
+                    s.write(off, &[fill; PAGE_SIZE]).unwrap();
+                    s.write(off + 100, &rng.bytes(50)).unwrap();
+                    s.write(off + 100, &[fill; 50]).unwrap();
+                    let mut b = [0; PAGE_SIZE];
+                    s.read(off, &mut b).unwrap();
+                    assert!(b.iter().all(|&x| x == fill));
+                    if rng.below(4) == 0 {
+                        s.trim(off, PAGE_SIZE as u64).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let st = s.stats();
+    assert_eq!(
+        st.memory_used,
+        st.data_pages * PAGE_SIZE as u64 + st.chunks * CHUNK_META_BYTES
+    );
+}
