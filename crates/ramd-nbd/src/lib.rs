@@ -1,0 +1,352 @@
+//! ramd's NBD server, written from the protocol document
+//! (NetworkBlockDevice/nbd `doc/proto.md`): fixed newstyle negotiation,
+//! structured replies, `base:allocation` block status, and many requests
+//! in flight per connection over Unix or TCP sockets.
+//!
+//! The server translates; the [`ramd_store::Store`] behind each [`Export`]
+//! holds all storage logic.
+
+mod handshake;
+pub mod proto;
+mod transmission;
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use ramd_store::Store;
+
+/// One disk as clients see it.
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub store: Arc<Store>,
+    pub read_only: bool,
+}
+
+/// The exports of one server. The empty name selects the first.
+#[derive(Clone)]
+pub struct Exports(Vec<Arc<Export>>);
+
+impl Exports {
+    pub fn new(exports: Vec<Export>) -> Exports {
+        assert!(!exports.is_empty(), "a server needs at least one export");
+        Exports(exports.into_iter().map(Arc::new).collect())
+    }
+
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        if name.is_empty() {
+            return self.0.first().cloned();
+        }
+        self.0.iter().find(|e| e.name == name).cloned()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.0.iter()
+    }
+}
+
+/// A connected client socket.
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    /// Ends the connection both ways; blocked readers and writers return.
+    pub fn shutdown(&self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Binds a Unix socket at `path` with mode 0600 (a disk's data, or its
+/// control, is behind it). A stale socket file is replaced; a socket a live
+/// server answers on, or any other kind of file, is an error.
+pub fn bind_unix_socket(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is in use by a running server", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    // SAFETY: umask(2) only swaps the process's file-mode mask; it is
+    // restored right after, so the socket is never reachable with looser modes.
+    let old_mask = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old_mask) };
+    let l = bound.map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Where the server listens.
+pub enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds a Unix socket at `path`; see [`bind_unix_socket`].
+    pub fn bind_unix(path: PathBuf) -> io::Result<Listener> {
+        Ok(Listener::Unix(bind_unix_socket(&path)?, path))
+    }
+
+    pub fn bind_tcp(addr: SocketAddr) -> io::Result<Listener> {
+        Ok(Listener::Tcp(TcpListener::bind(addr)?))
+    }
+
+    fn accept(&self) -> io::Result<(Stream, String)> {
+        match self {
+            Listener::Unix(l, path) => {
+                let (s, _) = l.accept()?;
+                Ok((Stream::Unix(s), format!("unix:{}", path.display())))
+            }
+            Listener::Tcp(l) => {
+                let (s, addr) = l.accept()?;
+                // Replies are whole messages written at once; don't delay them.
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), format!("tcp:{addr}")))
+            }
+        }
+    }
+
+    fn raw_fd(&self) -> i32 {
+        match self {
+            Listener::Unix(l, _) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    /// The NBD URI a client uses to reach `export` here.
+    pub fn uri(&self, export: &str) -> String {
+        match self {
+            Listener::Unix(_, path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(SocketAddr::V6(a)) => format!("nbd://[{}]:{}/{export}", a.ip(), a.port()),
+                Ok(a) => format!("nbd://{a}/{export}"),
+                Err(_) => "nbd://?".into(),
+            },
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Worker threads per connection (requests served at once).
+    pub threads: usize,
+    /// Further clients are turned away while this many are connected.
+    pub max_connections: usize,
+    /// A client must finish negotiating within this time.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            threads: 8,
+            max_connections: 64,
+            handshake_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+pub struct Server {
+    exports: Exports,
+    cfg: ServerConfig,
+    /// Live connections, so that shutdown can end them.
+    conns: Mutex<HashMap<u64, Stream>>,
+    next_id: AtomicU64,
+    active: AtomicUsize,
+    stopping: AtomicBool,
+    /// The listening socket while `run` is accepting on it. Locked while
+    /// `stop` uses it so that `run` cannot let it close meanwhile.
+    listen_fd: Mutex<Option<i32>>,
+}
+
+impl Server {
+    pub fn new(exports: Exports, cfg: ServerConfig) -> Arc<Server> {
+        Arc::new(Server {
+            exports,
+            cfg,
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            listen_fd: Mutex::new(None),
+        })
+    }
+
+    /// Connected clients right now.
+    pub fn connections(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Accepts clients until [`Server::stop`]; returns once every
+    /// connection has ended.
+    pub fn run(self: &Arc<Self>, listener: &Listener) -> io::Result<()> {
+        let mut handles = Vec::new();
+        // Published before the flag is read: either `stop` sees the fd or
+        // this loop sees the flag.
+        *self.listen_fd.lock() = Some(listener.raw_fd());
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            let accepted = listener.accept();
+            if self.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            let (stream, peer) = match accepted {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: back off rather than spin.
+                    log::warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            if self.active.load(Ordering::Relaxed) >= self.cfg.max_connections {
+                log::warn!(
+                    "{peer}: refused, {} clients already connected",
+                    self.cfg.max_connections
+                );
+                continue;
+            }
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let peer = format!("{peer} client #{id}");
+            let registered = stream.try_clone()?;
+            {
+                let mut conns = self.conns.lock();
+                conns.insert(id, registered);
+                // A stop that ran between accept and insert missed this one.
+                if self.stopping.load(Ordering::SeqCst) {
+                    let _ = stream.shutdown();
+                }
+            }
+            self.active.fetch_add(1, Ordering::Relaxed);
+            let server = self.clone();
+            handles.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+            handles.push(std::thread::spawn(move || {
+                server.connection(stream, &peer);
+                server.conns.lock().remove(&id);
+                server.active.fetch_sub(1, Ordering::Relaxed);
+            }));
+        }
+        *self.listen_fd.lock() = None;
+        for h in handles {
+            let _ = h.join();
+        }
+        Ok(())
+    }
+
+    /// Stops accepting and ends every connection; [`Server::run`] returns.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let fd = self.listen_fd.lock();
+        if let Some(fd) = *fd {
+            // SAFETY: shutdown(2) on the listening socket `run` is blocked on
+            // (it stays open until `run` returns); on Linux this makes the
+            // blocked accept(2) return, which is all we want.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+        for s in self.conns.lock().values() {
+            let _ = s.shutdown();
+        }
+    }
+
+    fn connection(&self, stream: Stream, peer: &str) {
+        log::info!("{peer}: connected");
+        let session = stream
+            .set_read_timeout(Some(self.cfg.handshake_timeout))
+            .and_then(|()| handshake::negotiate(&mut stream.try_clone()?, &self.exports, peer))
+            .and_then(|outcome| {
+                stream.set_read_timeout(None)?;
+                Ok(outcome)
+            });
+        match session {
+            Ok(handshake::Outcome::Transmit(session)) => {
+                log::info!(
+                    "{peer}: export {:?}, structured replies {}, block status {}",
+                    session.export.name,
+                    session.structured,
+                    session.block_status
+                );
+                if let Err(e) = transmission::run(&stream, &session, self.cfg.threads, peer) {
+                    log::warn!("{peer}: {e}");
+                }
+            }
+            Ok(handshake::Outcome::Closed) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                log::info!("{peer}: hung up during negotiation");
+            }
+            Err(e) => log::warn!("{peer}: negotiation failed: {e}"),
+        }
+        let _ = stream.shutdown();
+        log::info!("{peer}: disconnected");
+    }
+}

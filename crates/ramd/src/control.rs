@@ -1,0 +1,180 @@
+//! The control socket: `RUN_DIR/NAME.ctl` (mode 0600), one per running disk.
+//!
+//! Protocol: the client sends one line (`status`), the daemon answers one
+//! line of JSON and closes. `ramd status` asks every socket in the run dir.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::units::human;
+
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Produces the daemon's status as JSON: a list of disks.
+pub type StatusFn = Arc<dyn Fn() -> Vec<Value> + Send + Sync>;
+
+/// A listening control socket; the file is removed when this is dropped.
+pub struct ControlServer {
+    path: PathBuf,
+}
+
+impl ControlServer {
+    pub fn start(path: PathBuf, status: StatusFn) -> Result<ControlServer> {
+        let listener = ramd_nbd::bind_unix_socket(&path)
+            .with_context(|| format!("control socket {}", path.display()))?;
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || serve(listener, status))?;
+        Ok(ControlServer { path })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: UnixListener, status: StatusFn) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        if let Err(e) = answer(&mut conn, &status) {
+            log::warn!("control request failed: {e}");
+        }
+    }
+}
+
+fn answer(conn: &mut UnixStream, status: &StatusFn) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(IO_TIMEOUT))?;
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new((&*conn).take(4096)).read_line(&mut line)?;
+    let reply = match line.trim() {
+        "status" => json!({ "disks": status() }),
+        other => json!({ "error": format!("unknown control request {other:?}") }),
+    };
+    writeln!(conn, "{reply}")
+}
+
+/// Asks one daemon for its status.
+fn query(path: &Path) -> Result<Vec<Value>> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(IO_TIMEOUT))?;
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    conn.write_all(b"status\n")?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("bad reply from {}", path.display()))?;
+    match v.get("disks").and_then(Value::as_array) {
+        Some(d) => Ok(d.clone()),
+        None => anyhow::bail!("bad reply from {}: {text}", path.display()),
+    }
+}
+
+/// `ramd status`: every disk of every daemon in `run_dir`.
+pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+    let mut disks = Vec::new();
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(e) => e.filter_map(|e| e.ok()).map(|e| e.path()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", run_dir.display())),
+    };
+    let mut sockets: Vec<PathBuf> = entries
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+        .collect();
+    sockets.sort();
+    for sock in sockets {
+        match query(&sock) {
+            Ok(d) => disks.extend(d),
+            // A socket nobody answers on is left over from a killed daemon.
+            Err(e) => log::debug!("{}: {e:#}", sock.display()),
+        }
+    }
+    if let Some(name) = name {
+        disks.retain(|d| d["name"] == name);
+        if disks.is_empty() {
+            anyhow::bail!("no running disk named {name:?} in {}", run_dir.display());
+        }
+    }
+    if as_json {
+        println!("{}", json!({ "disks": disks }));
+    } else {
+        print!("{}", table(&disks));
+    }
+    Ok(())
+}
+
+/// A zramctl-like table.
+fn table(disks: &[Value]) -> String {
+    let head = [
+        "NAME", "KIND", "SIZE", "USED", "MEMORY", "MAX-MEM", "DATA", "ZERO", "FILL", "CONNS", "URI",
+    ];
+    let mut rows = vec![head.map(String::from).to_vec()];
+    let n = |d: &Value, k: &str| d[k].as_u64().unwrap_or(0);
+    for d in disks {
+        rows.push(vec![
+            d["name"].as_str().unwrap_or("?").to_string(),
+            d["kind"].as_str().unwrap_or("?").to_string(),
+            human(n(d, "size")),
+            human(n(d, "used_bytes")),
+            human(n(d, "memory_used")),
+            human(n(d, "max_memory")),
+            n(d, "data_pages").to_string(),
+            n(d, "zero_pages").to_string(),
+            n(d, "fill_pages").to_string(),
+            n(d, "connections").to_string(),
+            d["uri"].as_str().unwrap_or("").to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (v, w))| {
+                // Names and text left-aligned, numbers right-aligned.
+                if c < 2 || c == head.len() - 1 {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_lines_up() {
+        let d = json!({"name":"ram0","kind":"block","size":1u64<<30,"used_bytes":4096,
+            "memory_used":12288,"max_memory":1u64<<30,"data_pages":1,"zero_pages":0,
+            "fill_pages":0,"connections":2,"uri":"nbd+unix:///ram0?socket=/x"});
+        let t = table(&[d]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("NAME  KIND"));
+        assert!(lines[1].contains("1G"));
+        assert!(lines[1].ends_with("nbd+unix:///ram0?socket=/x"));
+        // Numbers are right-aligned under their heading.
+        let size_end = lines[0].find("SIZE").unwrap() + 4;
+        assert_eq!(&lines[1][size_end - 2..size_end], "1G");
+    }
+}
