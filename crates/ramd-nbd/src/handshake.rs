@@ -284,3 +284,209 @@ impl<S: Read + Write> Negotiation<'_, S> {
         self.reply(opt, REP_ACK, &[])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ramd_store::{Store, StoreConfig};
+    use std::io::Cursor;
+
+    /// A scripted client: reads come from `input`, writes land in `output`.
+    struct Script {
+        input: Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+    impl Read for Script {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            self.input.read(b)
+        }
+    }
+    impl Write for Script {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.output.write(b)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn exports(read_only: bool) -> Exports {
+        let mut cfg = StoreConfig::new(1 << 20);
+        cfg.host_reserve = 0;
+        Exports::new(vec![Export {
+            name: "disk".into(),
+            description: "test disk".into(),
+            store: Arc::new(Store::new(cfg).unwrap()),
+            read_only,
+        }])
+    }
+
+    fn option(opt: u32, data: &[u8]) -> Vec<u8> {
+        let mut v = IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&opt.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn string(s: &str) -> Vec<u8> {
+        let mut v = (s.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    /// Runs a negotiation; returns the outcome and the option replies as
+    /// (option, reply type, data), after the 18-byte greeting.
+    fn run(client: Vec<u8>, ex: &Exports) -> (io::Result<Outcome>, Vec<(u32, u32, Vec<u8>)>) {
+        let mut s = Script {
+            input: Cursor::new(client),
+            output: Vec::new(),
+        };
+        let outcome = negotiate(&mut s, ex, "test");
+        let mut out = &s.output[18..];
+        let mut replies = Vec::new();
+        while out.len() >= 20 && out[..8] == OPTION_REPLY_MAGIC.to_be_bytes() {
+            let opt = u32::from_be_bytes(out[8..12].try_into().unwrap());
+            let kind = u32::from_be_bytes(out[12..16].try_into().unwrap());
+            let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+            replies.push((opt, kind, out[20..20 + len].to_vec()));
+            out = &out[20 + len..];
+        }
+        (outcome, replies)
+    }
+
+    const FLAGS: [u8; 4] = [0, 0, 0, 3]; // FIXED_NEWSTYLE | NO_ZEROES
+
+    #[test]
+    fn go_with_structured_replies_and_base_allocation() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(8, &[])); // STRUCTURED_REPLY
+        let mut meta = string("disk");
+        meta.extend_from_slice(&1u32.to_be_bytes()); // one query
+        meta.extend(string("base:allocation"));
+        c.extend(option(10, &meta)); // SET_META_CONTEXT
+        let mut go = string("disk");
+        go.extend_from_slice(&[0, 1, 0, 3]); // one info request: BLOCK_SIZE
+        c.extend(option(7, &go)); // GO
+        let (outcome, replies) = run(c, &exports(false));
+        let Outcome::Transmit(s) = outcome.unwrap() else {
+            panic!("expected transmission")
+        };
+        assert!(s.structured && s.block_status);
+        assert_eq!(s.flags & TF_SEND_DF, TF_SEND_DF);
+        assert_eq!(s.flags & TF_READ_ONLY, 0);
+        let kinds: Vec<(u32, u32)> = replies.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (8, REP_ACK),
+                (10, REP_META_CONTEXT),
+                (10, REP_ACK),
+                (7, REP_INFO),
+                (7, REP_INFO),
+                (7, REP_ACK)
+            ]
+        );
+        assert_eq!(replies[1].2[..4], BASE_ALLOCATION_ID.to_be_bytes());
+        assert_eq!(&replies[1].2[4..], b"base:allocation");
+        // INFO_EXPORT: type 0, size 1 MiB, flags.
+        assert_eq!(replies[3].2[..10], [0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0]);
+        // INFO_BLOCK_SIZE: 1, 4096, 32 MiB.
+        assert_eq!(
+            replies[4].2,
+            [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn errors_keep_negotiation_going() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(99, b"xyz")); // unknown option
+        c.extend(option(3, b"junk")); // LIST with data
+        c.extend(option(10, &string("disk"))); // SET before STRUCTURED_REPLY
+        let mut go = string("nope");
+        go.extend_from_slice(&[0, 0]);
+        c.extend(option(6, &go)); // INFO of a missing export
+        let mut bad = string("disk");
+        bad.extend_from_slice(&[0, 2, 0, 1]); // claims 2 infos, has 1
+        c.extend(option(6, &bad));
+        c.extend(option(7, &[0, 0, 0, 9, b'd'])); // name longer than data
+        c.extend(option(2, &[])); // ABORT
+        let (outcome, replies) = run(c, &exports(false));
+        assert!(matches!(outcome.unwrap(), Outcome::Closed));
+        let kinds: Vec<u32> = replies.iter().map(|r| r.1).collect();
+        assert_eq!(
+            kinds,
+            [
+                REP_ERR_UNSUP,
+                REP_ERR_INVALID,
+                REP_ERR_INVALID,
+                REP_ERR_UNKNOWN,
+                REP_ERR_INVALID,
+                REP_ERR_INVALID,
+                REP_ACK
+            ]
+        );
+    }
+
+    #[test]
+    fn list_and_export_name() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(3, &[]));
+        c.extend(option(1, b"disk")); // EXPORT_NAME
+        let (outcome, replies) = run(c, &exports(true));
+        assert_eq!(replies[0].1, REP_SERVER);
+        assert_eq!(replies[0].2, [&string("disk")[..], b"test disk"].concat());
+        assert_eq!(replies[1].1, REP_ACK);
+        let Outcome::Transmit(s) = outcome.unwrap() else {
+            panic!("expected transmission")
+        };
+        assert_eq!(s.flags & TF_READ_ONLY, TF_READ_ONLY);
+        assert_eq!(s.flags & (TF_SEND_TRIM | TF_SEND_WRITE_ZEROES), 0);
+        assert!(!s.block_status);
+    }
+
+    #[test]
+    fn broken_framing_disconnects() {
+        // Unknown client flags.
+        let (o, _) = run(vec![0, 0, 0, 0x13], &exports(false));
+        assert!(matches!(o.unwrap(), Outcome::Closed));
+        // Wrong option magic.
+        let mut c = FLAGS.to_vec();
+        c.extend_from_slice(&[0xde; 16]);
+        assert!(matches!(
+            run(c, &exports(false)).0.unwrap(),
+            Outcome::Closed
+        ));
+        // Unknown export on EXPORT_NAME: no error reply exists.
+        let mut c = FLAGS.to_vec();
+        c.extend(option(1, b"other"));
+        assert!(matches!(
+            run(c, &exports(false)).0.unwrap(),
+            Outcome::Closed
+        ));
+        // An option claiming 16 MiB of data.
+        let mut c = FLAGS.to_vec();
+        c.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        c.extend_from_slice(&[0, 0, 0, 7, 1, 0, 0, 0]);
+        assert!(matches!(
+            run(c, &exports(false)).0.unwrap(),
+            Outcome::Closed
+        ));
+        // Truncated mid-option: an I/O error, not a panic.
+        let mut c = FLAGS.to_vec();
+        c.extend_from_slice(&option(7, &string("disk"))[..20]);
+        assert!(run(c, &exports(false)).0.is_err());
+    }
+
+    #[test]
+    fn oversized_option_is_skipped_with_too_big() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(7, &vec![0; 100 << 10]));
+        c.extend(option(2, &[]));
+        let (o, replies) = run(c, &exports(false));
+        assert!(matches!(o.unwrap(), Outcome::Closed));
+        assert_eq!(replies[0].1, REP_ERR_TOO_BIG);
+        assert_eq!(replies[1].1, REP_ACK);
+    }
+}
