@@ -337,7 +337,10 @@ mod tests {
 
     /// Runs a negotiation; returns the outcome and the option replies as
     /// (option, reply type, data), after the 18-byte greeting.
-    fn run(client: Vec<u8>, ex: &Exports) -> (io::Result<Outcome>, Vec<(u32, u32, Vec<u8>)>) {
+    /// One option reply: (option, reply type, data).
+    type OptReply = (u32, u32, Vec<u8>);
+
+    fn run(client: Vec<u8>, ex: &Exports) -> (io::Result<Outcome>, Vec<OptReply>) {
         let mut s = Script {
             input: Cursor::new(client),
             output: Vec::new(),
