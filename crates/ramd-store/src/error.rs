@@ -10,6 +10,10 @@ pub enum Error {
     #[error("no space left: {needed} more bytes would exceed max_memory of {limit} bytes")]
     NoSpace { needed: u64, limit: u64 },
 
+    /// Every page the disk's size allows is in use (filesystem disks).
+    #[error("no space left: all {limit} bytes of the disk are in use")]
+    DiskFull { limit: u64 },
+
     /// The host itself is short of memory: refusing beats an OOM kill.
     #[error("no space left: host MemAvailable {available} bytes is below the reserve of {reserve} bytes")]
     HostMemoryLow { available: u64, reserve: u64 },
@@ -39,7 +43,9 @@ impl Error {
     /// The Linux errno this error means for a client.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::NoSpace { .. } | Error::HostMemoryLow { .. } => libc::ENOSPC,
+            Error::NoSpace { .. } | Error::DiskFull { .. } | Error::HostMemoryLow { .. } => {
+                libc::ENOSPC
+            }
             Error::OutOfRange { .. } | Error::Invalid(_) => libc::EINVAL,
             Error::ReadOnly => libc::EPERM,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),

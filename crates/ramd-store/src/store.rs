@@ -89,6 +89,10 @@ pub struct StoreConfig {
     pub warm_pool: u64,
     /// Page memory is refused while the host's MemAvailable is below this.
     pub host_reserve: u64,
+    /// Cap on pages that are not holes (data, zero and same-filled pages
+    /// alike), like tmpfs's `size=`: a filesystem disk's capacity is what its
+    /// files may occupy, not an address range. `None`: no cap beyond `size`.
+    pub page_limit: Option<u64>,
 }
 
 impl StoreConfig {
@@ -98,6 +102,7 @@ impl StoreConfig {
             max_memory: None,
             warm_pool: 64 << 20,
             host_reserve: default_host_reserve(),
+            page_limit: None,
         }
     }
 }
@@ -132,6 +137,7 @@ pub struct StoreStats {
     /// Pages written or zeroed to all-zero, stored as nothing.
     pub zero_pages: u64,
     pub chunks: u64,
+    /// Page-table metadata plus what frontends charged (inodes, names...).
     pub metadata_bytes: u64,
     pub pool: PoolStats,
 }
@@ -145,6 +151,11 @@ pub struct Store {
     fill_pages: AtomicU64,
     zero_pages: AtomicU64,
     chunks: AtomicU64,
+    /// Slots that are not holes; bounded by `page_limit`.
+    live_pages: AtomicU64,
+    page_limit: u64,
+    /// Bytes frontends charged for their own metadata (see `charge`).
+    charged: AtomicU64,
     // Declared last: dropped after the page table that points into it.
     pool: PagePool,
 }
@@ -176,6 +187,9 @@ impl Store {
             fill_pages: AtomicU64::new(0),
             zero_pages: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
+            live_pages: AtomicU64::new(0),
+            page_limit: cfg.page_limit.unwrap_or(u64::MAX),
+            charged: AtomicU64::new(0),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
     }
@@ -243,6 +257,9 @@ impl Store {
                 for ps in span.pages() {
                     if ps.len == PAGE_SIZE {
                         let new = if punch { Slot::Hole } else { Slot::Fill(0) };
+                        if chunk.slots[ps.slot] == Slot::Hole && new != Slot::Hole {
+                            self.claim_page()?;
+                        }
                         self.replace(chunk, ps.slot, new);
                     } else {
                         self.zero_partial(chunk, ps.slot, ps.start, ps.len)?;
@@ -316,9 +333,29 @@ impl Store {
             fill_pages: fill,
             zero_pages: zero,
             chunks,
-            metadata_bytes: chunks * CHUNK_META_BYTES,
+            metadata_bytes: chunks * CHUNK_META_BYTES + self.charged.load(Relaxed),
             pool: self.pool.stats(),
         }
+    }
+
+    /// Charges `bytes` of a frontend's own metadata (inodes, directory
+    /// entries, xattrs) against `max_memory`: ENOSPC if it does not fit.
+    pub fn charge(&self, bytes: u64) -> Result<()> {
+        self.reserve(bytes)?;
+        self.charged.fetch_add(bytes, Relaxed);
+        Ok(())
+    }
+
+    /// Returns what [`Store::charge`] took.
+    pub fn uncharge(&self, bytes: u64) {
+        let before = self.charged.fetch_sub(bytes, Relaxed);
+        debug_assert!(before >= bytes, "uncharge of more than was charged");
+        self.unreserve(bytes);
+    }
+
+    /// Pages that are not holes, and the cap on them.
+    pub fn pages_used(&self) -> (u64, u64) {
+        (self.live_pages.load(Relaxed), self.page_limit)
     }
 
     fn check_range(&self, offset: u64, length: u64) -> Result<()> {
@@ -384,15 +421,26 @@ impl Store {
             }
             old @ (Slot::Hole | Slot::Fill(_)) => {
                 let cur = if let Slot::Fill(pat) = old { pat } else { 0 };
-                if full {
-                    if let Some(pat) = same_filled(src) {
-                        self.replace(chunk, i, Slot::Fill(pat));
-                        return Ok(());
-                    }
-                } else if matches_pattern(src, cur, start) {
+                let same = if full { same_filled(src) } else { None };
+                if !full && matches_pattern(src, cur, start) {
                     return Ok(());
                 }
-                let p = self.alloc_page()?;
+                if old == Slot::Hole {
+                    self.claim_page()?;
+                }
+                if let Some(pat) = same {
+                    self.replace(chunk, i, Slot::Fill(pat));
+                    return Ok(());
+                }
+                let p = match self.alloc_page() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        if old == Slot::Hole {
+                            self.live_pages.fetch_sub(1, Relaxed);
+                        }
+                        return Err(e);
+                    }
+                };
                 // SAFETY: the frame is fresh from the pool and not yet shared.
                 let page = unsafe { page_mut(p) };
                 if !full {
@@ -450,8 +498,12 @@ impl Store {
         self.count(new, 1);
         match (old, new) {
             (Slot::Hole, Slot::Hole) => {}
+            // The caller claimed the page (see `claim_page`).
             (Slot::Hole, _) => chunk.live += 1,
-            (_, Slot::Hole) => chunk.live -= 1,
+            (_, Slot::Hole) => {
+                chunk.live -= 1;
+                self.live_pages.fetch_sub(1, Relaxed);
+            }
             _ => {}
         }
         if let Slot::Data(p) = old {
@@ -472,6 +524,17 @@ impl Store {
         } else {
             counter.fetch_sub(1, Relaxed);
         }
+    }
+
+    /// Counts one more non-hole page against `page_limit`; to be called
+    /// before a hole is replaced by anything else.
+    fn claim_page(&self) -> Result<()> {
+        self.live_pages
+            .fetch_update(Relaxed, Relaxed, |n| (n < self.page_limit).then_some(n + 1))
+            .map(|_| ())
+            .map_err(|_| Error::DiskFull {
+                limit: self.page_limit.saturating_mul(PAGE_SIZE as u64),
+            })
     }
 
     fn reserve(&self, bytes: u64) -> Result<()> {
@@ -499,6 +562,13 @@ impl Drop for Store {
             self.memory_used.load(Relaxed),
             self.data_pages.load(Relaxed) * PAGE_SIZE as u64
                 + self.chunks.load(Relaxed) * CHUNK_META_BYTES
+                + self.charged.load(Relaxed)
+        );
+        debug_assert_eq!(
+            self.live_pages.load(Relaxed),
+            self.data_pages.load(Relaxed)
+                + self.fill_pages.load(Relaxed)
+                + self.zero_pages.load(Relaxed)
         );
     }
 }

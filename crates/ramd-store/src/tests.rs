@@ -289,3 +289,47 @@ fn concurrent_writers_and_readers() {
         st.data_pages * PAGE_SIZE as u64 + st.chunks * CHUNK_META_BYTES
     );
 }
+
+#[test]
+fn page_limit_caps_non_hole_pages() {
+    let s = Store::new(StoreConfig {
+        page_limit: Some(4),
+        host_reserve: 0,
+        ..StoreConfig::new(MIB)
+    })
+    .unwrap();
+    let mut rng = Rng(5);
+    s.write(0, &rng.bytes(2 * PAGE_SIZE)).unwrap();
+    s.write(2 * PAGE_SIZE as u64, &[0; PAGE_SIZE]).unwrap(); // zero page counts
+    s.zero(3 * PAGE_SIZE as u64, PAGE_SIZE as u64, false)
+        .unwrap();
+    assert_eq!(s.pages_used(), (4, 4));
+    let e = s.write(8 * PAGE_SIZE as u64, &rng.bytes(10)).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert!(s
+        .zero(9 * PAGE_SIZE as u64, PAGE_SIZE as u64, false)
+        .is_err());
+    // Rewriting pages in use is fine; so is a partial write of zeros to a hole.
+    s.write(10, &rng.bytes(100)).unwrap();
+    s.write(20 * PAGE_SIZE as u64, &[0; 10]).unwrap();
+    s.trim(0, PAGE_SIZE as u64).unwrap();
+    assert_eq!(s.pages_used(), (3, 4));
+    s.write(8 * PAGE_SIZE as u64, &rng.bytes(10)).unwrap();
+}
+
+#[test]
+fn charges_count_against_max_memory() {
+    let s = Store::new(StoreConfig {
+        max_memory: Some(2 * PAGE_SIZE as u64 + CHUNK_META_BYTES),
+        host_reserve: 0,
+        ..StoreConfig::new(MIB)
+    })
+    .unwrap();
+    s.charge(PAGE_SIZE as u64).unwrap();
+    s.write(0, &[1; 10]).unwrap();
+    assert!(s.charge(1).is_err());
+    assert!(s.write(PAGE_SIZE as u64, &[1; 10]).is_err());
+    s.uncharge(PAGE_SIZE as u64);
+    s.write(PAGE_SIZE as u64, &[1; 10]).unwrap();
+    assert_eq!(s.stats().metadata_bytes, CHUNK_META_BYTES);
+}
