@@ -14,7 +14,7 @@ pub use error::{Error, Result};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use store::{
     default_host_reserve, full_disk_memory, Extent, ExtentKind, Store, StoreConfig, StoreStats,
-    CHUNK_META_BYTES, MAX_SIZE,
+    CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
 };
 
 /// The page size of the store: the unit of allocation, sharing and holes.

@@ -106,13 +106,16 @@ fn trim_and_zero_free_page_memory() {
     s.write(0, &rng.bytes(16 * MIB as usize)).unwrap();
     let full = s.stats();
     assert_eq!(full.data_pages, 4096);
-    assert_eq!(full.memory_used, 16 * MIB + 8 * CHUNK_META_BYTES);
+    assert_eq!(
+        full.memory_used,
+        16 * MIB + 16 * MIB / CHUNK_BYTES * CHUNK_META_BYTES
+    );
     s.trim(0, 8 * MIB).unwrap();
     s.zero(8 * MIB, 8 * MIB, false).unwrap();
     let st = s.stats();
     assert_eq!(st.data_pages, 0);
     assert_eq!(st.zero_pages, 2048);
-    assert_eq!(st.memory_used, 4 * CHUNK_META_BYTES);
+    assert_eq!(st.memory_used, 8 * MIB / CHUNK_BYTES * CHUNK_META_BYTES);
     assert!(read_all(&s).iter().all(|&b| b == 0));
     assert_eq!(
         s.extents(0, 16 * MIB, 16).unwrap(),
@@ -136,7 +139,7 @@ fn trim_and_zero_free_page_memory() {
 
 #[test]
 fn max_memory_gives_enospc_and_keeps_data() {
-    let limit = MIB + CHUNK_META_BYTES;
+    let limit = MIB + MIB / CHUNK_BYTES * CHUNK_META_BYTES;
     let s = Store::new(StoreConfig {
         max_memory: Some(limit),
         host_reserve: 0,
