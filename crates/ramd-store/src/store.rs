@@ -235,10 +235,17 @@ impl Store {
     /// Writes `data` at `offset`. On error the pages before the failing one
     /// hold the new data, the failing one and those after it the old data.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_counted(offset, data, &mut 0)
+    }
+
+    /// [`Store::write`], adding to `pages` how many pages stopped being
+    /// holes (even when it fails part way), so that a frontend can keep
+    /// per-object block counts without scanning.
+    pub fn write_counted(&self, offset: u64, data: &[u8], pages: &mut i64) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         for span in chunk_spans(offset, data.len() as u64) {
             let src = &data[span.buf_range()];
-            self.with_chunk(span.chunk, true, |chunk| {
+            self.with_chunk(span.chunk, true, pages, |chunk| {
                 for ps in span.pages() {
                     self.write_page(chunk, ps.slot, ps.start, &src[ps.buf_range()])?;
                 }
@@ -253,10 +260,21 @@ impl Store {
     /// as NBD's NO_HOLE asks). Never needs memory except to split a page
     /// of a non-zero pattern.
     pub fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
+        self.zero_counted(offset, length, punch, &mut 0)
+    }
+
+    /// [`Store::zero`] with a page delta, as [`Store::write_counted`].
+    pub fn zero_counted(
+        &self,
+        offset: u64,
+        length: u64,
+        punch: bool,
+        pages: &mut i64,
+    ) -> Result<()> {
         self.check_range(offset, length)?;
         for span in chunk_spans(offset, length) {
             // Punching a missing chunk is already done.
-            self.with_chunk(span.chunk, !punch, |chunk| {
+            self.with_chunk(span.chunk, !punch, pages, |chunk| {
                 for ps in span.pages() {
                     if ps.len == PAGE_SIZE {
                         let new = if punch { Slot::Hole } else { Slot::Fill(0) };
@@ -277,6 +295,25 @@ impl Store {
     /// Discards a range: it reads as zeros afterwards and costs nothing.
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.zero(offset, length, true)
+    }
+
+    /// Makes every hole that `[offset, offset+length)` touches an allocated
+    /// zero page (fallocate's default mode); data is left alone. Counts
+    /// against `page_limit`, costs no page memory.
+    pub fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
+        self.check_range(offset, length)?;
+        for span in chunk_spans(offset, length) {
+            self.with_chunk(span.chunk, true, pages, |chunk| {
+                for ps in span.pages() {
+                    if chunk.slots[ps.slot] == Slot::Hole {
+                        self.claim_page()?;
+                        self.replace(chunk, ps.slot, Slot::Fill(0));
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// Memory is the medium: nothing is buffered above the page table.
@@ -382,6 +419,7 @@ impl Store {
         &self,
         idx: u64,
         create: bool,
+        pages: &mut i64,
         f: impl FnOnce(&mut Chunk) -> Result<()>,
     ) -> Result<()> {
         let mut map = self.shard(idx).write();
@@ -397,7 +435,9 @@ impl Store {
                 }))
             }
         };
+        let before = chunk.live;
         let result = f(chunk);
+        *pages += chunk.live as i64 - before as i64;
         if chunk.live == 0 {
             map.remove(&idx);
             self.chunks.fetch_sub(1, Relaxed);

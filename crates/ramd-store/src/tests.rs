@@ -336,3 +336,20 @@ fn charges_count_against_max_memory() {
     s.write(PAGE_SIZE as u64, &[1; 10]).unwrap();
     assert_eq!(s.stats().metadata_bytes, CHUNK_META_BYTES);
 }
+
+#[test]
+fn counted_ops_report_page_deltas_and_allocate_keeps_data() {
+    let s = store(4 * MIB);
+    let mut pages = 0i64;
+    s.write_counted(100, &[7; 3 * PAGE_SIZE], &mut pages)
+        .unwrap();
+    assert_eq!(pages, 4);
+    s.allocate(0, 8 * PAGE_SIZE as u64, &mut pages).unwrap();
+    assert_eq!(pages, 8);
+    let mut b = [0; PAGE_SIZE];
+    s.read(100, &mut b).unwrap();
+    assert_eq!(b, [7; PAGE_SIZE], "allocate must not clobber data");
+    s.zero_counted(0, 2 * MIB, true, &mut pages).unwrap();
+    assert_eq!(pages, 0);
+    assert_eq!(s.stats().chunks, 0);
+}
