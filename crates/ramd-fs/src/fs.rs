@@ -1,0 +1,1191 @@
+//! The filesystem itself, independent of FUSE: inodes, directories, links,
+//! xattrs and file data, with tmpfs semantics. `fuse.rs` only translates.
+//!
+//! File data lives in the shared page store: file number `slot` owns the
+//! store range `[slot << FILE_SHIFT, (slot + 1) << FILE_SHIFT)`, so every
+//! file is a sparse object on the same engine as block disks (holes, same-
+//! filled pages, memory budget and warm pool included).
+//!
+//! Locking: one `RwLock` over all metadata. Reads and writes of file data
+//! hold it only to look up the slot and to update size and times; the page
+//! copies run under the store's own shard locks.
+//!
+//! Invariants:
+//! - An inode exists while it is linked (`nlink > 0`), known to the kernel
+//!   (`lookups > 0`) or open (`opens > 0`). Its data is freed as soon as it is
+//!   neither linked nor open; the inode itself when the kernel forgets it.
+//! - A directory's `nlink` is 2 + its subdirectories; `entries` never holds
+//!   "." or "..".
+//! - Every inode, name, xattr and symlink target is charged to the store's
+//!   memory budget while it exists.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
+use ramd_store::{ExtentKind, Store, PAGE_SIZE};
+
+/// File data of one file spans at most 1 TiB of store address space.
+pub const FILE_SHIFT: u32 = 40;
+/// Largest file size; writes past it get EFBIG.
+pub const MAX_FILE_SIZE: u64 = (1 << FILE_SHIFT) - 1;
+/// Files with data that fit in the store's 2^63-byte address space.
+const MAX_SLOTS: u64 = ramd_store::MAX_SIZE >> FILE_SHIFT;
+pub const ROOT_INO: u64 = 1;
+pub const NAME_MAX: usize = 255;
+const XATTR_NAME_MAX: usize = 255;
+const XATTR_SIZE_MAX: usize = 64 << 10;
+/// Memory charged per inode and per directory entry, beyond their names.
+const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
+const DIRENT_COST: u64 = 48;
+
+/// An errno for the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl From<ramd_store::Error> for Errno {
+    fn from(e: ramd_store::Error) -> Errno {
+        Errno(e.errno())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Errno>;
+
+fn err<T>(e: i32) -> Result<T> {
+    Err(Errno(e))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl Kind {
+    /// The kind a `st_mode` names, if any.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+}
+
+/// What a caller is, for ownership of what it creates.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A stat result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    /// Permission bits including setuid, setgid and sticky (07777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub btime: SystemTime,
+}
+
+/// A time to set: a given instant or now.
+#[derive(Debug, Clone, Copy)]
+pub enum SetTime {
+    At(SystemTime),
+    Now,
+}
+
+/// The changes of one setattr; `None` leaves a field alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: OsString,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    Data,
+    Hole,
+}
+
+/// Mount-time settings, like tmpfs's mount options.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    /// Capacity in bytes for file data; `None`: ramfs mode, only memory bounds it.
+    pub size: Option<u64>,
+    pub nr_inodes: u64,
+    /// Root directory permissions, owner and group.
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub noatime: bool,
+}
+
+#[derive(Debug)]
+enum Data {
+    File {
+        slot: u64,
+        /// Pages of the file that are not holes (for st_blocks).
+        pages: u64,
+        /// End of everything ever allocated, so freeing trims it all
+        /// (fallocate KEEP_SIZE can allocate past `size`).
+        alloc_end: u64,
+    },
+    Dir {
+        entries: BTreeMap<OsString, u64>,
+        parent: u64,
+    },
+    Symlink(OsString),
+    Special,
+}
+
+#[derive(Debug)]
+struct Inode {
+    kind: Kind,
+    perm: u16,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    size: u64,
+    atime: SystemTime,
+    mtime: SystemTime,
+    ctime: SystemTime,
+    btime: SystemTime,
+    xattrs: BTreeMap<OsString, Vec<u8>>,
+    lookups: u64,
+    opens: u32,
+    data: Data,
+}
+
+struct State {
+    inodes: HashMap<u64, Inode>,
+    next_ino: u64,
+    free_slots: Vec<u64>,
+    next_slot: u64,
+    /// Open directory handles: a snapshot taken at opendir.
+    dir_handles: HashMap<u64, Arc<Vec<DirEntry>>>,
+    next_fh: u64,
+}
+
+/// Filesystem counters for `ramd status`.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct FsStats {
+    pub inodes: u64,
+    pub max_inodes: u64,
+    pub files: u64,
+    pub dirs: u64,
+    pub file_bytes: u64,
+}
+
+pub struct Fs {
+    store: Arc<Store>,
+    cfg: FsConfig,
+    state: RwLock<State>,
+}
+
+fn name_cost(name: &OsStr) -> u64 {
+    DIRENT_COST + name.len() as u64
+}
+
+fn check_name(name: &OsStr) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return err(libc::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.as_bytes().contains(&b'/') {
+        return err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+impl Inode {
+    fn attr(&self, ino: u64) -> Attr {
+        let blocks = match self.data {
+            Data::File { pages, .. } => pages * (PAGE_SIZE as u64 / 512),
+            Data::Symlink(ref t) => (t.len() as u64).div_ceil(512),
+            _ => 0,
+        };
+        Attr {
+            ino,
+            kind: self.kind,
+            perm: self.perm,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: self.rdev,
+            size: self.size,
+            blocks,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            btime: self.btime,
+        }
+    }
+
+    fn entries(&self) -> Result<&BTreeMap<OsString, u64>> {
+        match &self.data {
+            Data::Dir { entries, .. } => Ok(entries),
+            _ => err(libc::ENOTDIR),
+        }
+    }
+
+    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, u64>> {
+        match &mut self.data {
+            Data::Dir { entries, .. } => Ok(entries),
+            _ => err(libc::ENOTDIR),
+        }
+    }
+
+    fn touch_mc(&mut self, now: SystemTime) {
+        self.mtime = now;
+        self.ctime = now;
+    }
+}
+
+impl State {
+    fn get(&self, ino: u64) -> Result<&Inode> {
+        self.inodes.get(&ino).ok_or(Errno(libc::ENOENT))
+    }
+
+    fn get_mut(&mut self, ino: u64) -> Result<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(Errno(libc::ENOENT))
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Result<u64> {
+        self.get(parent)?
+            .entries()?
+            .get(name)
+            .copied()
+            .ok_or(Errno(libc::ENOENT))
+    }
+}
+
+impl Fs {
+    pub fn new(store: Arc<Store>, cfg: FsConfig) -> Result<Fs> {
+        let now = SystemTime::now();
+        let root = Inode {
+            kind: Kind::Dir,
+            perm: cfg.mode & 0o7777,
+            nlink: 2,
+            uid: cfg.uid,
+            gid: cfg.gid,
+            rdev: 0,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            xattrs: BTreeMap::new(),
+            // The kernel holds the root without a lookup; never forgotten.
+            lookups: 1,
+            opens: 0,
+            data: Data::Dir {
+                entries: BTreeMap::new(),
+                parent: ROOT_INO,
+            },
+        };
+        store.charge(INODE_COST)?;
+        let mut inodes = HashMap::new();
+        inodes.insert(ROOT_INO, root);
+        Ok(Fs {
+            store,
+            cfg,
+            state: RwLock::new(State {
+                inodes,
+                next_ino: ROOT_INO + 1,
+                free_slots: Vec::new(),
+                next_slot: 0,
+                dir_handles: HashMap::new(),
+                next_fh: 1,
+            }),
+        })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &FsConfig {
+        &self.cfg
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return err(libc::ENAMETOOLONG);
+        }
+        let mut st = self.state.write();
+        let ino = st.child(parent, name)?;
+        let inode = st.get_mut(ino)?;
+        inode.lookups += 1;
+        Ok(inode.attr(ino))
+    }
+
+    /// The kernel dropped `n` references taken by lookups and creations.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut st = self.state.write();
+        if let Some(inode) = st.inodes.get_mut(&ino) {
+            inode.lookups = inode.lookups.saturating_sub(n);
+        }
+        self.maybe_free(&mut st, ino);
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let st = self.state.read();
+        Ok(st.get(ino)?.attr(ino))
+    }
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr> {
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        if let Some(size) = set.size {
+            let Data::File {
+                slot,
+                ref mut pages,
+                ref mut alloc_end,
+            } = inode.data
+            else {
+                return err(if inode.kind == Kind::Dir {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                });
+            };
+            if size > MAX_FILE_SIZE {
+                return err(libc::EFBIG);
+            }
+            if size < inode.size || size < *alloc_end {
+                // Freed at once, like tmpfs: the tail becomes holes.
+                let end = (*alloc_end).max(inode.size);
+                if end > size {
+                    let mut delta = 0;
+                    let r =
+                        self.store
+                            .zero_counted(base(slot) + size, end - size, true, &mut delta);
+                    *pages = pages.saturating_add_signed(delta);
+                    r?;
+                }
+                *alloc_end = size;
+            }
+            if size != inode.size {
+                inode.size = size;
+                inode.touch_mc(now);
+            }
+        }
+        if let Some(mode) = set.mode {
+            inode.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            inode.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            inode.gid = gid;
+        }
+        let resolve = |t: SetTime| match t {
+            SetTime::At(t) => t,
+            SetTime::Now => now,
+        };
+        if let Some(t) = set.atime {
+            inode.atime = resolve(t);
+        }
+        if let Some(t) = set.mtime {
+            inode.mtime = resolve(t);
+        }
+        inode.ctime = set.ctime.unwrap_or(now);
+        Ok(inode.attr(ino))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut st = self.state.write();
+        let noatime = self.cfg.noatime;
+        let inode = st.get_mut(ino)?;
+        match &inode.data {
+            Data::Symlink(t) => {
+                let t = t.as_bytes().to_vec();
+                if !noatime {
+                    inode.atime = SystemTime::now();
+                }
+                Ok(t)
+            }
+            _ => err(libc::EINVAL),
+        }
+    }
+
+    /// Creates a node of any kind but symlink. `mode` carries the type bits
+    /// and permissions (already masked by the kernel's umask).
+    pub fn mknod(
+        &self,
+        who: Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        let kind = Kind::from_mode(mode).ok_or(Errno(libc::EINVAL))?;
+        if kind == Kind::Symlink {
+            return err(libc::EINVAL);
+        }
+        self.create_node(who, parent, name, kind, mode, rdev, None)
+    }
+
+    pub fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+        self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
+    }
+
+    pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
+        if target.len() >= libc::PATH_MAX as usize {
+            return err(libc::ENAMETOOLONG);
+        }
+        self.create_node(who, parent, name, Kind::Symlink, 0o777, 0, Some(target))
+    }
+
+    /// Creates and opens a regular file.
+    pub fn create(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+        let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
+        self.state.write().get_mut(attr.ino)?.opens += 1;
+        Ok(attr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(
+        &self,
+        who: Caller,
+        parent: u64,
+        name: &OsStr,
+        kind: Kind,
+        mode: u32,
+        rdev: u32,
+        target: Option<&OsStr>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let p = st.get(parent)?;
+        if p.entries()?.contains_key(name) {
+            return err(libc::EEXIST);
+        }
+        if p.nlink == 0 {
+            // The directory was removed while the caller held it.
+            return err(libc::ENOENT);
+        }
+        if st.inodes.len() as u64 >= self.cfg.nr_inodes {
+            return err(libc::ENOSPC);
+        }
+        // setgid directories hand their group, and to subdirectories the
+        // setgid bit, down to what is created in them.
+        let mut perm = (mode & 0o7777) as u16;
+        let gid = if p.perm & libc::S_ISGID as u16 != 0 {
+            if kind == Kind::Dir {
+                perm |= libc::S_ISGID as u16;
+            }
+            p.gid
+        } else {
+            who.gid
+        };
+        let cost = INODE_COST + name_cost(name) + target.map_or(0, |t| t.len() as u64);
+        self.store.charge(cost)?;
+        let data = match kind {
+            Kind::File => {
+                let slot = match st.free_slots.pop() {
+                    Some(s) => s,
+                    None if st.next_slot < MAX_SLOTS => {
+                        st.next_slot += 1;
+                        st.next_slot - 1
+                    }
+                    None => {
+                        self.store.uncharge(cost);
+                        return err(libc::ENOSPC);
+                    }
+                };
+                Data::File {
+                    slot,
+                    pages: 0,
+                    alloc_end: 0,
+                }
+            }
+            Kind::Dir => Data::Dir {
+                entries: BTreeMap::new(),
+                parent,
+            },
+            Kind::Symlink => Data::Symlink(target.expect("symlink target").to_owned()),
+            _ => Data::Special,
+        };
+        let ino = st.next_ino;
+        st.next_ino += 1;
+        let inode = Inode {
+            kind,
+            perm,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            uid: who.uid,
+            gid,
+            rdev,
+            size: target.map_or(0, |t| t.len() as u64),
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            xattrs: BTreeMap::new(),
+            lookups: 1,
+            opens: 0,
+            data,
+        };
+        let attr = inode.attr(ino);
+        st.inodes.insert(ino, inode);
+        let p = st.get_mut(parent)?;
+        p.entries_mut()?.insert(name.to_owned(), ino);
+        if kind == Kind::Dir {
+            p.nlink += 1;
+        }
+        p.touch_mc(now);
+        Ok(attr)
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<Attr> {
+        check_name(newname)?;
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let np = st.get(newparent)?;
+        if np.entries()?.contains_key(newname) {
+            return err(libc::EEXIST);
+        }
+        if np.nlink == 0 {
+            return err(libc::ENOENT);
+        }
+        let inode = st.get(ino)?;
+        if inode.kind == Kind::Dir {
+            return err(libc::EPERM);
+        }
+        if inode.nlink == 0 {
+            return err(libc::ENOENT);
+        }
+        if inode.nlink >= u32::MAX - 1 {
+            return err(libc::EMLINK);
+        }
+        self.store.charge(name_cost(newname))?;
+        let np = st.get_mut(newparent)?;
+        np.entries_mut()?.insert(newname.to_owned(), ino);
+        np.touch_mc(now);
+        let inode = st.get_mut(ino)?;
+        inode.nlink += 1;
+        inode.lookups += 1;
+        inode.ctime = now;
+        Ok(inode.attr(ino))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let mut st = self.state.write();
+        let ino = st.child(parent, name)?;
+        if st.get(ino)?.kind == Kind::Dir {
+            return err(libc::EISDIR);
+        }
+        self.remove_entry(&mut st, parent, name, ino);
+        Ok(())
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        if name == "." {
+            return err(libc::EINVAL);
+        }
+        if name == ".." {
+            return err(libc::ENOTEMPTY);
+        }
+        let mut st = self.state.write();
+        let ino = st.child(parent, name)?;
+        let d = st.get(ino)?;
+        if !d.entries()?.is_empty() {
+            return err(libc::ENOTEMPTY);
+        }
+        self.remove_entry(&mut st, parent, name, ino);
+        Ok(())
+    }
+
+    /// Drops the entry `name` → `ino` from `parent`, with link counts, times
+    /// and memory.
+    fn remove_entry(&self, st: &mut State, parent: u64, name: &OsStr, ino: u64) {
+        let now = SystemTime::now();
+        let p = st.inodes.get_mut(&parent).expect("parent exists");
+        p.entries_mut().expect("parent is a dir").remove(name);
+        p.touch_mc(now);
+        let inode = st.inodes.get_mut(&ino).expect("child exists");
+        inode.ctime = now;
+        if inode.kind == Kind::Dir {
+            inode.nlink = 0;
+            st.inodes.get_mut(&parent).expect("parent").nlink -= 1;
+        } else {
+            inode.nlink -= 1;
+        }
+        self.store.uncharge(name_cost(name));
+        self.maybe_free(st, ino);
+    }
+
+    /// Frees what an inode no longer needs: data once unreachable and
+    /// closed, the inode once the kernel forgot it too.
+    fn maybe_free(&self, st: &mut State, ino: u64) {
+        let Some(inode) = st.inodes.get_mut(&ino) else {
+            return;
+        };
+        if inode.nlink > 0 || inode.opens > 0 {
+            return;
+        }
+        if let Data::File {
+            slot,
+            ref mut pages,
+            ref mut alloc_end,
+        } = inode.data
+        {
+            let end = (*alloc_end).max(inode.size);
+            if end > 0 {
+                // Punching never needs memory, so it cannot fail.
+                let mut delta = 0;
+                let r = self.store.zero_counted(base(slot), end, true, &mut delta);
+                debug_assert!(r.is_ok(), "punching a file's pages failed: {r:?}");
+                *pages = pages.saturating_add_signed(delta);
+                *alloc_end = 0;
+                inode.size = 0;
+            }
+        }
+        if inode.lookups > 0 {
+            return;
+        }
+        let inode = st.inodes.remove(&ino).expect("present");
+        let mut cost = INODE_COST;
+        match inode.data {
+            Data::File { slot, .. } => st.free_slots.push(slot),
+            Data::Symlink(t) => cost += t.len() as u64,
+            _ => {}
+        }
+        cost += inode
+            .xattrs
+            .iter()
+            .map(|(k, v)| xattr_cost(k, v))
+            .sum::<u64>();
+        self.store.uncharge(cost);
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+        const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+        if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
+            return err(libc::EINVAL);
+        }
+        check_name(newname)?;
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let src = st.child(parent, name)?;
+        let dst = match st.child(newparent, newname) {
+            Ok(d) => Some(d),
+            Err(Errno(libc::ENOENT)) => None,
+            Err(e) => return Err(e),
+        };
+        if st.get(newparent)?.nlink == 0 {
+            return err(libc::ENOENT);
+        }
+        let src_dir = st.get(src)?.kind == Kind::Dir;
+        // Moving a directory below itself is refused by the VFS already;
+        // checked again because a loop would orphan a subtree.
+        if src_dir && parent != newparent && self.is_ancestor(&st, src, newparent) {
+            return err(libc::EINVAL);
+        }
+        if flags & EXCHANGE != 0 {
+            let dst = dst.ok_or(Errno(libc::ENOENT))?;
+            let dst_dir = st.get(dst)?.kind == Kind::Dir;
+            if dst_dir && parent != newparent && self.is_ancestor(&st, dst, parent) {
+                return err(libc::EINVAL);
+            }
+            st.get_mut(parent)?
+                .entries_mut()?
+                .insert(name.to_owned(), dst);
+            st.get_mut(newparent)?
+                .entries_mut()?
+                .insert(newname.to_owned(), src);
+            if parent != newparent {
+                self.reparent(&mut st, src, parent, newparent);
+                self.reparent(&mut st, dst, newparent, parent);
+            }
+            for ino in [src, dst] {
+                st.get_mut(ino)?.ctime = now;
+            }
+            for p in [parent, newparent] {
+                st.get_mut(p)?.touch_mc(now);
+            }
+            return Ok(());
+        }
+        if let Some(dst) = dst {
+            if flags & NOREPLACE != 0 {
+                return err(libc::EEXIST);
+            }
+            if dst == src {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            let d = st.get(dst)?;
+            match (src_dir, d.kind == Kind::Dir) {
+                (true, false) => return err(libc::ENOTDIR),
+                (false, true) => return err(libc::EISDIR),
+                (true, true) if !d.entries()?.is_empty() => return err(libc::ENOTEMPTY),
+                _ => {}
+            }
+        }
+        // Nothing may fail after the replaced entry is gone: charge first.
+        self.store.charge(name_cost(newname))?;
+        if let Some(dst) = dst {
+            self.remove_entry(&mut st, newparent, newname, dst);
+        }
+        st.get_mut(parent)?.entries_mut()?.remove(name);
+        self.store.uncharge(name_cost(name));
+        st.get_mut(newparent)?
+            .entries_mut()?
+            .insert(newname.to_owned(), src);
+        if parent != newparent {
+            self.reparent(&mut st, src, parent, newparent);
+        }
+        st.get_mut(src)?.ctime = now;
+        for p in [parent, newparent] {
+            st.get_mut(p)?.touch_mc(now);
+        }
+        Ok(())
+    }
+
+    /// Fixes ".." and the parents' link counts when a directory moves.
+    fn reparent(&self, st: &mut State, ino: u64, from: u64, to: u64) {
+        let Some(Inode {
+            data: Data::Dir { parent, .. },
+            ..
+        }) = st.inodes.get_mut(&ino)
+        else {
+            return;
+        };
+        *parent = to;
+        st.inodes.get_mut(&from).expect("old parent").nlink -= 1;
+        st.inodes.get_mut(&to).expect("new parent").nlink += 1;
+    }
+
+    /// Whether `a` is `b` or one of its ancestors.
+    fn is_ancestor(&self, st: &State, a: u64, mut b: u64) -> bool {
+        loop {
+            if a == b {
+                return true;
+            }
+            match st.inodes.get(&b).map(|i| &i.data) {
+                Some(Data::Dir { parent, .. }) if *parent != b => b = *parent,
+                _ => return false,
+            }
+        }
+    }
+
+    pub fn open(&self, ino: u64) -> Result<()> {
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        if inode.kind == Kind::Dir {
+            return err(libc::EISDIR);
+        }
+        inode.opens += 1;
+        Ok(())
+    }
+
+    pub fn release(&self, ino: u64) {
+        let mut st = self.state.write();
+        if let Some(inode) = st.inodes.get_mut(&ino) {
+            inode.opens = inode.opens.saturating_sub(1);
+        }
+        self.maybe_free(&mut st, ino);
+    }
+
+    /// Where a regular file's data starts in the store, and its size.
+    fn file(&self, ino: u64) -> Result<(u64, u64)> {
+        let st = self.state.read();
+        let inode = st.get(ino)?;
+        match inode.data {
+            Data::File { slot, .. } => Ok((base(slot), inode.size)),
+            _ if inode.kind == Kind::Dir => err(libc::EISDIR),
+            _ => err(libc::EINVAL),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
+    pub fn read(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let (base, size) = self.file(ino)?;
+        if off >= size {
+            return Ok(0);
+        }
+        let n = (size - off).min(buf.len() as u64) as usize;
+        self.store.read(base + off, &mut buf[..n])?;
+        if !self.cfg.noatime {
+            self.touch_atime(ino);
+        }
+        Ok(n)
+    }
+
+    /// relatime: atime moves when it is older than mtime/ctime or a day old.
+    fn touch_atime(&self, ino: u64) {
+        let now = SystemTime::now();
+        let stale = |i: &Inode| {
+            i.atime <= i.mtime
+                || i.atime <= i.ctime
+                || now
+                    .duration_since(i.atime)
+                    .is_ok_and(|d| d > Duration::from_secs(86400))
+        };
+        if self.state.read().get(ino).is_ok_and(|i| !stale(i)) {
+            return;
+        }
+        if let Ok(i) = self.state.write().get_mut(ino) {
+            if stale(i) {
+                i.atime = now;
+            }
+        }
+    }
+
+    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
+        let (base, _) = self.file(ino)?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE + 1)
+            .ok_or(Errno(libc::EFBIG))?;
+        let mut delta = 0;
+        let r = self.store.write_counted(base + off, data, &mut delta);
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        if let Data::File { ref mut pages, .. } = inode.data {
+            *pages = pages.saturating_add_signed(delta);
+        }
+        r?;
+        inode.size = inode.size.max(end);
+        if let Data::File {
+            ref mut alloc_end, ..
+        } = inode.data
+        {
+            *alloc_end = (*alloc_end).max(end);
+        }
+        inode.touch_mc(now);
+        Ok(data.len())
+    }
+
+    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !(KEEP_SIZE | PUNCH | ZERO) != 0 || (mode & PUNCH != 0 && mode & ZERO != 0) {
+            return err(libc::EOPNOTSUPP);
+        }
+        if mode & PUNCH != 0 && mode & KEEP_SIZE == 0 {
+            return err(libc::EOPNOTSUPP);
+        }
+        let (base, size) = self.file(ino)?;
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_SIZE + 1)
+            .ok_or(Errno(libc::EFBIG))?;
+        if len == 0 {
+            return err(libc::EINVAL);
+        }
+        let mut delta = 0;
+        let r = if mode & PUNCH != 0 {
+            // Only what lies inside the file is punched.
+            let end = end.min(size);
+            if end > off {
+                self.store
+                    .zero_counted(base + off, end - off, true, &mut delta)
+            } else {
+                Ok(())
+            }
+        } else if mode & ZERO != 0 {
+            self.store.zero_counted(base + off, len, false, &mut delta)
+        } else {
+            self.store.allocate(base + off, len, &mut delta)
+        };
+        let now = SystemTime::now();
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        if let Data::File {
+            ref mut pages,
+            ref mut alloc_end,
+            ..
+        } = inode.data
+        {
+            *pages = pages.saturating_add_signed(delta);
+            if mode & PUNCH == 0 {
+                *alloc_end = (*alloc_end).max(end);
+            }
+        }
+        r?;
+        if mode & KEEP_SIZE == 0 && end > inode.size {
+            inode.size = end;
+            inode.touch_mc(now);
+        } else if mode & (PUNCH | ZERO) != 0 {
+            inode.touch_mc(now);
+        }
+        Ok(())
+    }
+
+    /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
+    /// are holes; the end of the file is a hole.
+    pub fn seek(&self, ino: u64, off: u64, whence: Whence) -> Result<u64> {
+        let (base, size) = self.file(ino)?;
+        if off >= size {
+            return err(libc::ENXIO);
+        }
+        let mut pos = off;
+        while pos < size {
+            // Extents are asked for in pieces so one call stays bounded.
+            let len = (size - pos).min(1 << 30);
+            for e in self.store.extents(base + pos, len, 4096)? {
+                let hole = e.kind == ExtentKind::Hole;
+                if hole == (whence == Whence::Hole) {
+                    return Ok(pos);
+                }
+                pos += e.length;
+            }
+        }
+        match whence {
+            Whence::Hole => Ok(size),
+            Whence::Data => err(libc::ENXIO),
+        }
+    }
+
+    /// Copies file data within the store; returns bytes copied.
+    pub fn copy_range(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let (_, size_in) = self.file(ino_in)?;
+        if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
+            return err(libc::EINVAL);
+        }
+        let len = len.min(size_in.saturating_sub(off_in));
+        let mut buf = vec![0; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            let got = self.read(ino_in, off_in + done, &mut buf[..n])?;
+            if got == 0 {
+                break;
+            }
+            self.write(ino_out, off_out + done, &buf[..got])?;
+            done += got as u64;
+        }
+        Ok(done)
+    }
+
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let mut st = self.state.write();
+        let d = st.get(ino)?;
+        let Data::Dir { entries, parent } = &d.data else {
+            return err(libc::ENOTDIR);
+        };
+        let mut list = Vec::with_capacity(entries.len() + 2);
+        list.push(DirEntry {
+            ino,
+            kind: Kind::Dir,
+            name: ".".into(),
+        });
+        list.push(DirEntry {
+            ino: *parent,
+            kind: Kind::Dir,
+            name: "..".into(),
+        });
+        for (name, &child) in entries {
+            let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
+            list.push(DirEntry {
+                ino: child,
+                kind,
+                name: name.clone(),
+            });
+        }
+        let fh = st.next_fh;
+        st.next_fh += 1;
+        st.dir_handles.insert(fh, Arc::new(list));
+        Ok(fh)
+    }
+
+    /// The snapshot of an open directory.
+    pub fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        self.state
+            .read()
+            .dir_handles
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno(libc::EBADF))
+    }
+
+    /// For readdirplus: the attributes of an entry, counting a lookup.
+    pub fn lookup_ino(&self, ino: u64) -> Result<Attr> {
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        inode.lookups += 1;
+        Ok(inode.attr(ino))
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.state.write().dir_handles.remove(&fh);
+    }
+
+    /// (total blocks, free blocks, total inodes, free inodes), 4 KiB blocks.
+    pub fn statfs(&self) -> (u64, u64, u64, u64) {
+        let (used, limit) = self.store.pages_used();
+        let total = match self.cfg.size {
+            Some(_) => limit,
+            // ramfs mode: what is used plus what the host could still give.
+            None => used + ramd_store::mem_available().unwrap_or(0) / PAGE_SIZE as u64,
+        };
+        let inodes = self.state.read().inodes.len() as u64;
+        (
+            total,
+            total.saturating_sub(used),
+            self.cfg.nr_inodes,
+            self.cfg.nr_inodes.saturating_sub(inodes),
+        )
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return err(libc::E2BIG);
+        }
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        let old = inode.xattrs.get(name);
+        if flags & libc::XATTR_CREATE != 0 && old.is_some() {
+            return err(libc::EEXIST);
+        }
+        if flags & libc::XATTR_REPLACE != 0 && old.is_none() {
+            return err(libc::ENODATA);
+        }
+        let new_cost = xattr_cost(name, value);
+        let old_cost = old.map_or(0, |v| xattr_cost(name, v));
+        if new_cost > old_cost {
+            self.store.charge(new_cost - old_cost)?;
+        } else {
+            self.store.uncharge(old_cost - new_cost);
+        }
+        inode.xattrs.insert(name.to_owned(), value.to_vec());
+        inode.ctime = SystemTime::now();
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+        check_xattr_name(name)?;
+        let st = self.state.read();
+        st.get(ino)?
+            .xattrs
+            .get(name)
+            .cloned()
+            .ok_or(Errno(libc::ENODATA))
+    }
+
+    /// All names, each followed by a NUL, as listxattr(2) returns them.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let st = self.state.read();
+        let mut out = Vec::new();
+        for name in st.get(ino)?.xattrs.keys() {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<()> {
+        check_xattr_name(name)?;
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        let v = inode.xattrs.remove(name).ok_or(Errno(libc::ENODATA))?;
+        self.store.uncharge(xattr_cost(name, &v));
+        inode.ctime = SystemTime::now();
+        Ok(())
+    }
+
+    pub fn stats(&self) -> FsStats {
+        let st = self.state.read();
+        let (mut files, mut dirs, mut bytes) = (0, 0, 0);
+        for i in st.inodes.values() {
+            match i.kind {
+                Kind::File => {
+                    files += 1;
+                    bytes += i.size;
+                }
+                Kind::Dir => dirs += 1,
+                _ => {}
+            }
+        }
+        FsStats {
+            inodes: st.inodes.len() as u64,
+            max_inodes: self.cfg.nr_inodes,
+            files,
+            dirs,
+            file_bytes: bytes,
+        }
+    }
+}
+
+fn base(slot: u64) -> u64 {
+    slot << FILE_SHIFT
+}
+
+fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {
+    DIRENT_COST + name.len() as u64 + value.len() as u64
+}
+
+/// Namespaces tmpfs supports; ACLs (system.*) are not offered.
+fn check_xattr_name(name: &OsStr) -> Result<()> {
+    if name.len() > XATTR_NAME_MAX {
+        return err(libc::ERANGE);
+    }
+    let b = name.as_bytes();
+    let known = [&b"user."[..], b"trusted.", b"security."]
+        .iter()
+        .any(|p| b.starts_with(p) && b.len() > p.len());
+    if known {
+        Ok(())
+    } else {
+        err(libc::EOPNOTSUPP)
+    }
+}

@@ -1,0 +1,612 @@
+//! FUSE adapter: translates fuser's requests into [`Fs`] calls and replies.
+//! No filesystem logic lives here.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::fs::{Attr, Caller, Errno, Fs, Kind, SetAttr, SetTime, Whence, NAME_MAX};
+
+/// How long the kernel may trust names and attributes it was given. All
+/// changes go through this mount and the kernel invalidates what an
+/// operation touches, so a short TTL only guards against our own races.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel may send in one request.
+const MAX_WRITE: u32 = 1 << 20;
+
+/// Options of the FUSE session beyond the filesystem's own.
+#[derive(Debug, Clone, Copy)]
+pub struct FuseOptions {
+    /// Let the kernel cache writes and send them in large batches.
+    pub writeback_cache: bool,
+}
+
+pub struct FuseFs {
+    fs: Arc<Fs>,
+    opts: FuseOptions,
+}
+
+impl FuseFs {
+    pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
+        FuseFs { fs, opts }
+    }
+}
+
+fn ferr(e: Errno) -> FErrno {
+    FErrno::from_i32(e.0)
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.btime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+        TimeOrNow::Now => SetTime::Now,
+    }
+}
+
+fn entry(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Err(e) => reply.error(ferr(e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(ferr(e)),
+    }
+}
+
+/// Page cache kept across opens: every change goes through this mount, so
+/// the kernel's cached pages are never stale.
+fn open_flags() -> FopenFlags {
+    FopenFlags::FOPEN_KEEP_CACHE
+}
+
+impl fuser::Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_ASYNC_DIO;
+        if self.opts.writeback_cache {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        // Ask only for what this kernel offers.
+        let offered = wanted & config.capabilities();
+        if config.add_capabilities(offered).is_err() {
+            log::warn!("kernel refused FUSE capabilities {offered:?}");
+        }
+        if self.opts.writeback_cache && !offered.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
+            log::warn!("this kernel has no FUSE writeback cache; writes go through");
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.fs.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime,
+        };
+        match self.fs.setattr(ino.0, set) {
+            Ok(a) => reply.attr(&TTL, &fattr(&a)),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.fs.mknod(caller(req), parent.0, name, mode, rdev),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(reply, self.fs.mkdir(caller(req), parent.0, name, mode));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.rmdir(parent.0, name));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .symlink(caller(req), parent.0, link_name, target.as_os_str());
+        entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self
+            .fs
+            .rename(parent.0, name, newparent.0, newname, flags.bits());
+        empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(reply, self.fs.link(ino.0, newparent.0, newname));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0) {
+            Ok(()) => reply.opened(FileHandle(0), open_flags()),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        thread_local! {
+            // One buffer per FUSE thread: reads are up to 1 MiB each.
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        BUF.with_borrow_mut(|buf| {
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
+            }
+            match self.fs.read(ino.0, offset, &mut buf[..size as usize]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(ferr(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(ino.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Memory is the medium; with persistence this will wait for the image.
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.fs.dir_entries(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(ferr(e)),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            // The offset handed back is where the next call resumes.
+            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.fs.dir_entries(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(ferr(e)),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            let dot = e.name == "." || e.name == "..";
+            // The kernel counts a lookup for every entry but "." and "..".
+            let attr = if dot {
+                self.fs.getattr(e.ino)
+            } else {
+                self.fs.lookup_ino(e.ino)
+            };
+            let Ok(attr) = attr else {
+                // Removed since opendir: leave it out.
+                continue;
+            };
+            if reply.add(
+                INodeNo(e.ino),
+                i as u64 + 1,
+                &e.name,
+                &TTL,
+                &fattr(&attr),
+                Generation(0),
+            ) {
+                // Not sent: give back the lookup just counted.
+                if !dot {
+                    self.fs.forget(e.ino, 1);
+                }
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (blocks, bfree, files, ffree) = self.fs.statfs();
+        reply.statfs(
+            blocks,
+            bfree,
+            bfree,
+            files,
+            ffree,
+            4096,
+            NAME_MAX as u32,
+            4096,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.setxattr(ino.0, name, value, flags));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.fs.getxattr(ino.0, name));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.fs.listxattr(ino.0));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.removexattr(ino.0, name));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks access itself.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.fs.create(caller(req), parent.0, name, mode) {
+            Ok(a) => reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(0), open_flags()),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.fallocate(ino.0, offset, length, mode));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let whence = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            // The kernel handles SEEK_SET/CUR/END itself.
+            _ => return reply.error(FErrno::EINVAL),
+        };
+        if offset < 0 {
+            return reply.error(FErrno::ENXIO);
+        }
+        match self.fs.seek(ino.0, offset as u64, whence) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // One reply carries a u32 count; the kernel loops for the rest.
+        let len = len.min(1 << 30);
+        match self
+            .fs
+            .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
+        {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(ferr(e)),
+        }
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
+    match r {
+        Err(e) => reply.error(ferr(e)),
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
+        Ok(v) => reply.data(&v),
+    }
+}
+
+/// Whether `path` is already a mount point (listed in /proc/self/mountinfo).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = canon.as_os_str().as_bytes();
+    info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes.
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
