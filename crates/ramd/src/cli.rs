@@ -11,14 +11,16 @@ use crate::units::parse_size;
 #[command(
     name = "ramd",
     version,
-    about = "A RAM disk you can trust: memory-speed block disks served over NBD",
+    about = "A RAM disk you can trust: memory-speed disks served over NBD or mounted through FUSE",
     long_about = "ramd keeps disks in RAM: sparse (untouched, zeroed and trimmed pages cost \
                   nothing), capped by a memory budget (a full disk answers ENOSPC, never an \
-                  OOM), and served over NBD to qemu, libnbd tools, fio and nbdfuse.",
+                  OOM). A block disk is served over NBD to qemu, libnbd tools, fio and \
+                  nbdfuse; a filesystem disk (--mount) is a tmpfs-like directory.",
     after_help = "Examples:\n  \
         ramd serve --size 1G                       # disk ram0 on /run/ramd/ram0.sock\n  \
         nbdinfo 'nbd+unix:///ram0?socket=/run/ramd/ram0.sock'\n  \
         ramd serve --size 4G --listen tcp:10809    # TCP on 127.0.0.1:10809\n  \
+        ramd serve --size 1G --mount /mnt/ram      # a tmpfs-like directory\n  \
         ramd status"
 )]
 pub struct Cli {
@@ -32,10 +34,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run one block disk in the foreground until SIGINT or SIGTERM.
+    /// Run one disk in the foreground until SIGINT or SIGTERM: a block disk
+    /// over NBD, or with --mount a filesystem disk (`umount DIR` stops it too).
     #[command(
-        after_help = "On start ramd prints the disk's NBD URI alone on stdout; logs go to \
-                            stderr (level set by RAMD_LOG, e.g. RAMD_LOG=debug)."
+        after_help = "When ready ramd prints one line alone on stdout: the NBD URI of a \
+                      block disk, or the mount point of a filesystem disk. Logs go to \
+                      stderr (level set by RAMD_LOG, e.g. RAMD_LOG=debug)."
     )]
     Serve(ServeArgs),
     /// Show every running disk: size, use, memory, pages.
@@ -44,9 +48,11 @@ pub enum Command {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Logical capacity, e.g. 512M, 1G, 1.5T (powers of 1024).
+    /// Logical capacity, e.g. 512M, 1G, 1.5T (powers of 1024). A filesystem
+    /// disk also takes `unlimited` (ramfs mode: bounded by --max-memory and
+    /// the host's available memory only).
     #[arg(long, value_parser = parse_disk_size, value_name = "SIZE")]
-    pub size: u64,
+    pub size: DiskSize,
 
     /// Disk name: the NBD export name and the status row.
     #[arg(long, default_value = "ram0", value_parser = parse_name, value_name = "NAME")]
@@ -55,8 +61,39 @@ pub struct ServeArgs {
     /// Where clients connect: unix:PATH, or tcp:[HOST:]PORT (HOST defaults
     /// to 127.0.0.1; give 0.0.0.0 or an address to listen beyond loopback).
     /// Default: unix:RUN_DIR/NAME.sock.
-    #[arg(long, value_parser = parse_listen, value_name = "ADDR")]
+    #[arg(long, value_parser = parse_listen, value_name = "ADDR", conflicts_with = "mount")]
     pub listen: Option<Listen>,
+
+    /// Mount a filesystem disk at DIR (an existing directory that is not
+    /// already a mount point) instead of serving a block disk.
+    #[arg(long, value_name = "DIR")]
+    pub mount: Option<PathBuf>,
+
+    /// Filesystem disk: most inodes (files, directories, links...).
+    /// Default: like tmpfs, half the host's RAM pages.
+    #[arg(long, value_name = "N", requires = "mount", value_parser = clap::value_parser!(u64).range(2..))]
+    pub nr_inodes: Option<u64>,
+
+    /// Filesystem disk: root directory permissions, in octal.
+    #[arg(long, value_name = "OCTAL", requires = "mount", default_value = "1777", value_parser = parse_mode)]
+    pub mode: u16,
+
+    /// Filesystem disk: owner of the root directory.
+    #[arg(long, value_name = "UID", requires = "mount", default_value_t = 0)]
+    pub uid: u32,
+
+    /// Filesystem disk: group of the root directory.
+    #[arg(long, value_name = "GID", requires = "mount", default_value_t = 0)]
+    pub gid: u32,
+
+    /// Filesystem disk: never update access times.
+    #[arg(long, requires = "mount")]
+    pub noatime: bool,
+
+    /// Filesystem disk: let the kernel cache writes and send them in large
+    /// batches (faster small writes; fsync still reaches ramd).
+    #[arg(long, requires = "mount")]
+    pub writeback_cache: bool,
 
     /// Cap on RAM used for pages and page tables; writes beyond it get
     /// ENOSPC. Default: enough for every page of SIZE.
@@ -64,10 +101,10 @@ pub struct ServeArgs {
     pub max_memory: Option<u64>,
 
     /// Refuse writes, trims and zeroing (EPERM).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mount")]
     pub read_only: bool,
 
-    /// Requests served at once per client connection.
+    /// Requests served at once per NBD connection, or FUSE worker threads.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: u16,
 
@@ -91,13 +128,22 @@ pub struct StatusArgs {
     pub name: Option<String>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DiskSize {
+    Bytes(u64),
+    Unlimited,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Listen {
     Unix(PathBuf),
     Tcp(SocketAddr),
 }
 
-fn parse_disk_size(s: &str) -> Result<u64, String> {
+fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
+    if s == "unlimited" {
+        return Ok(DiskSize::Unlimited);
+    }
     let n = parse_size(s)?;
     if n == 0 {
         return Err(format!("size {s:?} must be more than 0 bytes"));
@@ -108,7 +154,14 @@ fn parse_disk_size(s: &str) -> Result<u64, String> {
             ramd_store::MAX_SIZE
         ));
     }
-    Ok(n)
+    Ok(DiskSize::Bytes(n))
+}
+
+fn parse_mode(s: &str) -> Result<u16, String> {
+    u16::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("invalid mode {s:?}: use octal permissions like 1777 or 755"))
 }
 
 fn parse_name(s: &str) -> Result<String, String> {
@@ -182,6 +235,10 @@ mod tests {
         assert!(parse_name("../x").is_err());
         assert!(parse_name("").is_err());
         assert!(parse_disk_size("0").unwrap_err().contains("\"0\""));
+        assert_eq!(parse_disk_size("unlimited"), Ok(DiskSize::Unlimited));
+        assert_eq!(parse_mode("1777"), Ok(0o1777));
+        assert!(parse_mode("8").is_err());
+        assert!(parse_mode("17777").is_err());
         assert!(parse_disk_size("9E").is_err());
     }
 

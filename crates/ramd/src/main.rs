@@ -1,21 +1,22 @@
 //! `ramd`: the daemon and its commands. Storage lives in `ramd-store`, the
-//! protocol in `ramd-nbd`; this binary parses the command line, sets up
-//! resources before the first client, and reports status.
+//! protocols in `ramd-nbd` and `ramd-fs`; this binary parses the command
+//! line, sets up resources before the first client, and reports status.
 
 mod cli;
 mod control;
 mod units;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use cli::{Cli, Command, Listen, ServeArgs};
+use cli::{Cli, Command, DiskSize, Listen, ServeArgs};
+use ramd_fs::{Fs, FsConfig, FuseOptions};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
-use ramd_store::{Store, StoreConfig};
+use ramd_store::{Store, StoreConfig, PAGE_SIZE};
 use units::human;
 
 fn main() {
@@ -25,7 +26,8 @@ fn main() {
     let cli = Cli::parse();
     let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
-        Command::Serve(args) => serve(args, &run_dir),
+        Command::Serve(args) if args.mount.is_some() => serve_fs(args, &run_dir),
+        Command::Serve(args) => serve_block(args, &run_dir),
         Command::Status(args) => control::status(&run_dir, args.name.as_deref(), args.json),
     };
     if let Err(e) = result {
@@ -47,7 +49,7 @@ fn default_run_dir() -> PathBuf {
     }
 }
 
-fn make_run_dir(dir: &std::path::Path) -> Result<()> {
+fn make_run_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -56,14 +58,44 @@ fn make_run_dir(dir: &std::path::Path) -> Result<()> {
         .with_context(|| format!("creating run directory {}", dir.display()))
 }
 
-fn serve(args: ServeArgs, run_dir: &std::path::Path) -> Result<()> {
+/// Runs `stop` once, on the first SIGINT or SIGTERM.
+fn on_stop_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                log::info!("signal {sig}: stopping");
+                stop();
+            }
+        })?;
+    Ok(())
+}
+
+/// The status row of a disk: the store's figures plus `extra`.
+fn status_row(store: &Store, extra: Value) -> Value {
+    let mut v = serde_json::to_value(store.stats()).expect("stats serialize");
+    let obj = v.as_object_mut().expect("stats are an object");
+    obj.extend(extra.as_object().expect("extra is an object").clone());
+    obj.insert("pid".into(), std::process::id().into());
+    v
+}
+
+fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
+    let DiskSize::Bytes(size) = args.size else {
+        bail!("a block disk needs a size in bytes: `unlimited` is for filesystem disks (--mount)");
+    };
     // Everything that can fail is set up before the first client is accepted.
     make_run_dir(run_dir)?;
     let store = Arc::new(
         Store::new(StoreConfig {
             max_memory: args.max_memory,
             warm_pool: args.warm_pool,
-            ..StoreConfig::new(args.size)
+            ..StoreConfig::new(size)
         })
         .with_context(|| format!("disk {:?}", args.name))?,
     );
@@ -100,35 +132,20 @@ fn serve(args: ServeArgs, run_dir: &std::path::Path) -> Result<()> {
         );
         let read_only = args.read_only;
         Arc::new(move || {
-            let mut v = serde_json::to_value(store.stats()).expect("stats serialize");
-            let extra = json!({
-                "name": name, "kind": "block", "uri": uri, "read_only": read_only,
-                "connections": server.connections(), "pid": std::process::id(),
-            });
-            v.as_object_mut()
-                .expect("stats are an object")
-                .extend(extra.as_object().expect("object").clone());
-            vec![v]
+            vec![status_row(
+                &store,
+                json!({
+                    "name": name, "kind": "block", "uri": uri, "read_only": read_only,
+                    "connections": server.connections(),
+                }),
+            )]
         })
     };
     let control_path = run_dir.join(format!("{}.ctl", args.name));
     let _control = control::ControlServer::start(control_path, status_fn)?;
-
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
     {
         let server = server.clone();
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    log::info!("signal {sig}: stopping");
-                    server.stop();
-                }
-            })?;
+        on_stop_signal(move || server.stop())?;
     }
 
     log::info!(
@@ -144,6 +161,119 @@ fn serve(args: ServeArgs, run_dir: &std::path::Path) -> Result<()> {
 
     server.run(&listener).context("serving NBD")?;
     log::info!("stopped");
+    Ok(())
+}
+
+/// Checks a mount point before anything is allocated.
+fn check_mount_point(dir: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("mount point {} is not a directory", dir.display());
+    }
+    if ramd_fs::is_mount_point(dir) {
+        bail!(
+            "mount point {} is busy: something is already mounted there (umount it first)",
+            dir.display()
+        );
+    }
+    dir.canonicalize()
+        .with_context(|| format!("mount point {}", dir.display()))
+}
+
+fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
+    let dir = check_mount_point(args.mount.as_deref().expect("serve_fs needs --mount"))?;
+    make_run_dir(run_dir)?;
+    let mem_total = ramd_store::mem_total().unwrap_or(1 << 30);
+    let size = match args.size {
+        DiskSize::Bytes(n) => Some(n),
+        DiskSize::Unlimited => None,
+    };
+    // Default budget: every page of `size`, plus room for the page tables
+    // of many small files and for inodes and names (1/8 of size, ≥ 64 MiB).
+    // ramfs mode: the host's memory, still guarded by the host reserve.
+    let max_memory = args.max_memory.unwrap_or(match size {
+        Some(n) => ramd_store::full_disk_memory(n).saturating_add((n / 8).max(64 << 20)),
+        None => mem_total,
+    });
+    let nr_inodes = args.nr_inodes.unwrap_or(mem_total / PAGE_SIZE as u64 / 2);
+    let store = Arc::new(
+        Store::new(StoreConfig {
+            max_memory: Some(max_memory),
+            warm_pool: args.warm_pool,
+            page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
+            ..StoreConfig::new(ramd_store::MAX_SIZE)
+        })
+        .with_context(|| format!("disk {:?}", args.name))?,
+    );
+    warn_if_overcommitted(&store);
+    let fs = Arc::new(
+        Fs::new(
+            store.clone(),
+            FsConfig {
+                size,
+                nr_inodes,
+                mode: args.mode,
+                uid: args.uid,
+                gid: args.gid,
+                noatime: args.noatime,
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
+    );
+    let mut session = ramd_fs::mount(
+        fs.clone(),
+        &dir,
+        args.threads as usize,
+        FuseOptions {
+            writeback_cache: args.writeback_cache,
+        },
+    )
+    .with_context(|| format!("mounting {}", dir.display()))?;
+
+    let status_fn: control::StatusFn = {
+        let (fs, store, name) = (fs.clone(), store.clone(), args.name.clone());
+        let mount = dir.display().to_string();
+        Arc::new(move || {
+            let mut row = status_row(
+                &store,
+                json!({ "name": name, "kind": "fs", "mount": mount, "uri": mount }),
+            );
+            let obj = row.as_object_mut().expect("object");
+            // A filesystem's size is its capacity, not the store's address space.
+            let (used, limit) = store.pages_used();
+            obj.insert("size".into(), size.unwrap_or(0).into());
+            obj.insert("unlimited".into(), size.is_none().into());
+            obj.insert("used_bytes".into(), (used * PAGE_SIZE as u64).into());
+            obj.insert("page_limit".into(), limit.into());
+            let fs_stats = serde_json::to_value(fs.stats()).expect("stats serialize");
+            obj.extend(fs_stats.as_object().expect("object").clone());
+            vec![row]
+        })
+    };
+    let control_path = run_dir.join(format!("{}.ctl", args.name));
+    let _control = control::ControlServer::start(control_path, status_fn)?;
+    {
+        let mut unmounter = session.unmount_callable();
+        let dir = dir.clone();
+        on_stop_signal(move || {
+            if let Err(e) = unmounter.unmount() {
+                log::warn!("unmounting {}: {e}", dir.display());
+            }
+        })?;
+    }
+
+    log::info!(
+        "filesystem disk {:?} at {}: size {}, max memory {}, {} inodes",
+        args.name,
+        dir.display(),
+        size.map_or("unlimited".into(), human),
+        human(max_memory),
+        nr_inodes
+    );
+    println!("{}", dir.display());
+
+    session.run().context("serving FUSE")?;
+    log::info!("unmounted; stopped");
     Ok(())
 }
 
