@@ -115,22 +115,31 @@ pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
 /// A zramctl-like table.
 fn table(disks: &[Value]) -> String {
     let head = [
-        "NAME", "KIND", "SIZE", "USED", "MEMORY", "MAX-MEM", "DATA", "ZERO", "FILL", "CONNS", "URI",
+        "NAME", "KIND", "SIZE", "USED", "MEMORY", "MAX-MEM", "DATA", "ZERO", "FILL", "INODES",
+        "CONNS", "WHERE",
     ];
     let mut rows = vec![head.map(String::from).to_vec()];
     let n = |d: &Value, k: &str| d[k].as_u64().unwrap_or(0);
+    // A field this kind of disk does not have shows as "-".
+    let opt = |d: &Value, k: &str| d[k].as_u64().map_or("-".to_string(), |v| v.to_string());
     for d in disks {
+        let size = if d["unlimited"] == true {
+            "unlimited".to_string()
+        } else {
+            human(n(d, "size"))
+        };
         rows.push(vec![
             d["name"].as_str().unwrap_or("?").to_string(),
             d["kind"].as_str().unwrap_or("?").to_string(),
-            human(n(d, "size")),
+            size,
             human(n(d, "used_bytes")),
             human(n(d, "memory_used")),
             human(n(d, "max_memory")),
             n(d, "data_pages").to_string(),
             n(d, "zero_pages").to_string(),
             n(d, "fill_pages").to_string(),
-            n(d, "connections").to_string(),
+            opt(d, "inodes"),
+            opt(d, "connections"),
             d["uri"].as_str().unwrap_or("").to_string(),
         ]);
     }
