@@ -148,7 +148,9 @@ impl Listener {
     }
 
     pub fn bind_tcp(addr: SocketAddr) -> io::Result<Listener> {
-        Ok(Listener::Tcp(TcpListener::bind(addr)?))
+        let l = TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("bind tcp:{addr}: {e}")))?;
+        Ok(Listener::Tcp(l))
     }
 
     fn accept(&self) -> io::Result<(Stream, String)> {
