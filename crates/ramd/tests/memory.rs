@@ -1,0 +1,296 @@
+//! Memory semantics seen from outside: what `ramd status --json` and the
+//! process's RSS say after writes, trims, zeroes, and at --max-memory.
+
+mod common;
+
+use common::*;
+
+/// The pool may keep up to 64 MiB of freed pages resident for reuse.
+const WARM_POOL: u64 = 64 * MIB;
+/// Room for allocator noise (request buffers, thread stacks) in RSS checks.
+const RSS_SLACK: u64 = 48 * MIB;
+
+fn io(d: &Ramd, ops: &[&str]) -> String {
+    let mut args = vec![d.uri()];
+    args.extend_from_slice(ops);
+    nbd_script("io.py", &args)
+}
+
+#[test]
+fn fresh_disk_uses_no_memory() {
+    let d = Ramd::start(&["--size", "1G"]);
+    let s = d.stats();
+    for key in [
+        "used_bytes",
+        "memory_used",
+        "data_pages",
+        "zero_pages",
+        "fill_pages",
+        "chunks",
+    ] {
+        assert_eq!(field(&s, key), 0, "{key} on a fresh disk: {s}");
+    }
+    assert_eq!(field(&s, "size"), GIB, "{s}");
+    assert_accounting(&s);
+}
+
+#[test]
+fn trim_and_zero_free_memory_and_rss() {
+    let d = Ramd::start(&["--size", "512M"]);
+    let rss_start = d.rss();
+    io(&d, &["write-random", "0", "256M", "1"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 256 * MIB / PAGE, "{s}");
+    assert_eq!(field(&s, "used_bytes"), 256 * MIB, "{s}");
+    assert_accounting(&s);
+    let rss_full = d.rss();
+    assert!(
+        rss_full >= rss_start + 200 * MIB,
+        "256 MiB of data but RSS went only from {rss_start} to {rss_full}"
+    );
+
+    io(&d, &["trim", "0", "128M"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 128 * MIB / PAGE, "after trim: {s}");
+    assert_eq!(field(&s, "used_bytes"), 128 * MIB, "after trim: {s}");
+    assert_accounting(&s);
+
+    io(&d, &["zero", "128M", "128M", "nohole"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 0, "after zero NO_HOLE: {s}");
+    assert_eq!(
+        field(&s, "zero_pages"),
+        128 * MIB / PAGE,
+        "after zero NO_HOLE: {s}"
+    );
+    assert_eq!(
+        field(&s, "memory_used"),
+        field(&s, "metadata_bytes"),
+        "zeroed pages cost page memory: {s}"
+    );
+    assert_accounting(&s);
+    let pool = &s["pool"];
+    assert!(field(pool, "warm_bytes") <= WARM_POOL, "{s}");
+    assert!(
+        field(pool, "released_bytes") >= 256 * MIB - WARM_POOL,
+        "freed pages not released to the kernel: {s}"
+    );
+
+    // RSS drops: everything freed beyond the warm pool went back to the OS.
+    let limit = rss_start + WARM_POOL + RSS_SLACK;
+    wait_until(std::time::Duration::from_secs(10), "RSS to drop", || {
+        d.rss() <= limit
+    });
+
+    // Data still readable where it was not touched; the rest reads zero.
+    io(
+        &d,
+        &["verify-byte", "0", "256M", "0", ",", "trim", "0", "512M"],
+    );
+    let s = d.stats();
+    for key in [
+        "memory_used",
+        "data_pages",
+        "zero_pages",
+        "used_bytes",
+        "chunks",
+    ] {
+        assert_eq!(field(&s, key), 0, "{key} after trimming everything: {s}");
+    }
+}
+
+#[test]
+fn zero_and_same_filled_pages_cost_no_page_memory() {
+    let d = Ramd::start(&["--size", "256M"]);
+    io(
+        &d,
+        &[
+            "write-byte",
+            "0",
+            "64M",
+            "0xab",
+            ",",
+            "write-byte",
+            "64M",
+            "64M",
+            "0",
+            ",",
+            "write-random",
+            "128M",
+            "4M",
+            "3",
+        ],
+    );
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 4 * MIB / PAGE, "{s}");
+    assert_eq!(field(&s, "fill_pages"), 64 * MIB / PAGE, "{s}");
+    assert_eq!(field(&s, "zero_pages"), 64 * MIB / PAGE, "{s}");
+    assert_eq!(field(&s, "used_bytes"), 132 * MIB, "{s}");
+    assert_accounting(&s);
+    assert!(
+        field(&s, "metadata_bytes") < 2 * MIB,
+        "page-table metadata for 132 MiB is {}: {s}",
+        field(&s, "metadata_bytes")
+    );
+    io(
+        &d,
+        &[
+            "verify-byte",
+            "0",
+            "64M",
+            "0xab",
+            ",",
+            "verify-byte",
+            "64M",
+            "64M",
+            "0",
+            ",",
+            "verify-random",
+            "128M",
+            "4M",
+            "3",
+        ],
+    );
+    // Overwriting data with a pattern frees its page.
+    io(&d, &["write-byte", "128M", "4M", "0x01"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 0, "{s}");
+    assert_accounting(&s);
+}
+
+#[test]
+fn max_memory_gives_enospc_and_the_disk_recovers() {
+    let mut d = Ramd::start(&["--size", "256M", "--max-memory", "32M"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "max_memory"), 32 * MIB, "{s}");
+
+    let rss_start = d.rss();
+    let out = io(&d, &["fill-until-enospc", "0", "256M", "7"]);
+    let written: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("written "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no 'written N' in {out:?}"));
+    assert!(
+        (24 * MIB..=32 * MIB).contains(&written),
+        "ENOSPC after {written} bytes with --max-memory 32M"
+    );
+    let s = d.stats();
+    assert!(field(&s, "memory_used") <= 32 * MIB, "{s}");
+    assert_accounting(&s);
+    d.assert_alive();
+    assert!(
+        d.rss() <= rss_start + 32 * MIB + RSS_SLACK,
+        "RSS {} after filling a 32 MiB budget (started at {rss_start})",
+        d.rss()
+    );
+
+    // What was written before ENOSPC is intact; the disk answers reads,
+    // flushes, and writes that need no new memory.
+    let w = written.to_string();
+    io(
+        &d,
+        &[
+            "verify-random",
+            "0",
+            &w,
+            "7",
+            ",",
+            "flush",
+            ",",
+            "write-byte",
+            "0",
+            "1M",
+            "0x42",
+            ",",
+            "verify-byte",
+            "0",
+            "1M",
+            "0x42",
+        ],
+    );
+
+    // Trim frees memory; new data fits again.
+    io(
+        &d,
+        &[
+            "trim",
+            "0",
+            "8M",
+            ",",
+            "write-random",
+            "0",
+            "4M",
+            "8",
+            ",",
+            "verify-random",
+            "0",
+            "4M",
+            "8",
+        ],
+    );
+    io(
+        &d,
+        &["verify-random", "8M", &(written - 8 * MIB).to_string(), "7"],
+    );
+    let s = d.stats();
+    assert!(field(&s, "memory_used") <= 32 * MIB, "{s}");
+    assert_accounting(&s);
+}
+
+#[test]
+fn without_a_warm_pool_trim_returns_all_page_memory() {
+    let d = Ramd::start(&["--size", "256M", "--warm-pool", "0"]);
+    let rss_start = d.rss();
+    io(&d, &["write-random", "0", "128M", "2"]);
+    assert!(
+        d.rss() >= rss_start + 100 * MIB,
+        "RSS did not grow with the data"
+    );
+    io(&d, &["trim", "0", "256M"]);
+    let s = d.stats();
+    assert_eq!(field(&s, "memory_used"), 0, "{s}");
+    assert_eq!(field(&s["pool"], "warm_bytes"), 0, "{s}");
+    wait_until(std::time::Duration::from_secs(10), "RSS to drop", || {
+        d.rss() <= rss_start + RSS_SLACK
+    });
+}
+
+#[test]
+fn concurrent_writers_share_one_budget() {
+    let d = Ramd::start(&["--size", "256M", "--max-memory", "48M"]);
+    let regions = ["0", "64M", "128M", "192M"];
+    let cmds = regions
+        .iter()
+        .enumerate()
+        .map(|(i, off)| {
+            nbd_script_cmd(
+                "io.py",
+                &[d.uri(), "fill-until-enospc", off, "64M", &format!("w{i}")],
+            )
+        })
+        .collect();
+    let outs = run_parallel_ok(cmds, LONG_TIMEOUT);
+    let s = d.stats();
+    assert!(field(&s, "memory_used") <= 48 * MIB, "{s}");
+    assert_accounting(&s);
+    let mut total = 0;
+    for (i, (out, off)) in outs.iter().zip(regions).enumerate() {
+        let written: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("written "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no 'written N' in {out:?}"));
+        total += written;
+        if written > 0 {
+            io(
+                &d,
+                &["verify-random", off, &written.to_string(), &format!("w{i}")],
+            );
+        }
+    }
+    assert!(
+        (32 * MIB..=48 * MIB).contains(&total),
+        "4 writers stored {total} bytes under a 48 MiB budget"
+    );
+}
