@@ -433,18 +433,18 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
-        let mut st = self.state.write();
-        let noatime = self.cfg.noatime;
-        let inode = st.get_mut(ino)?;
-        match &inode.data {
-            Data::Symlink(t) => {
-                let t = t.as_bytes().to_vec();
-                if !noatime {
-                    inode.atime = SystemTime::now();
-                }
-                Ok(t)
-            }
-            _ => err(libc::EINVAL),
+        let target = match &self.state.read().get(ino)?.data {
+            Data::Symlink(t) => t.as_bytes().to_vec(),
+            _ => return err(libc::EINVAL),
+        };
+        self.accessed(ino);
+        Ok(target)
+    }
+
+    /// Marks an access (read, readlink, readdir) as tmpfs's relatime does.
+    fn accessed(&self, ino: u64) {
+        if !self.cfg.noatime {
+            self.touch_atime(ino);
         }
     }
 
@@ -854,9 +854,7 @@ impl Fs {
         }
         let n = (size - off).min(buf.len() as u64) as usize;
         self.store.read(base + off, &mut buf[..n])?;
-        if !self.cfg.noatime {
-            self.touch_atime(ino);
-        }
+        self.accessed(ino);
         Ok(n)
     }
 
@@ -880,30 +878,48 @@ impl Fs {
         }
     }
 
-    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<usize> {
+    /// Writes `data` at `off`. When the disk fills part way, a write that
+    /// allows it (`short_ok`) stores what fits and returns that count, as
+    /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
+    /// which would take a short count as success) it fails whole.
+    pub fn write(&self, ino: u64, off: u64, data: &[u8], short_ok: bool) -> Result<usize> {
         let (base, _) = self.file(ino)?;
         let end = off
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
             .ok_or(Errno(libc::EFBIG))?;
         let mut delta = 0;
-        let r = self.store.write_counted(base + off, data, &mut delta);
+        let (done, r) = self.store.write_prefix(base + off, data, &mut delta);
+        let (end, r) = match r {
+            Err(_) if short_ok && done > 0 => (off + done as u64, Ok(())),
+            r => (end, r),
+        };
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        if let Data::File { ref mut pages, .. } = inode.data {
+        let size = inode.size;
+        if let Data::File {
+            ref mut pages,
+            ref mut alloc_end,
+            ..
+        } = inode.data
+        {
+            // Even a failed write may have filled pages up to `end`: they
+            // must be counted and freed with the file.
+            *alloc_end = (*alloc_end).max(end);
+            if r.is_err() && end > size {
+                // What landed past EOF must not show if the file grows later.
+                let from = off.max(size);
+                let _ = self
+                    .store
+                    .zero_counted(base + from, end - from, true, &mut delta);
+            }
             *pages = pages.saturating_add_signed(delta);
         }
         r?;
         inode.size = inode.size.max(end);
-        if let Data::File {
-            ref mut alloc_end, ..
-        } = inode.data
-        {
-            *alloc_end = (*alloc_end).max(end);
-        }
         inode.touch_mc(now);
-        Ok(data.len())
+        Ok((end - off) as usize)
     }
 
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
@@ -949,6 +965,8 @@ impl Fs {
         } = inode.data
         {
             *pages = pages.saturating_add_signed(delta);
+            // Zeroing may have allocated part of the range before failing;
+            // (allocate gives back its own on failure).
             if mode & PUNCH == 0 {
                 *alloc_end = (*alloc_end).max(end);
             }
@@ -1010,8 +1028,11 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            self.write(ino_out, off_out + done, &buf[..got])?;
-            done += got as u64;
+            let put = self.write(ino_out, off_out + done, &buf[..got], true)?;
+            done += put as u64;
+            if put < got {
+                break;
+            }
         }
         Ok(done)
     }
@@ -1047,14 +1068,20 @@ impl Fs {
         Ok(fh)
     }
 
-    /// The snapshot of an open directory.
-    pub fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
-        self.state
+    /// The snapshot of an open directory. Reading it from the start counts
+    /// as an access of the directory.
+    pub fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+        let entries = self
+            .state
             .read()
             .dir_handles
             .get(&fh)
             .cloned()
-            .ok_or(Errno(libc::EBADF))
+            .ok_or(Errno(libc::EBADF))?;
+        if offset == 0 {
+            self.accessed(ino);
+        }
+        Ok(entries)
     }
 
     /// For readdirplus: the attributes of an entry, counting a lookup.

@@ -305,12 +305,15 @@ impl fuser::Filesystem for FuseFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(ino.0, offset, data) {
+        // Writes flushed from the kernel's cache must fail whole, so that
+        // the error is kept for fsync/close; a program's own write may be short.
+        let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        match self.fs.write(ino.0, offset, data, short_ok) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }
@@ -324,7 +327,9 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing is buffered here, so close() needs no round trip: ENOSYS
+        // tells the kernel to stop sending FLUSH (it then succeeds at once).
+        reply.error(FErrno::ENOSYS);
     }
 
     fn release(
@@ -349,8 +354,11 @@ impl fuser::Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Memory is the medium; with persistence this will wait for the image.
-        reply.ok();
+        // Once the data is here it is as durable as a RAM disk makes it:
+        // ENOSYS makes the kernel stop sending FSYNC and succeed locally
+        // (after writing back any cached pages, which still reach us).
+        // Persistence with flush = "persist" will answer this instead.
+        reply.error(FErrno::ENOSYS);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -363,12 +371,12 @@ impl fuser::Filesystem for FuseFs {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.dir_entries(fh.0) {
+        let entries = match self.fs.dir_entries(ino.0, fh.0, offset) {
             Ok(e) => e,
             Err(e) => return reply.error(ferr(e)),
         };
@@ -384,12 +392,12 @@ impl fuser::Filesystem for FuseFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.fs.dir_entries(fh.0) {
+        let entries = match self.fs.dir_entries(ino.0, fh.0, offset) {
             Ok(e) => e,
             Err(e) => return reply.error(ferr(e)),
         };
@@ -443,7 +451,8 @@ impl fuser::Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // As for fsync: nothing to make durable, so stop the round trips.
+        reply.error(FErrno::ENOSYS);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -579,17 +588,26 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
 
 /// Whether `path` is already a mount point (listed in /proc/self/mountinfo).
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
+    mount_device(path).is_some()
+}
+
+/// The device (major, minor) of the topmost mount at `path`, from
+/// /proc/self/mountinfo. Unlike stat(2), this never asks the filesystem,
+/// so it is safe on a FUSE mount whose daemon is not serving yet.
+pub fn mount_device(path: &Path) -> Option<(u32, u32)> {
+    let canon = path.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = canon.as_os_str().as_bytes();
-    info.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+    // Later lines are mounted on top of earlier ones.
+    info.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let mp = f.nth(1)?;
+        if unescape_mountinfo(mp) != want {
+            return None;
+        }
+        let (major, minor) = dev.split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
     })
 }
 

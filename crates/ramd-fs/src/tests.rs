@@ -2,6 +2,7 @@
 
 use std::ffi::OsStr;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use ramd_store::{Store, StoreConfig, PAGE_SIZE};
 
@@ -49,7 +50,7 @@ fn create_write_read_truncate() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     assert_eq!((a.uid, a.gid, a.perm, a.nlink), (1000, 100, 0o644, 1));
-    assert_eq!(f.write(a.ino, 5000, b"hello").unwrap(), 5);
+    assert_eq!(f.write(a.ino, 5000, b"hello", true).unwrap(), 5);
     let mut buf = [9u8; 8192];
     assert_eq!(f.read(a.ino, 0, &mut buf).unwrap(), 5005);
     assert!(buf[..5000].iter().all(|&b| b == 0));
@@ -83,7 +84,7 @@ fn unlink_frees_data_at_last_close() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-    f.write(a.ino, 0, &data).unwrap();
+    f.write(a.ino, 0, &data, true).unwrap();
     assert_eq!(f.store().stats().data_pages, 256);
     f.unlink(ROOT_INO, n("a")).unwrap();
     // Still open: the data stays readable.
@@ -156,7 +157,7 @@ fn rename_rules() {
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(f.getattr(a.ino).unwrap().nlink, 3);
     let fh = f.opendir(b.ino).unwrap();
-    assert_eq!(f.dir_entries(fh).unwrap()[1].ino, a.ino);
+    assert_eq!(f.dir_entries(b.ino, fh, 0).unwrap()[1].ino, a.ino);
     // EXCHANGE swaps a file and a directory across parents.
     f.rename(a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, file.ino);
@@ -197,9 +198,9 @@ fn limits_give_enospc_and_keep_data() {
     let f = fs_with(1 << 20, 4);
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    f.write(a.ino, 0, &data).unwrap();
+    f.write(a.ino, 0, &data, true).unwrap();
     assert_eq!(
-        f.write(a.ino, 1 << 20, &[1; 4096]),
+        f.write(a.ino, 1 << 20, &[1; 4096], true),
         Err(Errno(libc::ENOSPC))
     );
     let mut back = vec![0; 1 << 20];
@@ -222,8 +223,8 @@ fn fallocate_modes_and_seek() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let p = PAGE_SIZE as u64;
-    f.write(a.ino, 0, &[1; PAGE_SIZE]).unwrap();
-    f.write(a.ino, 4 * p, &[2; PAGE_SIZE]).unwrap();
+    f.write(a.ino, 0, &[1; PAGE_SIZE], true).unwrap();
+    f.write(a.ino, 4 * p, &[2; PAGE_SIZE], true).unwrap();
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
@@ -310,13 +311,13 @@ fn copy_range_and_efbig() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    f.write(a.ino, 0, b"abcdefgh").unwrap();
+    f.write(a.ino, 0, b"abcdefgh", true).unwrap();
     assert_eq!(f.copy_range(a.ino, 2, b.ino, 10, 100).unwrap(), 6);
     let mut buf = [0; 16];
     assert_eq!(f.read(b.ino, 0, &mut buf).unwrap(), 16);
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
-        f.write(a.ino, MAX_FILE_SIZE, b"xy"),
+        f.write(a.ino, MAX_FILE_SIZE, b"xy", true),
         Err(Errno(libc::EFBIG))
     );
     assert_eq!(
@@ -329,5 +330,84 @@ fn copy_range_and_efbig() {
         )
         .map(|_| ()),
         Err(Errno(libc::EFBIG))
+    );
+}
+
+#[test]
+fn failed_write_and_fallocate_leave_nothing_behind() {
+    let f = fs_with(1 << 20, 100);
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
+    let data: Vec<u8> = (0..2 << 20).map(|i| (i % 249) as u8).collect();
+    // A cache flush fails whole and leaves nothing past EOF...
+    assert_eq!(f.write(a.ino, 0, &data, false), Err(Errno(libc::ENOSPC)));
+    assert_eq!(f.getattr(a.ino).unwrap().size, 0);
+    // Nothing written past EOF shows when the file grows.
+    f.setattr(
+        a.ino,
+        SetAttr {
+            size: Some(4096),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut b = [1; 4096];
+    f.read(a.ino, 0, &mut b).unwrap();
+    assert_eq!(b, [0; 4096]);
+    // ...a program's write is short, like tmpfs: what fits is stored.
+    let c = f.create(ME, ROOT_INO, n("c"), REG).unwrap();
+    let short = f.write(c.ino, 0, &data, true).unwrap();
+    assert_eq!(
+        short,
+        1 << 20,
+        "the disk holds 1 MiB, and a (grown by truncate) holds no page"
+    );
+    assert_eq!(
+        f.write(c.ino, short as u64, &data, true),
+        Err(Errno(libc::ENOSPC))
+    );
+    f.release(c.ino);
+    f.unlink(ROOT_INO, n("c")).unwrap();
+    let b2 = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
+    assert_eq!(f.fallocate(b2.ino, 0, 4 << 20, 0), Err(Errno(libc::ENOSPC)));
+    assert_eq!(f.getattr(b2.ino).unwrap().blocks, 0);
+    for (ino, name) in [(a.ino, "a"), (b2.ino, "b")] {
+        f.release(ino);
+        f.unlink(ROOT_INO, n(name)).unwrap();
+    }
+    assert_eq!(f.store().pages_used().0, 0, "every page freed");
+}
+
+#[test]
+fn readlink_and_readdir_follow_relatime() {
+    let f = fs();
+    let l = f.symlink(ME, ROOT_INO, n("l"), n("target")).unwrap();
+    let future = SystemTime::now() + Duration::from_secs(3600);
+    let set = SetAttr {
+        atime: Some(SetTime::At(future)),
+        ..Default::default()
+    };
+    f.setattr(l.ino, set).unwrap();
+    f.readlink(l.ino).unwrap();
+    assert_eq!(
+        f.getattr(l.ino).unwrap().atime,
+        future,
+        "atime newer than mtime stays"
+    );
+    let past = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap();
+    f.setattr(
+        d.ino,
+        SetAttr {
+            atime: Some(SetTime::At(past)),
+            mtime: Some(SetTime::At(past)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fh = f.opendir(d.ino).unwrap();
+    f.dir_entries(d.ino, fh, 0).unwrap();
+    assert!(
+        f.getattr(d.ino).unwrap().atime > past,
+        "listing moves a stale atime"
     );
 }

@@ -242,17 +242,32 @@ impl Store {
     /// holes (even when it fails part way), so that a frontend can keep
     /// per-object block counts without scanning.
     pub fn write_counted(&self, offset: u64, data: &[u8], pages: &mut i64) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
+        self.write_prefix(offset, data, pages).1
+    }
+
+    /// [`Store::write_counted`] that also says how many leading bytes of
+    /// `data` are stored when it fails part way (pages are written in
+    /// order and the first failure stops it), so a filesystem can answer
+    /// with a short write as POSIX asks when the disk fills up.
+    pub fn write_prefix(&self, offset: u64, data: &[u8], pages: &mut i64) -> (usize, Result<()>) {
+        if let Err(e) = self.check_range(offset, data.len() as u64) {
+            return (0, Err(e));
+        }
+        let mut done = 0;
         for span in chunk_spans(offset, data.len() as u64) {
             let src = &data[span.buf_range()];
-            self.with_chunk(span.chunk, true, pages, |chunk| {
+            let r = self.with_chunk(span.chunk, true, pages, |chunk| {
                 for ps in span.pages() {
                     self.write_page(chunk, ps.slot, ps.start, &src[ps.buf_range()])?;
+                    done += ps.len;
                 }
                 Ok(())
-            })?;
+            });
+            if r.is_err() {
+                return (done, r);
+            }
         }
-        Ok(())
+        (done, Ok(()))
     }
 
     /// Makes `[offset, offset+length)` read as zeros. With `punch`, whole
@@ -299,21 +314,42 @@ impl Store {
 
     /// Makes every hole that `[offset, offset+length)` touches an allocated
     /// zero page (fallocate's default mode); data is left alone. Counts
-    /// against `page_limit`, costs no page memory.
+    /// against `page_limit`, costs no page memory. All or nothing: if the
+    /// disk fills up part way, what this call allocated is given back.
     pub fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
         self.check_range(offset, length)?;
+        // Disk offsets of the pages this call turned from holes into zeros.
+        let mut made = Vec::new();
+        let mut result = Ok(());
         for span in chunk_spans(offset, length) {
-            self.with_chunk(span.chunk, true, pages, |chunk| {
+            result = self.with_chunk(span.chunk, true, pages, |chunk| {
                 for ps in span.pages() {
                     if chunk.slots[ps.slot] == Slot::Hole {
                         self.claim_page()?;
                         self.replace(chunk, ps.slot, Slot::Fill(0));
+                        made.push(span.offset + ps.buf_off as u64 - ps.start as u64);
                     }
                 }
                 Ok(())
-            })?;
+            });
+            if result.is_err() {
+                break;
+            }
         }
-        Ok(())
+        if result.is_err() {
+            for page in made {
+                // Only pages still as we left them: a write may have landed.
+                self.with_chunk(page / CHUNK_BYTES, false, pages, |chunk| {
+                    let i = ((page >> PAGE_SHIFT) as usize) % CHUNK_PAGES;
+                    if chunk.slots[i] == Slot::Fill(0) {
+                        self.replace(chunk, i, Slot::Hole);
+                    }
+                    Ok(())
+                })
+                .expect("punching needs no memory");
+            }
+        }
+        result
     }
 
     /// Memory is the medium: nothing is buffered above the page table.

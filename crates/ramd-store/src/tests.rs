@@ -353,3 +353,45 @@ fn counted_ops_report_page_deltas_and_allocate_keeps_data() {
     assert_eq!(pages, 0);
     assert_eq!(s.stats().chunks, 0);
 }
+
+#[test]
+fn failed_allocate_gives_back_what_it_took() {
+    let s = Store::new(StoreConfig {
+        page_limit: Some(10),
+        host_reserve: 0,
+        ..StoreConfig::new(MIB)
+    })
+    .unwrap();
+    let p = PAGE_SIZE as u64;
+    s.write(3 * p, &[5; PAGE_SIZE]).unwrap();
+    let mut pages = 0;
+    let e = s.allocate(0, 20 * p, &mut pages).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    assert_eq!(pages, 0);
+    assert_eq!(s.pages_used(), (1, 10));
+    let mut b = [0; PAGE_SIZE];
+    s.read(3 * p, &mut b).unwrap();
+    assert_eq!(b, [5; PAGE_SIZE]);
+    s.allocate(0, 10 * p, &mut pages).unwrap();
+    assert_eq!(s.pages_used(), (10, 10));
+}
+
+#[test]
+fn write_prefix_says_what_was_stored() {
+    let s = Store::new(StoreConfig {
+        page_limit: Some(2),
+        host_reserve: 0,
+        ..StoreConfig::new(MIB)
+    })
+    .unwrap();
+    let mut pages = 0;
+    let data: Vec<u8> = (0..4 * PAGE_SIZE).map(|i| (i % 241) as u8).collect();
+    let (done, r) = s.write_prefix(100, &data, &mut pages);
+    assert!(r.is_err());
+    // Page 0 from byte 100, then page 1 whole: page 2 fails.
+    assert_eq!(done, 2 * PAGE_SIZE - 100);
+    assert_eq!(pages, 2);
+    let mut back = vec![0; done];
+    s.read(100, &mut back).unwrap();
+    assert_eq!(back, data[..done]);
+}

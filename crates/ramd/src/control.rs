@@ -55,6 +55,10 @@ fn answer(conn: &mut UnixStream, status: &StatusFn) -> std::io::Result<()> {
     conn.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut line = String::new();
     BufReader::new((&*conn).take(4096)).read_line(&mut line)?;
+    if line.is_empty() {
+        // A probe (is this name in use?) that connected and left.
+        return Ok(());
+    }
     let reply = match line.trim() {
         "status" => json!({ "disks": status() }),
         other => json!({ "error": format!("unknown control request {other:?}") }),

@@ -20,9 +20,13 @@ use ramd_store::{Store, StoreConfig, PAGE_SIZE};
 use units::human;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::new().filter_or("RAMD_LOG", "info"))
-        .format_target(false)
-        .init();
+    // fuser's session warns when it finds its mount already gone at exit,
+    // which is how every clean stop ends: keep that one module quiet.
+    env_logger::Builder::from_env(
+        env_logger::Env::new().filter_or("RAMD_LOG", "info,fuser::session=error"),
+    )
+    .format_target(false)
+    .init();
     let cli = Cli::parse();
     let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
@@ -58,8 +62,8 @@ fn make_run_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating run directory {}", dir.display()))
 }
 
-/// Runs `stop` once, on the first SIGINT or SIGTERM.
-fn on_stop_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
+/// Runs `stop(n)` on the n-th SIGINT or SIGTERM (n = 1, 2, ...).
+fn on_stop_signals(mut stop: impl FnMut(u32) + Send + 'static) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -68,9 +72,9 @@ fn on_stop_signal(stop: impl FnOnce() + Send + 'static) -> Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
+            for (n, sig) in (1..).zip(signals.forever()) {
                 log::info!("signal {sig}: stopping");
-                stop();
+                stop(n);
             }
         })?;
     Ok(())
@@ -145,7 +149,7 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
     let _control = control::ControlServer::start(control_path, status_fn)?;
     {
         let server = server.clone();
-        on_stop_signal(move || server.stop())?;
+        on_stop_signals(move |_| server.stop())?;
     }
 
     log::info!(
@@ -220,16 +224,6 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
         )
         .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
     );
-    let mut session = ramd_fs::mount(
-        fs.clone(),
-        &dir,
-        args.threads as usize,
-        FuseOptions {
-            writeback_cache: args.writeback_cache,
-        },
-    )
-    .with_context(|| format!("mounting {}", dir.display()))?;
-
     let status_fn: control::StatusFn = {
         let (fs, store, name) = (fs.clone(), store.clone(), args.name.clone());
         let mount = dir.display().to_string();
@@ -250,14 +244,33 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
             vec![row]
         })
     };
+    // The control socket first: a name already in use fails before mounting.
     let control_path = run_dir.join(format!("{}.ctl", args.name));
     let _control = control::ControlServer::start(control_path, status_fn)?;
+    let session = ramd_fs::mount(
+        fs.clone(),
+        &dir,
+        args.threads as usize,
+        FuseOptions {
+            writeback_cache: args.writeback_cache,
+        },
+    )
+    .with_context(|| format!("mounting {}", dir.display()))?;
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
-        let mut unmounter = session.unmount_callable();
+        // The FUSE connection's number in fusectl is the mount's device
+        // minor. (Not from stat(2): the session is not serving yet.)
+        let conn = ramd_fs::mount_device(&dir)
+            .map(|(_, minor)| minor)
+            .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
         let dir = dir.clone();
-        on_stop_signal(move || {
-            if let Err(e) = unmounter.unmount() {
-                log::warn!("unmounting {}: {e}", dir.display());
+        let stopping = stopping.clone();
+        on_stop_signals(move |n| {
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+            if n == 1 {
+                stop_mount(&dir)
+            } else {
+                abort_fuse_connection(conn)
             }
         })?;
     }
@@ -272,9 +285,63 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     );
     println!("{}", dir.display());
 
-    session.run().context("serving FUSE")?;
+    match session.run() {
+        // A detached mount ends with the connection aborted by the kernel
+        // once its last file closes (or by us on a second signal).
+        Err(e)
+            if e.raw_os_error() == Some(libc::ECONNABORTED)
+                && stopping.load(std::sync::atomic::Ordering::SeqCst) => {}
+        r => r.context("serving FUSE")?,
+    }
     log::info!("unmounted; stopped");
     Ok(())
+}
+
+/// Unmounts `dir`; if files are still open there, detaches it (it vanishes
+/// from the namespace now, and ramd exits once the last file is closed).
+fn stop_mount(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: umount2 takes a NUL-terminated path we own.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return;
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EBUSY) {
+        log::warn!("unmounting {}: {e}", dir.display());
+        return;
+    }
+    // SAFETY: as above.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        log::warn!(
+            "{} is busy: detached; ramd stops when its last open file is closed \
+             (signal again to stop now and fail those files' I/O)",
+            dir.display()
+        );
+    } else {
+        let e = std::io::Error::last_os_error();
+        log::warn!("detaching {}: {e}", dir.display());
+    }
+}
+
+/// Ends a FUSE connection through fusectl: pending and future requests of
+/// open files fail, and the session returns.
+fn abort_fuse_connection(conn: u32) {
+    let base = Path::new("/sys/fs/fuse/connections");
+    let abort = base.join(conn.to_string()).join("abort");
+    if !abort.exists() {
+        // fusectl is usually mounted by systemd; mount it if it is not.
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(base)
+            .status();
+    }
+    match std::fs::write(&abort, "1") {
+        Ok(()) => log::warn!("aborted FUSE connection {conn}: open files get ENOTCONN"),
+        Err(e) => log::warn!("aborting FUSE connection via {}: {e}", abort.display()),
+    }
 }
 
 /// A sparse disk may promise more than the host has (as tmpfs may); say so.
