@@ -107,7 +107,33 @@ impl Write for Stream {
 /// Binds a Unix socket at `path` with mode 0600 (a disk's data, or its
 /// control, is behind it). A stale socket file is replaced; a socket a live
 /// server answers on, or any other kind of file, is an error.
-pub fn bind_unix_socket(path: &Path) -> io::Result<UnixListener> {
+/// A socket file this process created; dropping it removes the file, but
+/// only while it is still the one created here (another daemon may have
+/// replaced a stale path since).
+pub struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+pub fn bind_unix_socket(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -132,19 +158,27 @@ pub fn bind_unix_socket(path: &Path) -> io::Result<UnixListener> {
     unsafe { libc::umask(old_mask) };
     let l = bound.map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", path.display())))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    let meta = std::fs::symlink_metadata(path)?;
+    use std::os::unix::fs::MetadataExt;
+    let file = SocketFile {
+        path: path.to_path_buf(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    Ok((l, file))
 }
 
 /// Where the server listens.
 pub enum Listener {
-    Unix(UnixListener, PathBuf),
+    Unix(UnixListener, SocketFile),
     Tcp(TcpListener),
 }
 
 impl Listener {
     /// Binds a Unix socket at `path`; see [`bind_unix_socket`].
     pub fn bind_unix(path: PathBuf) -> io::Result<Listener> {
-        Ok(Listener::Unix(bind_unix_socket(&path)?, path))
+        let (l, file) = bind_unix_socket(&path)?;
+        Ok(Listener::Unix(l, file))
     }
 
     pub fn bind_tcp(addr: SocketAddr) -> io::Result<Listener> {
@@ -155,9 +189,9 @@ impl Listener {
 
     fn accept(&self) -> io::Result<(Stream, String)> {
         match self {
-            Listener::Unix(l, path) => {
+            Listener::Unix(l, file) => {
                 let (s, _) = l.accept()?;
-                Ok((Stream::Unix(s), format!("unix:{}", path.display())))
+                Ok((Stream::Unix(s), format!("unix:{}", file.path().display())))
             }
             Listener::Tcp(l) => {
                 let (s, addr) = l.accept()?;
@@ -178,20 +212,14 @@ impl Listener {
     /// The NBD URI a client uses to reach `export` here.
     pub fn uri(&self, export: &str) -> String {
         match self {
-            Listener::Unix(_, path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+            Listener::Unix(_, file) => {
+                format!("nbd+unix:///{export}?socket={}", file.path().display())
+            }
             Listener::Tcp(l) => match l.local_addr() {
                 Ok(SocketAddr::V6(a)) => format!("nbd://[{}]:{}/{export}", a.ip(), a.port()),
                 Ok(a) => format!("nbd://{a}/{export}"),
                 Err(_) => "nbd://?".into(),
             },
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
         }
     }
 }

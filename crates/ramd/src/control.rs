@@ -19,25 +19,20 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Produces the daemon's status as JSON: a list of disks.
 pub type StatusFn = Arc<dyn Fn() -> Vec<Value> + Send + Sync>;
 
-/// A listening control socket; the file is removed when this is dropped.
+/// A listening control socket; the file is removed when this is dropped
+/// (if it is still ours).
 pub struct ControlServer {
-    path: PathBuf,
+    _file: ramd_nbd::SocketFile,
 }
 
 impl ControlServer {
     pub fn start(path: PathBuf, status: StatusFn) -> Result<ControlServer> {
-        let listener = ramd_nbd::bind_unix_socket(&path)
+        let (listener, file) = ramd_nbd::bind_unix_socket(&path)
             .with_context(|| format!("control socket {}", path.display()))?;
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || serve(listener, status))?;
-        Ok(ControlServer { path })
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        Ok(ControlServer { _file: file })
     }
 }
 
