@@ -288,6 +288,19 @@ impl State {
         self.inodes.get_mut(&ino).ok_or(Errno(libc::ENOENT))
     }
 
+    /// Whether a new entry `name` may go into `parent`: a directory that
+    /// still exists (not removed while a caller held it) without that name.
+    fn check_new_entry(&self, parent: u64, name: &OsStr) -> Result<&Inode> {
+        let p = self.get(parent)?;
+        if p.entries()?.contains_key(name) {
+            return err(libc::EEXIST);
+        }
+        if p.nlink == 0 {
+            return err(libc::ENOENT);
+        }
+        Ok(p)
+    }
+
     fn child(&self, parent: u64, name: &OsStr) -> Result<u64> {
         self.get(parent)?
             .entries()?
@@ -497,14 +510,7 @@ impl Fs {
         check_name(name)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
-        let p = st.get(parent)?;
-        if p.entries()?.contains_key(name) {
-            return err(libc::EEXIST);
-        }
-        if p.nlink == 0 {
-            // The directory was removed while the caller held it.
-            return err(libc::ENOENT);
-        }
+        let p = st.check_new_entry(parent, name)?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
             return err(libc::ENOSPC);
         }
@@ -581,13 +587,7 @@ impl Fs {
         check_name(newname)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
-        let np = st.get(newparent)?;
-        if np.entries()?.contains_key(newname) {
-            return err(libc::EEXIST);
-        }
-        if np.nlink == 0 {
-            return err(libc::ENOENT);
-        }
+        st.check_new_entry(newparent, newname)?;
         let inode = st.get(ino)?;
         if inode.kind == Kind::Dir {
             return err(libc::EPERM);
