@@ -384,10 +384,20 @@ impl Fs {
         Ok(st.get(ino)?.attr(ino))
     }
 
-    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<Attr> {
+    /// Applies `set` for `who`. Like the VFS (the mount negotiates
+    /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
+    /// chown of a non-directory and a truncate by an unprivileged caller
+    /// drop setuid, setgid and file capabilities.
+    pub fn setattr(&self, who: Caller, ino: u64, set: SetAttr) -> Result<Attr> {
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        // root stands in for CAP_FSETID: fuser does not pass the kernel's
+        // FATTR_KILL_SUIDGID flag, which says the same.
+        let truncating = set.size.is_some() && who.uid != 0;
+        if set.uid.is_some() || set.gid.is_some() || truncating {
+            self.drop_privileges(inode);
+        }
         if let Some(size) = set.size {
             let Data::File {
                 slot,
@@ -443,6 +453,22 @@ impl Fs {
         }
         inode.ctime = set.ctime.unwrap_or(now);
         Ok(inode.attr(ino))
+    }
+
+    /// Clears setuid, setgid (when group-executable, as the VFS does) and
+    /// the `security.capability` xattr of a non-directory.
+    fn drop_privileges(&self, inode: &mut Inode) {
+        if inode.kind == Kind::Dir {
+            return;
+        }
+        inode.perm &= !(libc::S_ISUID as u16);
+        if inode.perm & libc::S_IXGRP as u16 != 0 {
+            inode.perm &= !(libc::S_ISGID as u16);
+        }
+        let cap = OsStr::new("security.capability");
+        if let Some(v) = inode.xattrs.remove(cap) {
+            self.store.uncharge(xattr_cost(cap, &v));
+        }
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -881,8 +907,17 @@ impl Fs {
     /// Writes `data` at `off`. When the disk fills part way, a write that
     /// allows it (`short_ok`) stores what fits and returns that count, as
     /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
-    /// which would take a short count as success) it fails whole.
-    pub fn write(&self, ino: u64, off: u64, data: &[u8], short_ok: bool) -> Result<usize> {
+    /// which would take a short count as success) it fails whole. With
+    /// `drop_privs` (the kernel says the writer lacks CAP_FSETID) setuid,
+    /// setgid and capabilities go, as on any Linux filesystem.
+    pub fn write(
+        &self,
+        ino: u64,
+        off: u64,
+        data: &[u8],
+        short_ok: bool,
+        drop_privs: bool,
+    ) -> Result<usize> {
         let (base, _) = self.file(ino)?;
         let end = off
             .checked_add(data.len() as u64)
@@ -917,6 +952,9 @@ impl Fs {
             *pages = pages.saturating_add_signed(delta);
         }
         r?;
+        if drop_privs {
+            self.drop_privileges(inode);
+        }
         inode.size = inode.size.max(end);
         inode.touch_mc(now);
         Ok((end - off) as usize)
@@ -1028,7 +1066,7 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            let put = self.write(ino_out, off_out + done, &buf[..got], true)?;
+            let put = self.write(ino_out, off_out + done, &buf[..got], true, false)?;
             done += put as u64;
             if put < got {
                 break;

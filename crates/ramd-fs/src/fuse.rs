@@ -115,7 +115,11 @@ impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
+        // HANDLE_KILLPRIV_V2: without it the kernel asks for the
+        // security.capability xattr before every write, a second round
+        // trip per write; with it, dropping setuid/setgid is ours (fs.rs).
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_DIO;
@@ -150,7 +154,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -175,7 +179,7 @@ impl fuser::Filesystem for FuseFs {
             mtime: mtime.map(set_time),
             ctime,
         };
-        match self.fs.setattr(ino.0, set) {
+        match self.fs.setattr(caller(req), ino.0, set) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(ferr(e)),
         }
@@ -313,7 +317,8 @@ impl fuser::Filesystem for FuseFs {
         // Writes flushed from the kernel's cache must fail whole, so that
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        match self.fs.write(ino.0, offset, data, short_ok) {
+        let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write(ino.0, offset, data, short_ok, drop_privs) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }

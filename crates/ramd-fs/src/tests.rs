@@ -50,7 +50,7 @@ fn create_write_read_truncate() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     assert_eq!((a.uid, a.gid, a.perm, a.nlink), (1000, 100, 0o644, 1));
-    assert_eq!(f.write(a.ino, 5000, b"hello", true).unwrap(), 5);
+    assert_eq!(f.write(a.ino, 5000, b"hello", true, false).unwrap(), 5);
     let mut buf = [9u8; 8192];
     assert_eq!(f.read(a.ino, 0, &mut buf).unwrap(), 5005);
     assert!(buf[..5000].iter().all(|&b| b == 0));
@@ -58,6 +58,7 @@ fn create_write_read_truncate() {
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 8, "one 4 KiB page");
     let t = f
         .setattr(
+            ME,
             a.ino,
             SetAttr {
                 size: Some(5002),
@@ -68,6 +69,7 @@ fn create_write_read_truncate() {
     assert_eq!(t.size, 5002);
     // Growing again reads zeros where the cut tail was.
     f.setattr(
+        ME,
         a.ino,
         SetAttr {
             size: Some(6000),
@@ -84,7 +86,7 @@ fn unlink_frees_data_at_last_close() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-    f.write(a.ino, 0, &data, true).unwrap();
+    f.write(a.ino, 0, &data, true, false).unwrap();
     assert_eq!(f.store().stats().data_pages, 256);
     f.unlink(ROOT_INO, n("a")).unwrap();
     // Still open: the data stays readable.
@@ -178,6 +180,7 @@ fn setgid_directories_pass_group_down() {
     let f = fs();
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o2775).unwrap();
     f.setattr(
+        ME,
         d.ino,
         SetAttr {
             gid: Some(42),
@@ -198,9 +201,9 @@ fn limits_give_enospc_and_keep_data() {
     let f = fs_with(1 << 20, 4);
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    f.write(a.ino, 0, &data, true).unwrap();
+    f.write(a.ino, 0, &data, true, false).unwrap();
     assert_eq!(
-        f.write(a.ino, 1 << 20, &[1; 4096], true),
+        f.write(a.ino, 1 << 20, &[1; 4096], true, false),
         Err(Errno(libc::ENOSPC))
     );
     let mut back = vec![0; 1 << 20];
@@ -223,8 +226,8 @@ fn fallocate_modes_and_seek() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let p = PAGE_SIZE as u64;
-    f.write(a.ino, 0, &[1; PAGE_SIZE], true).unwrap();
-    f.write(a.ino, 4 * p, &[2; PAGE_SIZE], true).unwrap();
+    f.write(a.ino, 0, &[1; PAGE_SIZE], true, false).unwrap();
+    f.write(a.ino, 4 * p, &[2; PAGE_SIZE], true, false).unwrap();
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
@@ -251,6 +254,7 @@ fn fallocate_modes_and_seek() {
     assert_eq!(f.getattr(a.ino).unwrap().size, 8 * p);
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 64);
     f.setattr(
+        ME,
         a.ino,
         SetAttr {
             size: Some(0),
@@ -311,17 +315,18 @@ fn copy_range_and_efbig() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    f.write(a.ino, 0, b"abcdefgh", true).unwrap();
+    f.write(a.ino, 0, b"abcdefgh", true, false).unwrap();
     assert_eq!(f.copy_range(a.ino, 2, b.ino, 10, 100).unwrap(), 6);
     let mut buf = [0; 16];
     assert_eq!(f.read(b.ino, 0, &mut buf).unwrap(), 16);
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
-        f.write(a.ino, MAX_FILE_SIZE, b"xy", true),
+        f.write(a.ino, MAX_FILE_SIZE, b"xy", true, false),
         Err(Errno(libc::EFBIG))
     );
     assert_eq!(
         f.setattr(
+            ME,
             a.ino,
             SetAttr {
                 size: Some(MAX_FILE_SIZE + 1),
@@ -339,10 +344,14 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..2 << 20).map(|i| (i % 249) as u8).collect();
     // A cache flush fails whole and leaves nothing past EOF...
-    assert_eq!(f.write(a.ino, 0, &data, false), Err(Errno(libc::ENOSPC)));
+    assert_eq!(
+        f.write(a.ino, 0, &data, false, false),
+        Err(Errno(libc::ENOSPC))
+    );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
     // Nothing written past EOF shows when the file grows.
     f.setattr(
+        ME,
         a.ino,
         SetAttr {
             size: Some(4096),
@@ -355,14 +364,14 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     assert_eq!(b, [0; 4096]);
     // ...a program's write is short, like tmpfs: what fits is stored.
     let c = f.create(ME, ROOT_INO, n("c"), REG).unwrap();
-    let short = f.write(c.ino, 0, &data, true).unwrap();
+    let short = f.write(c.ino, 0, &data, true, false).unwrap();
     assert_eq!(
         short,
         1 << 20,
         "the disk holds 1 MiB, and a (grown by truncate) holds no page"
     );
     assert_eq!(
-        f.write(c.ino, short as u64, &data, true),
+        f.write(c.ino, short as u64, &data, true, false),
         Err(Errno(libc::ENOSPC))
     );
     f.release(c.ino);
@@ -386,7 +395,7 @@ fn readlink_and_readdir_follow_relatime() {
         atime: Some(SetTime::At(future)),
         ..Default::default()
     };
-    f.setattr(l.ino, set).unwrap();
+    f.setattr(ME, l.ino, set).unwrap();
     f.readlink(l.ino).unwrap();
     assert_eq!(
         f.getattr(l.ino).unwrap().atime,
@@ -396,6 +405,7 @@ fn readlink_and_readdir_follow_relatime() {
     let past = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap();
     f.setattr(
+        ME,
         d.ino,
         SetAttr {
             atime: Some(SetTime::At(past)),
@@ -410,4 +420,42 @@ fn readlink_and_readdir_follow_relatime() {
         f.getattr(d.ino).unwrap().atime > past,
         "listing moves a stale atime"
     );
+}
+
+#[test]
+fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
+    let f = fs();
+    let a = f
+        .create(ME, ROOT_INO, n("a"), libc::S_IFREG | 0o6755)
+        .unwrap();
+    f.setxattr(a.ino, n("security.capability"), b"cap", 0)
+        .unwrap();
+    // A write the kernel flags (writer without CAP_FSETID).
+    f.write(a.ino, 0, b"x", true, true).unwrap();
+    let attr = f.getattr(a.ino).unwrap();
+    assert_eq!(attr.perm, 0o755, "setuid and (group-exec) setgid dropped");
+    assert_eq!(
+        f.getxattr(a.ino, n("security.capability")),
+        Err(Errno(libc::ENODATA))
+    );
+    // setgid without group-exec is mandatory locking, not privilege: kept.
+    let mode = |m| SetAttr {
+        mode: Some(m),
+        ..Default::default()
+    };
+    f.setattr(ME, a.ino, mode(0o6745)).unwrap();
+    let root = Caller { uid: 0, gid: 0 };
+    let chown = SetAttr {
+        uid: Some(5),
+        ..Default::default()
+    };
+    assert_eq!(f.setattr(root, a.ino, chown).unwrap().perm, 0o2745);
+    // Truncate by root keeps the bits; by anyone else drops them.
+    f.setattr(root, a.ino, mode(0o4755)).unwrap();
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(f.setattr(root, a.ino, trunc).unwrap().perm, 0o4755);
+    assert_eq!(f.setattr(ME, a.ino, trunc).unwrap().perm, 0o755);
 }

@@ -294,6 +294,17 @@ fn sqlite_load(disk: &FsDisk, journal: &str) {
     let sqlite3 = require_tool("sqlite3");
     let db = disk.join(&format!("load-{journal}.db"));
     let (txns, rows) = (40u64, 250u64);
+    // Set the journal mode once, before the writers race: switching a
+    // database into WAL needs an exclusive lock that SQLite may refuse at
+    // once (SQLITE_BUSY, no busy wait) when two connections try together.
+    run(
+        Command::new(&sqlite3).arg(&db).arg(format!(
+            "PRAGMA journal_mode={journal}; \
+             CREATE TABLE IF NOT EXISTS t (w INTEGER, k INTEGER, v BLOB, PRIMARY KEY (w, k));"
+        )),
+        CMD_TIMEOUT,
+    )
+    .ok();
     let writers: Vec<Command> = (0..2)
         .map(|w| {
             let mut c = Command::new(python());
