@@ -1,0 +1,480 @@
+#!/usr/bin/env bash
+# Filesystem benchmark: ramd's `fs` disks (FUSE) against kernel tmpfs, the
+# same jobs on every mount in one run. See BENCHMARKS.md ("Filesystem: ramd
+# vs kernel tmpfs") for what the figures mean.
+#
+# usage: bench/fs.sh [--quick] [--runs N] [--threads N] [--out DIR]
+#
+#   --quick        smoke run: 1 run (unless --runs), small sizes, 3 s timed
+#                  jobs: about 2 min; a full run takes about 15 min
+#   --runs N       runs of every job; the table shows medians (default 3)
+#   --threads N    ramd FUSE worker threads (default: ramd's own, 8)
+#   --out DIR      also keep the raw results (TSV, fio JSON, tool output) in DIR
+#
+# Targets, all 2 GiB, mounted under one mktemp directory:
+#   ramd      ramd serve --mount (default options)
+#   ramd-wb   ramd serve --mount --writeback-cache
+#   tmpfs     mount -t tmpfs -o size=2G
+#
+# Jobs (each run visits the targets in a rotated order):
+#   dd        1 MiB sequential write of 1 GiB (conv=fsync) from /dev/zero and
+#             from a random file on a separate tmpfs; then read it back after
+#             drop_caches ("cold") and again ("warm"); after another
+#             drop_caches the copy is compared with its source (cmp), untimed
+#   sysbench  fileio, 1 GiB in 128 files, 1 thread, 16 KiB blocks, fsync every
+#             100 requests, no extra open flags (sysbench's defaults): prepare,
+#             then 6 s each of seqwr, seqrd, rndrw
+#   fsync     pg_test_fsync -s 1: 8 kB write + fdatasync, ops/s (its first
+#             "fdatasync" line), and its non-synced 8 kB write line
+#   fio       4 KiB randread then randwrite, buffered, QD1 (psync), 512 MiB
+#             file, 15 s each: IOPS and p99 completion latency; then 5 s of
+#             randread with the page cache kept (--invalidate=0) after a
+#             sequential read of the file
+#   meta      python3: create (O_CREAT|O_EXCL, 100-byte write, close), stat,
+#             readdir, unlink of 100 000 files in one directory; ops/s per phase
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+
+runs="" threads="" out="" quick=0
+while (($#)); do
+    case $1 in
+    --quick)
+        quick=1
+        shift
+        ;;
+    --runs)
+        runs=${2:?--runs needs a value}
+        shift 2
+        ;;
+    --threads)
+        threads=${2:?--threads needs a value}
+        shift 2
+        ;;
+    --out)
+        out=${2:?--out needs a directory}
+        shift 2
+        ;;
+    -h | --help)
+        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+        exit 0
+        ;;
+    *) die "unknown argument '$1' (try --help)" ;;
+    esac
+done
+[[ -n $runs ]] || { if ((quick)); then runs=1; else runs=3; fi; }
+[[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
+[[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' must be a positive integer"
+
+if ((quick)); then
+    dd_mib=256 sb_size=256M sb_time=3 pg_secs=1 fio_size=128M fio_time=3 fio_warm_time=2 meta_files=10000
+else
+    dd_mib=1024 sb_size=1G sb_time=6 pg_secs=1 fio_size=512M fio_time=15 fio_warm_time=5 meta_files=100000
+fi
+
+# --- tools -------------------------------------------------------------------
+((EUID == 0)) || die "run as root: it mounts tmpfs and writes /proc/sys/vm/drop_caches"
+pg_test_fsync=/usr/lib/postgresql/15/bin/pg_test_fsync
+need cargo "cargo (or rustup)"
+need fio fio
+need sysbench sysbench
+need python3 python3
+need findmnt util-linux
+[[ -x $pg_test_fsync ]] || die "$pg_test_fsync not found: install it with 'apt-get install postgresql-15'"
+avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
+# Three 2 GiB mounts (each job removes its files before the next) and the
+# random source file; 6 GiB leaves room for everyone else.
+((avail_kib > 6 * 1024 * 1024)) || die "needs 6 GiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
+
+# --- build --------------------------------------------------------------------
+note "building ramd (release)"
+(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
+[[ -x $repo/target/release/ramd ]] || die "$repo/target/release/ramd was not built"
+# What was measured: the commit, whether the sources differ from it, and the
+# binary's hash (a copy, so a rebuild during the run cannot swap it).
+commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+
+# --- mounts -------------------------------------------------------------------
+work=$(mktemp -d -t ramd-fsbench.XXXXXX)
+targets=(ramd ramd-wb tmpfs)
+declare -A pid_of=() mnt_of=()
+for t in "${targets[@]}"; do mnt_of[$t]=$work/mnt-$t; done
+
+mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
+
+cleanup() {
+    local rc=$? ok=0 t m
+    trap - EXIT INT TERM
+    cd /
+    for t in ramd ramd-wb; do
+        # SIGTERM: ramd unmounts its mount point and exits.
+        [[ -n ${pid_of[$t]:-} ]] && { stop_pid "${pid_of[$t]}" "ramd ($t)" || ok=1; }
+    done
+    for m in "$work"/mnt-* "$work/src"; do
+        [[ -d $m ]] || continue
+        if mounted "$m"; then
+            umount "$m" 2>/dev/null || umount -l "$m" || { note "could not unmount $m"; ok=1; }
+        fi
+    done
+    if ((rc != 0)); then
+        for log in "$work"/ramd*.log; do
+            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
+        done
+    fi
+    if [[ -n $out && -d $work/raw ]]; then
+        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && cp "$work"/ramd*.log "$out"/ 2>/dev/null &&
+            note "raw results kept in $out"
+    fi
+    # --one-file-system: never reach into a mount that refused to go.
+    rm -rf --one-file-system "$work" || ok=1
+    ((rc == 0 && ok != 0)) && rc=1
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+mkdir -p "$work/raw" "${mnt_of[@]}" "$work/src"
+ramd=$work/ramd
+cp "$repo/target/release/ramd" "$ramd"
+ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+
+# start_ramd TARGET [ramd options...]: serve a 2 GiB fs disk at TARGET's mount
+# point; ready once it has printed the mount point and the mount is there.
+start_ramd() {
+    local t=$1 m=${mnt_of[$1]}
+    shift
+    mkdir -p "$work/run-$t"
+    RAMD_RUN_DIR=$work/run-$t "$ramd" serve --mount "$m" --size 2G ${threads:+--threads "$threads"} "$@" \
+        >"$work/ramd-$t.out" 2>"$work/ramd-$t.log" &
+    pid_of[$t]=$!
+}
+ramd_ready() {
+    local t=$1
+    alive "${pid_of[$t]}" "ramd ($t)"
+    [[ -s $work/ramd-$t.out && $(head -n 1 "$work/ramd-$t.out") == "${mnt_of[$t]}" ]] &&
+        [[ $(findmnt -n -o SOURCE --mountpoint "${mnt_of[$t]}") == ramd ]]
+}
+start_ramd ramd
+start_ramd ramd-wb --writeback-cache
+mount -t tmpfs -o size=2G tmpfs "${mnt_of[tmpfs]}"
+mount -t tmpfs -o size=$((dd_mib + 64))M tmpfs "$work/src"
+wait_until 30 "ramd mount at ${mnt_of[ramd]}" ramd_ready ramd
+wait_until 30 "ramd --writeback-cache mount at ${mnt_of[ramd-wb]}" ramd_ready ramd-wb
+for t in "${targets[@]}"; do
+    got=$(df -B1 --output=size "${mnt_of[$t]}" | tail -n 1 | tr -d ' ')
+    [[ $got == $((2 << 30)) ]] || die "$t: ${mnt_of[$t]} is $got bytes, expected 2 GiB"
+done
+note "preparing the ${dd_mib} MiB random source file (on its own tmpfs)"
+head -c "$((dd_mib << 20))" /dev/urandom >"$work/src/random.bin"
+
+# --- measuring ----------------------------------------------------------------
+results=$work/raw/results.tsv
+: >"$results"
+# record KEY LABEL UNIT GOAL TARGET RUN VALUE: one measured figure.
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
+
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+# dd_mibs FILE: MiB/s from dd's last stderr line ("N bytes (...) copied, S s, ...").
+dd_mibs() {
+    tail -n 1 "$1" | awk '$0 ~ / copied, / { printf "%.1f", $1 / 1048576 / $(NF - 3); ok = 1 } END { exit !ok }' ||
+        die "no dd summary in $1: $(cat "$1")"
+}
+
+job_dd() {
+    local t=$1 r=$2 d=${mnt_of[$1]} raw=$work/raw/dd.$1.$2 v
+    rm -f "$d/dd.zero" "$d/dd.rand"
+    timeout 300 dd if=/dev/zero of="$d/dd.zero" bs=1M count="$dd_mib" conv=fsync 2>"$raw.wzero" ||
+        die "dd write zeros on $t failed: $(cat "$raw.wzero")"
+    v=$(dd_mibs "$raw.wzero")
+    record dd-wz "dd 1 MiB write, zeros, conv=fsync" MiB/s seq "$t" "$r" "$v"
+    rm -f "$d/dd.zero"
+    timeout 300 dd if="$work/src/random.bin" of="$d/dd.rand" bs=1M count="$dd_mib" conv=fsync 2>"$raw.wrand" ||
+        die "dd write random on $t failed: $(cat "$raw.wrand")"
+    v=$(dd_mibs "$raw.wrand")
+    record dd-wr "dd 1 MiB write, random data, conv=fsync" MiB/s seq "$t" "$r" "$v"
+    drop_caches
+    timeout 300 dd if="$d/dd.rand" of=/dev/null bs=1M 2>"$raw.rcold" || die "dd cold read on $t failed: $(cat "$raw.rcold")"
+    v=$(dd_mibs "$raw.rcold")
+    record dd-rc "dd 1 MiB read, cold (after drop_caches)" MiB/s seq "$t" "$r" "$v"
+    timeout 300 dd if="$d/dd.rand" of=/dev/null bs=1M 2>"$raw.rwarm" || die "dd warm read on $t failed: $(cat "$raw.rwarm")"
+    v=$(dd_mibs "$raw.rwarm")
+    record dd-rw "dd 1 MiB read, warm (page cache)" MiB/s seq "$t" "$r" "$v"
+    # Correctness, untimed: read back from the filesystem itself, not the page cache.
+    drop_caches
+    cmp "$work/src/random.bin" "$d/dd.rand" || die "$t: dd.rand differs from its source (after drop_caches)"
+    rm -f "$d/dd.rand"
+}
+
+# sb_field FILE PATTERN: the number after PATTERN in sysbench's output.
+sb_field() {
+    awk -v p="$2" 'index($0, p) { print $NF; ok = 1; exit } END { exit !ok }' "$1" ||
+        die "no '$2' in $1: $(cat "$1")"
+}
+
+job_sysbench() {
+    local t=$1 r=$2 d=${mnt_of[$1]}/sysbench raw=$work/raw/sysbench.$1.$2 mode v
+    local sb=(sysbench fileio "--file-total-size=$sb_size" --threads=1)
+    rm -rf "$d" && mkdir "$d"
+    (cd "$d" && timeout 300 "${sb[@]}" prepare >"$raw.prepare" 2>&1) || die "sysbench prepare on $t failed: $(cat "$raw.prepare")"
+    # "1073741824 bytes written in 1.23 seconds (832.52 MiB/sec)."
+    v=$(awk '/bytes written in/ { gsub(/[(]/, "", $7); print $7; ok = 1 } END { exit !ok }' "$raw.prepare") ||
+        die "no 'bytes written in' line from sysbench prepare on $t: $(cat "$raw.prepare")"
+    record sb-prep "sysbench fileio prepare (128 files)" MiB/s seq "$t" "$r" "$v"
+    for mode in seqwr seqrd rndrw; do
+        (cd "$d" && timeout 300 "${sb[@]}" "--file-test-mode=$mode" "--time=$sb_time" --max-requests=0 run \
+            >"$raw.$mode" 2>&1) || die "sysbench $mode on $t failed: $(cat "$raw.$mode")"
+        grep -qi 'error\|fatal' "$raw.$mode" && die "sysbench $mode on $t reported an error: $(cat "$raw.$mode")"
+        case $mode in
+        seqwr)
+            v=$(sb_field "$raw.$mode" "written, MiB/s:")
+            record sb-seqwr "sysbench seqwr 16 KiB" MiB/s seq "$t" "$r" "$v"
+            ;;
+        seqrd)
+            v=$(sb_field "$raw.$mode" "read, MiB/s:")
+            record sb-seqrd "sysbench seqrd 16 KiB" MiB/s seq "$t" "$r" "$v"
+            ;;
+        rndrw)
+            local rd wr fs
+            rd=$(sb_field "$raw.$mode" "reads/s:")
+            wr=$(sb_field "$raw.$mode" "writes/s:")
+            fs=$(sb_field "$raw.$mode" "fsyncs/s:")
+            record sb-rndrw "sysbench rndrw 16 KiB, reads+writes" ops/s - "$t" "$r" "$(awk -v a="$rd" -v b="$wr" 'BEGIN { print a + b }')"
+            record sb-rndrw-fs "sysbench rndrw, fsyncs (1 per 100 I/Os per file)" ops/s - "$t" "$r" "$fs"
+            ;;
+        esac
+    done
+    (cd "$d" && "${sb[@]}" cleanup >/dev/null 2>&1) || true
+    rm -rf "$d"
+}
+
+job_fsync() {
+    local t=$1 r=$2 d=${mnt_of[$1]} raw=$work/raw/fsync.$1.$2 v
+    timeout 300 "$pg_test_fsync" -f "$d/pg_test_fsync.tmp" -s "$pg_secs" >"$raw" 2>&1 ||
+        die "pg_test_fsync on $t failed: $(cat "$raw")"
+    # The first "fdatasync" line: "Compare file sync methods using one 8kB write".
+    v=$(awk '$1 == "fdatasync" { print $2; ok = 1; exit } END { exit !ok }' "$raw") ||
+        die "no fdatasync line in pg_test_fsync output on $t: $(cat "$raw")"
+    record pg-fdatasync "pg_test_fsync: 8 kB write + fdatasync" ops/s fsync "$t" "$r" "$v"
+    v=$(awk '$1 == "write" && $3 == "ops/sec" { print $2; ok = 1; exit } END { exit !ok }' "$raw") ||
+        die "no non-synced write line in pg_test_fsync output on $t"
+    record pg-write "pg_test_fsync: 8 kB write, no sync" ops/s - "$t" "$r" "$v"
+    rm -f "$d/pg_test_fsync.tmp"
+}
+
+# fio_val JSON EXPR: a figure from fio's JSON (j = jobs[0]); fails on a job error.
+fio_val() {
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+if j["error"]:
+    sys.exit(f"fio reported error {j['error']} in {sys.argv[1]}")
+print(eval(sys.argv[2], {"j": j}))
+EOF
+}
+
+job_fio() {
+    local t=$1 r=$2 f=${mnt_of[$1]}/fio.dat raw=$work/raw/fio.$1.$2 rw dir key v
+    for rw in randread randwrite; do
+        timeout 300 fio --name="$rw" --filename="$f" --size="$fio_size" --ioengine=psync --direct=0 \
+            --bs=4k --rw="$rw" --runtime="$fio_time" --time_based \
+            --output-format=json --output="$raw.$rw.json" >"$raw.$rw.log" 2>&1 ||
+            die "fio $rw on $t failed: $(cat "$raw.$rw.log")"
+        dir=${rw#rand}
+        key=fio-${rw#rand}
+        v=$(fio_val "$raw.$rw.json" "round(j['$dir']['iops'])")
+        record "$key" "fio 4 KiB $rw, buffered, QD1: IOPS" IOPS rnd "$t" "$r" "$v"
+        v=$(fio_val "$raw.$rw.json" "j['$dir']['clat_ns']['percentile']['99.000000'] / 1000")
+        record "$key-p99" "fio 4 KiB $rw: p99 completion latency" "µs (lower is better)" - "$t" "$r" "$v"
+    done
+    # fio drops the file's page cache (POSIX_FADV_DONTNEED, invalidate=1) at
+    # the start of every pass over the file, so on ramd the randread above
+    # measures the FUSE READ path. The same with the cache kept, after one
+    # sequential read has filled it:
+    cat "$f" >/dev/null
+    timeout 300 fio --name=randread-warm --filename="$f" --size="$fio_size" --ioengine=psync --direct=0 \
+        --bs=4k --rw=randread --invalidate=0 --runtime="$fio_warm_time" --time_based \
+        --output-format=json --output="$raw.warm.json" >"$raw.warm.log" 2>&1 ||
+        die "fio randread-warm on $t failed: $(cat "$raw.warm.log")"
+    v=$(fio_val "$raw.warm.json" "round(j['read']['iops'])")
+    record fio-read-warm "fio 4 KiB randread, page cache kept (--invalidate=0): IOPS" IOPS rnd "$t" "$r" "$v"
+    # Untimed: written-back data must not spill into the next job.
+    sync "$f"
+    rm -f "$f"
+}
+
+job_meta() {
+    local t=$1 r=$2 d=${mnt_of[$1]}/meta raw=$work/raw/meta.$1.$2 phase rate
+    rm -rf "$d" && mkdir "$d"
+    timeout 600 python3 - "$d" "$meta_files" >"$raw" 2>&1 <<'EOF' || die "metadata job on $t failed: $(cat "$raw")"
+import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+names = [os.path.join(d, f"f{i:06d}") for i in range(n)]
+data = b"x" * 100
+flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+
+def phase(name, fn):
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    print(f"{name}\t{n / dt:.0f}")
+
+def create():
+    for p in names:
+        fd = os.open(p, flags, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+
+def stat():
+    for p in names:
+        if os.stat(p).st_size != 100:
+            sys.exit(f"{p}: size {os.stat(p).st_size}, expected 100")
+
+def readdir():
+    got = sum(1 for _ in os.scandir(d))
+    if got != n:
+        sys.exit(f"readdir found {got} entries, expected {n}")
+
+def unlink():
+    for p in names:
+        os.unlink(p)
+
+phase("create", create)
+phase("stat", stat)
+phase("readdir", readdir)
+phase("unlink", unlink)
+if os.listdir(d):
+    sys.exit("directory not empty after unlink")
+EOF
+    for phase in create stat readdir unlink; do
+        rate=$(awk -v p="$phase" '$1 == p { print $2; ok = 1 } END { exit !ok }' "$raw") ||
+            die "no $phase figure from the metadata job on $t: $(cat "$raw")"
+        case $phase in
+        create) record meta-create "metadata: create + 100 B write + close" ops/s - "$t" "$r" "$rate" ;;
+        stat) record meta-stat "metadata: stat" ops/s - "$t" "$r" "$rate" ;;
+        readdir) record meta-readdir "metadata: readdir (entries/s)" entries/s - "$t" "$r" "$rate" ;;
+        unlink) record meta-unlink "metadata: unlink" ops/s - "$t" "$r" "$rate" ;;
+        esac
+    done
+    rmdir "$d"
+}
+
+cpu_log=$work/raw/cpu.tsv
+: >"$cpu_log"
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+t_start=$SECONDS
+jobs=(dd sysbench fsync fio meta)
+for job in "${jobs[@]}"; do
+    for ((r = 1; r <= runs; r++)); do
+        # Rotate the order of targets from run to run.
+        order=()
+        for ((i = 0; i < ${#targets[@]}; i++)); do order+=("${targets[$(((i + r - 1) % ${#targets[@]}))]}"); done
+        for t in "${order[@]}"; do
+            note "run $r/$runs: $job on $t ($((SECONDS - t_start)) s so far)"
+            c0=0
+            [[ -n ${pid_of[$t]:-} ]] && { alive "${pid_of[$t]}" "ramd ($t)"; c0=$(cpu_ticks "${pid_of[$t]}"); }
+            w0=$(date +%s%N)
+            "job_$job" "$t" "$r"
+            w1=$(date +%s%N)
+            if [[ -n ${pid_of[$t]:-} ]]; then
+                alive "${pid_of[$t]}" "ramd ($t)"
+                printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$job" "$r" "$(($(cpu_ticks "${pid_of[$t]}") - c0))" "$((w1 - w0))" >>"$cpu_log"
+            fi
+        done
+    done
+done
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- report -------------------------------------------------------------------
+warnings=$(cat "$work"/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
+{
+    echo "# ramd fs (FUSE) vs kernel tmpfs, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
+    echo "# host: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '$1 == "MemTotal:" { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
+    echo "# $("$ramd" --version) (commit $commit; binary sha256 $ramd_sha), $(fio --version), $(sysbench --version), pg_test_fsync $("$pg_test_fsync" --version | awk '{ print $3 }')"
+    echo "# ramd: --size 2G${threads:+ --threads $threads}; load average at start $load_start, at end $load_end"
+    echo "# median of $runs run(s); dd ${dd_mib} MiB, sysbench ${sb_size} ${sb_time} s, pg_test_fsync -s $pg_secs, fio ${fio_size} ${fio_time} s (warm ${fio_warm_time} s), ${meta_files} files"
+    echo
+    CLK_TCK=$(getconf CLK_TCK) python3 - "$results" "$cpu_log" <<'EOF'
+import os, statistics, sys
+from collections import defaultdict
+
+results, cpu_log = sys.argv[1], sys.argv[2]
+targets = ["ramd", "ramd-wb", "tmpfs"]
+rows, vals = {}, defaultdict(list)
+for line in open(results):
+    key, label, unit, goal, t, r, v = line.rstrip("\n").split("\t")
+    rows.setdefault(key, (label, unit, goal))
+    vals[(key, t)].append(float(v))
+
+def fmt(v):
+    if v >= 100000:
+        return f"{v / 1000:.0f}k"
+    if v >= 10000:
+        return f"{v / 1000:.1f}k"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+goals = {"seq": (0.5, "≥ 0.5× tmpfs"), "rnd": (0.25, "≥ 0.25× tmpfs"), "fsync": (40000, "≥ 40k ops/s")}
+print("| job | unit | ramd | ramd-wb | tmpfs | ramd/tmpfs | ramd-wb/tmpfs | goal: ramd, ramd-wb |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+verdicts = []
+for key, (label, unit, goal) in rows.items():
+    med = {t: statistics.median(vals[(key, t)]) for t in targets}
+    ratio = {t: med[t] / med["tmpfs"] if med["tmpfs"] else float("nan") for t in ("ramd", "ramd-wb")}
+    g = ""
+    if goal in goals:
+        lim, text = goals[goal]
+        oks = []
+        for t in ("ramd", "ramd-wb"):
+            ok = (med[t] if goal == "fsync" else ratio[t]) >= lim
+            oks.append("met" if ok else "MISSED")
+            verdicts.append((f"{label} [{t}]", ok))
+        g = f"{text}: {oks[0]}, {oks[1]}"
+    print(f"| {label} | {unit} | {fmt(med['ramd'])} | {fmt(med['ramd-wb'])} | {fmt(med['tmpfs'])} "
+          f"| {ratio['ramd']:.2f} | {ratio['ramd-wb']:.2f} | {g} |")
+
+print()
+print("Spread of the runs, (max - min) / median:")
+print()
+print("| job | ramd | ramd-wb | tmpfs |")
+print("|---|---:|---:|---:|")
+for key, (label, unit, goal) in rows.items():
+    cells = []
+    for t in targets:
+        v = vals[(key, t)]
+        m = statistics.median(v)
+        cells.append("–" if len(v) < 2 or not m else f"{(max(v) - min(v)) / m * 100:.0f}%")
+    print(f"| {label} | {' | '.join(cells)} |")
+
+tck = int(os.environ["CLK_TCK"])
+cpu = defaultdict(list)
+for line in open(cpu_log):
+    t, job, r, ticks, ns = line.split()
+    cpu[(t, job)].append(int(ticks) / tck / (int(ns) / 1e9))
+print()
+print("ramd CPU while each job ran on it (CPU-seconds per wall-second, all threads; 2 cores), median:")
+print()
+print("| job | ramd | ramd-wb |")
+print("|---|---:|---:|")
+for job in ["dd", "sysbench", "fsync", "fio", "meta"]:
+    if cpu[("ramd", job)]:
+        print(f"| {job} | {statistics.median(cpu[('ramd', job)]):.2f} | {statistics.median(cpu[('ramd-wb', job)]):.2f} |")
+print()
+met = [l for l, ok in verdicts if ok]
+missed = [l for l, ok in verdicts if not ok]
+print(f"Goals met ({len(met)}/{len(verdicts)}): {'; '.join(met) or 'none'}")
+print(f"Goals missed: {'; '.join(missed) or 'none'}")
+EOF
+    echo
+    echo "ramd WARN/ERROR log lines while serving: $warnings"
+} | tee "$work/raw/summary.md"
+if ((warnings)); then
+    grep -h ' \(WARN\|ERROR\) ' "$work"/ramd-*.log | sort | uniq -c | head -n 20 >&2
+fi

@@ -1,0 +1,141 @@
+# Helpers shared by the bench/ scripts. Source it; it defines functions only.
+# shellcheck shell=bash
+
+die() {
+    echo "bench: error: $*" >&2
+    exit 1
+}
+
+note() {
+    echo "bench: $*" >&2
+}
+
+# need TOOL DEBIAN-PACKAGE: fail at once, with the install command, when a
+# tool is missing; a benchmark that silently skips a server proves nothing.
+need() {
+    command -v "$1" >/dev/null 2>&1 ||
+        die "$1 not found: install it with 'apt-get install $2'"
+}
+
+# wait_until SECONDS WHAT CMD...: runs CMD until it succeeds, or fails after
+# SECONDS. Readiness means "it answers", never a fixed sleep.
+wait_until() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "$what: not ready after ${limit}s"
+        sleep 0.05
+    done
+}
+
+# alive PID WHAT: fails loudly if the process has exited.
+alive() {
+    kill -0 "$1" 2>/dev/null || die "$2 (pid $1) is no longer running"
+}
+
+# proc_kib PID FIELD: a /proc/PID/status field (VmHWM, VmRSS...) in KiB.
+proc_kib() {
+    awk -v f="$2:" '$1 == f { print $2; found = 1 } END { exit !found }' "/proc/$1/status" ||
+        die "no $2 in /proc/$1/status"
+}
+
+# cpu_ticks PID: user + system CPU time of every thread of PID, in clock ticks.
+cpu_ticks() {
+    # Field 2 (comm) may hold spaces; count fields after its closing ')'.
+    sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+
+# stop_pid PID WHAT: SIGTERM, wait up to 10 s for a clean exit, then SIGKILL.
+# Returns non-zero if the process had to be killed or exited with an error.
+stop_pid() {
+    local pid=$1 what=$2 deadline=$((SECONDS + 10)) rc=0
+    kill -0 "$pid" 2>/dev/null || {
+        wait "$pid" 2>/dev/null || rc=$?
+        return "$rc"
+    }
+    kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            note "$what (pid $pid) ignored SIGTERM for 10 s: killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.05
+    done
+    wait "$pid" 2>/dev/null || rc=$?
+    # 143 = killed by our SIGTERM without a handler: also a clean stop.
+    if ((rc != 0 && rc != 143)); then
+        note "$what (pid $pid) exited with status $rc"
+        return 1
+    fi
+    return 0
+}
+
+# host_busy_ticks: CPU time the whole host has spent busy (every CPU, every
+# process), in clock ticks; set against the servers' and the client's own
+# time it shows whether something else was running during a measurement.
+host_busy_ticks() {
+    # cpu user nice system idle iowait irq softirq steal ...
+    awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+
+# children_cpu_ms SCRATCH: sets children_ms to the user + system CPU of this
+# shell's reaped children, in ms (bash's `times`); read it before and after
+# running a client to get the client's cost. Call it directly, not in $(...):
+# `times` must run in this shell, so its output goes through the file SCRATCH.
+children_cpu_ms() {
+    times >"$1"
+    # shellcheck disable=SC2034 # read by the caller
+    children_ms=$(awk 'NR == 2 {
+        t = 0
+        for (i = 1; i <= 2; i++) {
+            split($i, p, /[ms]/)
+            t += p[1] * 60000 + p[2] * 1000
+        }
+        printf "%d\n", t
+    }' "$1")
+}
+
+# wait_quiet: before a measurement, waits until the rest of the host keeps
+# less than a tenth of a core busy over half a second (on a shared machine a
+# neighbour's burst would otherwise be measured as well). All calls together
+# wait at most BENCH_QUIET_WAIT seconds (default 150); then they only warn.
+# Callers may spend the same budget on other retries (quiet_budget).
+quiet_budget=${BENCH_QUIET_WAIT:-150}
+wait_quiet() {
+    local tck h0 h1 start=$SECONDS warned=0
+    tck=$(getconf CLK_TCK)
+    while :; do
+        h0=$(host_busy_ticks)
+        sleep 0.5
+        h1=$(host_busy_ticks)
+        (((h1 - h0) * 100 <= 5 * tck)) && break
+        if ((quiet_budget <= SECONDS - start)); then
+            note "WARNING: host still busy ($(((h1 - h0) * 200 / tck))% of a core); measuring anyway"
+            break
+        fi
+        if ((!warned)); then
+            note "host busy ($(((h1 - h0) * 200 / tck))% of a core): waiting for it to quieten"
+            warned=1
+        fi
+    done
+    quiet_budget=$((quiet_budget - (SECONDS - start)))
+    ((quiet_budget > 0)) || quiet_budget=0
+}
+
+# bench_lock: one benchmark at a time on this host. Two benchmarks on a
+# 2-core machine measure each other; every bench/ script calls this first
+# and holds the lock until it exits. Waits up to BENCH_LOCK_WAIT seconds
+# (default 1800) for a running one to finish.
+bench_lock() {
+    local file=${TMPDIR:-/tmp}/ramd-bench.lock
+    need flock util-linux
+    exec {bench_lock_fd}>>"$file"
+    if ! flock -n "$bench_lock_fd"; then
+        note "another benchmark holds $file: waiting for it to finish"
+        flock -w "${BENCH_LOCK_WAIT:-1800}" "$bench_lock_fd" ||
+            die "still locked after ${BENCH_LOCK_WAIT:-1800}s: $file"
+    fi
+}
