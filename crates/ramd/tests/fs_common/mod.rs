@@ -237,8 +237,14 @@ fn unique_name() -> String {
     )
 }
 
-/// A fresh directory `/tmp/ramd-fs.XXXX/mnt` (parent 0755, so the other
+/// A fresh directory `/tmp/ramd-fs.XXXXXX/mnt` (parent 0755, so the other
 /// users that pjdfstest and the chown tests switch to can reach the mount).
+///
+/// Keep the path's length as it is: pjdfstest 0.2.2's `create_path_max`
+/// computes `(4095 - len(base)) % 127 - 1`, which underflows (and panics
+/// with "capacity overflow" in every `enametoolong_path` case, on tmpfs
+/// too) when the base path's length makes that remainder 0. This length,
+/// like the kernel tmpfs paths beside it, does not.
 fn fresh_mount_dir() -> (TempDir, PathBuf) {
     let parent = tempfile::Builder::new()
         .prefix("ramd-fs.")
