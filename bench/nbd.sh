@@ -13,8 +13,8 @@
 #   --ramd-threads N    ramd serve --threads N (default: ramd's own default)
 #   --nbdkit-threads N  nbdkit --threads N (default: nbdkit's own, 16)
 #   --out DIR       also keep the raw fio JSON, CPU and memory figures in DIR
-#   --profile JOB   instead of the timed runs, run JOB (mix4k, qd1-randread,
-#                   qd1-randwrite, seq-write or seq-read) once per server under
+#   --profile JOB   instead of the timed runs, run JOB (mix4k, mix4k-2conn,
+#                   qd1-randread, qd1-randwrite, seq-write or seq-read) once per server under
 #                   `perf record -g` and `perf stat`, and print where each
 #                   server spends its CPU (needs perf: apt-get install linux-perf)
 #
@@ -34,7 +34,8 @@
 #      every page is first-touch ("cold") memory; then read VmRSS/VmHWM;
 #   3. fill pass 2: the same again over already-written ("warm") pages;
 #   4. timed jobs, all over written (warm) pages so reads hit real data:
-#      4 KiB 80/20 random mix at QD32, 4 KiB QD1 randread and randwrite
+#      4 KiB 80/20 random mix at QD32 (one fio job, one connection), the
+#      same from two fio jobs of QD16 each, 4 KiB QD1 randread and randwrite
 #      latency, 1 MiB sequential write then read; each run alternates which
 #      server goes first;
 #   5. print the results table (median of runs, ratio ramd/nbdkit, goals),
@@ -92,8 +93,8 @@ done
 [[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
 [[ $runtime =~ ^[1-9][0-9]*$ ]] || die "--runtime '$runtime' must be a positive number of seconds"
 case $profile in
-"" | mix4k | qd1-randread | qd1-randwrite | seq-write | seq-read) ;;
-*) die "--profile '$profile': use mix4k, qd1-randread, qd1-randwrite, seq-write or seq-read" ;;
+"" | mix4k | mix4k-2conn | qd1-randread | qd1-randwrite | seq-write | seq-read) ;;
+*) die "--profile '$profile': use mix4k, mix4k-2conn, qd1-randread, qd1-randwrite, seq-write or seq-read" ;;
 esac
 [[ -z $ramd_threads || $ramd_threads =~ ^[1-9][0-9]*$ ]] || die "--ramd-threads '$ramd_threads' must be a positive integer"
 [[ -z $nbdkit_threads || $nbdkit_threads =~ ^[1-9][0-9]*$ ]] || die "--nbdkit-threads '$nbdkit_threads' must be a positive integer"
@@ -237,6 +238,9 @@ job_args() {
     case $1 in
     fill) args=(--rw=write --bs=1M --iodepth=8) ;;
     mix4k) args=(--rw=randrw --rwmixread=80 --bs=4k --iodepth=32) ;;
+    # The same mix and total queue depth from two fio processes, each with
+    # its own connection: one fio job tops out at one core of client CPU.
+    mix4k-2conn) args=(--rw=randrw --rwmixread=80 --bs=4k --iodepth=16 --numjobs=2 --group_reporting) ;;
     qd1-randread) args=(--rw=randread --bs=4k --iodepth=1) ;;
     qd1-randwrite) args=(--rw=randwrite --bs=4k --iodepth=1) ;;
     seq-write) args=(--rw=write --bs=1M --iodepth=8) ;;
@@ -408,7 +412,7 @@ if [[ -n $profile ]]; then
     exit 0
 fi
 
-jobs=(mix4k qd1-randread qd1-randwrite seq-write seq-read)
+jobs=(mix4k mix4k-2conn qd1-randread qd1-randwrite seq-write seq-read)
 total=$((runs * ${#jobs[@]} * 2 * (runtime + ramp)))
 note "timed jobs: $runs run(s) x ${#jobs[@]} jobs x 2 servers x $((runtime + ramp)) s = about $((total / 60)) min $((total % 60)) s"
 for ((r = 1; r <= runs; r++)); do
@@ -460,6 +464,8 @@ rows = [
      lambda j: j["write"]["bw_bytes"] / MiB, "higher", None, "warm"),
     ("mix4k", "4 KiB randrw 80/20 QD32: IOPS", "IOPS",
      lambda j: j["read"]["iops"] + j["write"]["iops"], "higher", 1.5, None),
+    ("mix4k-2conn", "the same mix, 2 connections x QD16: IOPS", "IOPS",
+     lambda j: j["read"]["iops"] + j["write"]["iops"], "higher", None, None),
     ("qd1-randread", "4 KiB randread QD1: p50", "µs",
      lambda j: j["read"]["lat_ns"]["percentile"]["50.000000"] / 1e3, "lower", None, None),
     ("qd1-randread", "4 KiB randread QD1: p99", "µs",
@@ -526,7 +532,7 @@ with open(f"{work}/cpu.tsv") as f:
 print("| job | ramd | fio→ramd | other | nbdkit | fio→nbdkit | other | ramd µs/I/O | nbdkit µs/I/O |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 noisy = []
-for job in ["fill", "mix4k", "qd1-randread", "qd1-randwrite", "seq-write", "seq-read"]:
+for job in ["fill", "mix4k", "mix4k-2conn", "qd1-randread", "qd1-randwrite", "seq-write", "seq-read"]:
     cells, per_io = [], []
     for s in servers:
         runs = cpu[(s, job)]
