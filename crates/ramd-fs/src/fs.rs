@@ -236,6 +236,28 @@ fn check_name(name: &OsStr) -> Result<()> {
 }
 
 impl Inode {
+    /// A new inode, all times `now`, with the one reference the kernel
+    /// takes from the reply that announces it.
+    fn new(kind: Kind, perm: u16, uid: u32, gid: u32, data: Data, now: SystemTime) -> Inode {
+        Inode {
+            kind,
+            perm,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            xattrs: BTreeMap::new(),
+            lookups: 1,
+            opens: 0,
+            data,
+        }
+    }
+
     fn attr(&self, ino: u64) -> Attr {
         let blocks = match self.data {
             Data::File { pages, .. } => pages * (PAGE_SIZE as u64 / 512),
@@ -313,27 +335,19 @@ impl State {
 impl Fs {
     pub fn new(store: Arc<Store>, cfg: FsConfig) -> Result<Fs> {
         let now = SystemTime::now();
-        let root = Inode {
-            kind: Kind::Dir,
-            perm: cfg.mode & 0o7777,
-            nlink: 2,
-            uid: cfg.uid,
-            gid: cfg.gid,
-            rdev: 0,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs: BTreeMap::new(),
-            // The kernel holds the root without a lookup; never forgotten.
-            lookups: 1,
-            opens: 0,
-            data: Data::Dir {
+        // The kernel holds the root without a lookup: its count of 1 is
+        // never forgotten.
+        let root = Inode::new(
+            Kind::Dir,
+            cfg.mode & 0o7777,
+            cfg.uid,
+            cfg.gid,
+            Data::Dir {
                 entries: BTreeMap::new(),
                 parent: ROOT_INO,
             },
-        };
+            now,
+        );
         store.charge(INODE_COST)?;
         let mut inodes = HashMap::new();
         inodes.insert(ROOT_INO, root);
@@ -581,23 +595,9 @@ impl Fs {
         };
         let ino = st.next_ino;
         st.next_ino += 1;
-        let inode = Inode {
-            kind,
-            perm,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            uid: who.uid,
-            gid,
-            rdev,
-            size: target.map_or(0, |t| t.len() as u64),
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs: BTreeMap::new(),
-            lookups: 1,
-            opens: 0,
-            data,
-        };
+        let mut inode = Inode::new(kind, perm, who.uid, gid, data, now);
+        inode.rdev = rdev;
+        inode.size = target.map_or(0, |t| t.len() as u64);
         let attr = inode.attr(ino);
         st.inodes.insert(ino, inode);
         let p = st.get_mut(parent)?;
