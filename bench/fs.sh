@@ -65,6 +65,8 @@ while (($#)); do
     *) die "unknown argument '$1' (try --help)" ;;
     esac
 done
+# One benchmark at a time: two on 2 cores would measure each other.
+bench_lock
 [[ -n $runs ]] || { if ((quick)); then runs=1; else runs=3; fi; }
 [[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
 [[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' must be a positive integer"

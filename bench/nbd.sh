@@ -4,19 +4,20 @@
 # mean and how to read them.
 #
 # usage: bench/nbd.sh [--size SIZE] [--quick] [--runs N] [--runtime SECS]
-#                     [--ramd-threads N] [--nbdkit-threads N] [--out DIR]
+#                     [--ramd-threads N] [--nbdkit-threads N] [--out DIR] [--profile JOB]
 #
-#   --size SIZE     disk size for both servers, e.g. 512M, 1G (default 1G)
-#   --quick         smoke run: 1 run of each job, 3 s each
-#   --runs N        runs of every timed job; the table shows medians (default 3)
-#   --runtime SECS  measured seconds of every timed job, after 2 s of ramp (default 10)
+#   --size SIZE         disk size for both servers, e.g. 512M, 1G (default 1G)
+#   --quick             smoke run: 1 run of each job, 3 s each
+#   --runs N            runs of every timed job; the table shows medians (default 3)
+#   --runtime SECS      measured seconds of every timed job, after 2 s of ramp (default 10)
 #   --ramd-threads N    ramd serve --threads N (default: ramd's own default)
 #   --nbdkit-threads N  nbdkit --threads N (default: nbdkit's own, 16)
-#   --out DIR       also keep the raw fio JSON, CPU and memory figures in DIR
-#   --profile JOB   instead of the timed runs, run JOB (mix4k, mix4k-2conn,
-#                   qd1-randread, qd1-randwrite, seq-write or seq-read) once per server under
-#                   `perf record -g` and `perf stat`, and print where each
-#                   server spends its CPU (needs perf: apt-get install linux-perf)
+#   --out DIR           also keep the raw fio JSON, CPU and memory figures in DIR
+#   --profile JOB       instead of the timed runs, run JOB (mix4k, mix4k-2conn,
+#                       qd1-randread, qd1-randwrite, seq-write or seq-read) once
+#                       per server under `perf record -g` and `perf stat`, and
+#                       print where each server spends its CPU (needs perf:
+#                       apt-get install linux-perf)
 #
 # Before every measurement the script waits until the rest of the host is
 # idle, and repeats a timed run during which other processes took more than
@@ -27,8 +28,8 @@
 #
 # Phases:
 #   1. build ramd (release); touch and free 2 x SIZE + 256 MiB of memory so
-#      that both servers get the same kind of fresh pages (see "memory"
-#      below); start ramd and nbdkit, each on its own socket in a mktemp
+#      that both servers get the same kind of fresh pages (see BENCHMARKS.md,
+#      "Memory"); start ramd and nbdkit, each on its own socket in a mktemp
 #      directory, and wait until each answers nbdinfo;
 #   2. fill pass 1: write the whole disk once, 1 MiB sequential, random data:
 #      every page is first-touch ("cold") memory; then read VmRSS/VmHWM;
