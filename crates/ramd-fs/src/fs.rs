@@ -432,12 +432,8 @@ impl Fs {
                 // Freed at once, like tmpfs: the tail becomes holes.
                 let end = (*alloc_end).max(inode.size);
                 if end > size {
-                    let mut delta = 0;
-                    let r =
-                        self.store
-                            .zero_counted(base(slot) + size, end - size, true, &mut delta);
+                    let delta = self.punch(base(slot) + size, end - size);
                     *pages = pages.saturating_add_signed(delta);
-                    r?;
                 }
                 *alloc_end = size;
             }
@@ -467,6 +463,16 @@ impl Fs {
         }
         inode.ctime = set.ctime.unwrap_or(now);
         Ok(inode.attr(ino))
+    }
+
+    /// Turns `len` bytes of a file's store range at `at` into holes and
+    /// returns the change in its non-hole pages. Punching needs no memory
+    /// and the range lies inside the file's slot, so it cannot fail.
+    fn punch(&self, at: u64, len: u64) -> i64 {
+        let mut delta = 0;
+        let r = self.store.zero_counted(at, len, true, &mut delta);
+        debug_assert!(r.is_ok(), "punching a file's pages failed: {r:?}");
+        delta
     }
 
     /// Clears setuid, setgid (when group-executable, as the VFS does) and
@@ -698,10 +704,7 @@ impl Fs {
         {
             let end = (*alloc_end).max(inode.size);
             if end > 0 {
-                // Punching never needs memory, so it cannot fail.
-                let mut delta = 0;
-                let r = self.store.zero_counted(base(slot), end, true, &mut delta);
-                debug_assert!(r.is_ok(), "punching a file's pages failed: {r:?}");
+                let delta = self.punch(base(slot), end);
                 *pages = pages.saturating_add_signed(delta);
                 *alloc_end = 0;
                 inode.size = 0;
@@ -945,9 +948,7 @@ impl Fs {
             if r.is_err() && end > size {
                 // What landed past EOF must not show if the file grows later.
                 let from = off.max(size);
-                let _ = self
-                    .store
-                    .zero_counted(base + from, end - from, true, &mut delta);
+                delta += self.punch(base + from, end - from);
             }
             *pages = pages.saturating_add_signed(delta);
         }

@@ -25,7 +25,8 @@ use crate::Stream;
 /// Most descriptors one BLOCK_STATUS reply carries (8 bytes each): the
 /// client asks again for the rest.
 const MAX_DESCRIPTORS: usize = 128 << 10;
-/// Room kept in front of read data for the reply headers.
+/// Header of a structured READ reply (chunk header and 8-byte offset): the
+/// most room a reply header takes in front of its data.
 const READ_HEADROOM: usize = STRUCTURED_REPLY_LEN + 8;
 /// Requests with a larger effect go to the worker threads.
 const INLINE_MAX: u32 = 64 << 10;
@@ -281,7 +282,7 @@ impl Conn<'_> {
         let len = req.length as usize;
         let at = out.len();
         let hdr = if self.session.structured {
-            STRUCTURED_REPLY_LEN + 8
+            READ_HEADROOM
         } else {
             SIMPLE_REPLY_LEN
         };

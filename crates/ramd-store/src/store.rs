@@ -235,20 +235,15 @@ impl Store {
     /// Writes `data` at `offset`. On error the pages before the failing one
     /// hold the new data, the failing one and those after it the old data.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.write_counted(offset, data, &mut 0)
+        self.write_prefix(offset, data, &mut 0).1
     }
 
     /// [`Store::write`], adding to `pages` how many pages stopped being
     /// holes (even when it fails part way), so that a frontend can keep
-    /// per-object block counts without scanning.
-    pub fn write_counted(&self, offset: u64, data: &[u8], pages: &mut i64) -> Result<()> {
-        self.write_prefix(offset, data, pages).1
-    }
-
-    /// [`Store::write_counted`] that also says how many leading bytes of
-    /// `data` are stored when it fails part way (pages are written in
-    /// order and the first failure stops it), so a filesystem can answer
-    /// with a short write as POSIX asks when the disk fills up.
+    /// per-object block counts without scanning; it also says how many
+    /// leading bytes of `data` are stored when it fails part way (pages are
+    /// written in order and the first failure stops it), so a filesystem
+    /// can answer with a short write as POSIX asks when the disk fills up.
     pub fn write_prefix(&self, offset: u64, data: &[u8], pages: &mut i64) -> (usize, Result<()>) {
         if let Err(e) = self.check_range(offset, data.len() as u64) {
             return (0, Err(e));
@@ -278,7 +273,7 @@ impl Store {
         self.zero_counted(offset, length, punch, &mut 0)
     }
 
-    /// [`Store::zero`] with a page delta, as [`Store::write_counted`].
+    /// [`Store::zero`] with a page delta, as [`Store::write_prefix`].
     pub fn zero_counted(
         &self,
         offset: u64,

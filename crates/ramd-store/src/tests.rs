@@ -341,7 +341,8 @@ fn charges_count_against_max_memory() {
 fn counted_ops_report_page_deltas_and_allocate_keeps_data() {
     let s = store(4 * MIB);
     let mut pages = 0i64;
-    s.write_counted(100, &[7; 3 * PAGE_SIZE], &mut pages)
+    s.write_prefix(100, &[7; 3 * PAGE_SIZE], &mut pages)
+        .1
         .unwrap();
     assert_eq!(pages, 4);
     s.allocate(0, 8 * PAGE_SIZE as u64, &mut pages).unwrap();
