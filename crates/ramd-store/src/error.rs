@@ -30,6 +30,11 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// Stored data failed to decode: a bug or memory corruption, never
+    /// something to hand a client as data.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+
     /// The operating system refused a resource (mmap, madvise...).
     #[error("{what}: {source}")]
     Os {
@@ -48,6 +53,7 @@ impl Error {
             }
             Error::OutOfRange { .. } | Error::Invalid(_) => libc::EINVAL,
             Error::ReadOnly => libc::EPERM,
+            Error::Corrupt(_) => libc::EIO,
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }

@@ -6,15 +6,18 @@
 //! checks ranges once more and returns [`Error`], whose [`Error::errno`] is
 //! what a client should see.
 
+mod codec;
 mod error;
 mod pool;
 mod store;
+mod zs;
 
+pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Error, Result};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use store::{
-    default_host_reserve, full_disk_memory, Extent, ExtentKind, Store, StoreConfig, StoreStats,
-    CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
+    default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind, PassReport,
+    Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
 };
 
 /// The page size of the store: the unit of allocation, sharing and holes.

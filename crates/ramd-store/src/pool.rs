@@ -38,6 +38,11 @@ impl PagePtr {
     pub(crate) fn as_ptr(self) -> *mut u8 {
         self.0.as_ptr()
     }
+
+    /// The inverse of `as_ptr() as u64`, for the packed page table.
+    pub(crate) fn from_addr(addr: u64) -> PagePtr {
+        PagePtr(NonNull::new(addr as *mut u8).expect("page address is not null"))
+    }
 }
 
 struct Arena {

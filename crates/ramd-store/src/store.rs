@@ -7,29 +7,35 @@
 //! chunks land in different shards, so concurrent random I/O rarely meets on
 //! one lock while a 1 MiB request takes at most five locks. Chunks are small
 //! so that a small file of a filesystem disk (one object per file) costs
-//! ~1 KiB of slot metadata, not the 8 KiB a 2 MiB chunk would.
+//! well under 1 KiB of slot metadata.
 //!
-//! A slot is one of three things (16 bytes each):
-//! - `Hole`: never written, trimmed, or zeroed with holes allowed;
-//! - `Fill(p)`: every 8 bytes of the page equal `p` (zero pages included):
-//!   no page memory;
-//! - `Data(ptr)`: a 4 KiB frame from the pool.
+//! A slot is a 64-bit value plus 16 bits of metadata (kind, accessed bit,
+//! settled bit, age); see [`Slot`] for the kinds. With the chunk's share
+//! that is 10.8 bytes of page table per 4 KiB page on a dense disk (zram's
+//! table entry is 16), see `PAGE_META_BYTES`.
 //!
 //! Invariants:
-//! - `memory_used` = `data_pages * PAGE_SIZE + chunks * CHUNK_META_BYTES`,
-//!   and it never exceeds `max_memory`: memory is reserved before it is taken.
+//! - `memory_used` = raw pages × 4 KiB + zspage pages × 4 KiB + chunk,
+//!   zspage and frontend metadata, and it never exceeds `max_memory`:
+//!   memory is reserved before it is taken.
 //! - A page's old contents stay readable until its replacement is complete:
-//!   a failed allocation leaves the slot as it was.
-//! - A `Data` frame is referenced by exactly one slot; its bytes are touched
-//!   only under its shard's lock (read lock to read, write lock to change).
+//!   a failed compression or allocation leaves the slot as it was (the new
+//!   page is built, then swapped in).
+//! - A raw frame or compressed object is owned by exactly one slot, except
+//!   a multi-page frame, owned by the slots of its chunk that name it; its
+//!   bytes are touched only under that chunk's shard lock (read lock to
+//!   read, write lock to change).
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockUpgradableReadGuard};
 
+use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::pool::{PagePool, PagePtr, PoolStats};
+use crate::zs::{self, Handle, ZsAlloc};
 use crate::PAGE_SIZE;
 
 const PAGE_SHIFT: u32 = 12;
@@ -43,21 +49,132 @@ const SHARDS: usize = 128;
 /// Largest disk: what qemu and the kernel accept (signed 64-bit offsets).
 pub const MAX_SIZE: u64 = i64::MAX as u64;
 
-/// Memory charged for one chunk: its slot array plus the hash-map entry and
+/// Memory charged for one chunk: its slot arrays plus the hash-map entry and
 /// allocator header that hold it.
 pub const CHUNK_META_BYTES: u64 = (std::mem::size_of::<Chunk>() + 48) as u64;
 
+/// Page-table bytes per 4 KiB page of a fully written chunk.
+pub const PAGE_META_BYTES: f64 = CHUNK_META_BYTES as f64 / CHUNK_PAGES as f64;
+
+/// A compressed page is kept only if its object is at most this big; above
+/// it the page is stored raw (decompressing for a 6% saving is a poor trade).
+const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
+/// Pages one multi-page frame holds at most.
+const FRAME_PAGES: usize = 16;
+/// Bytes before a frame's compressed data: first slot, page count, codec,
+/// a spare byte, compressed length (u32 LE).
+const FRAME_HEADER: usize = 8;
+
+// Slot metadata: kind in the low 3 bits, then flags, then the age in passes
+// of the background scanner.
+const KIND_MASK: u16 = 0b111;
+const K_HOLE: u16 = 0;
+const K_FILL: u16 = 1;
+const K_RAW_HOT: u16 = 2;
+const K_RAW_HUGE: u16 = 3;
+const K_LZ4: u16 = 4;
+const K_ZSTD: u16 = 5;
+const K_FRAME: u16 = 6;
+/// Read or written since the scanner last looked.
+const ACCESSED: u16 = 1 << 3;
+/// The scanner has nothing more to do with this page until it is written.
+const SETTLED: u16 = 1 << 4;
+const AGE_SHIFT: u32 = 5;
+const MAX_AGE: u16 = u16::MAX >> AGE_SHIFT;
+
+/// What a slot holds, decoded from its value and kind.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Slot {
+    /// Never written, trimmed, or zeroed with holes allowed.
     Hole,
+    /// Every 8 bytes of the page equal this (zero pages included): no memory.
     Fill(u64),
-    Data(PagePtr),
+    /// A 4 KiB frame from the pool. `hot`: waiting to be compressed (or
+    /// compression is off); otherwise it did not compress.
+    Raw { p: PagePtr, hot: bool },
+    /// One page compressed alone: `len` bytes at the start of object `h`.
+    Packed { zstd: bool, h: Handle, len: u16 },
+    /// One page of a multi-page frame (object `h`, header first).
+    Frame(Handle),
+}
+
+impl Slot {
+    fn encode(self) -> (u64, u16) {
+        match self {
+            Slot::Hole => (0, K_HOLE),
+            Slot::Fill(pat) => (pat, K_FILL),
+            Slot::Raw { p, hot } => (p.as_ptr() as u64, if hot { K_RAW_HOT } else { K_RAW_HUGE }),
+            Slot::Packed { zstd, h, len } => {
+                let pad = (h.capacity() - len as usize) as u64;
+                debug_assert!(pad < 256);
+                (h.encode() | pad << 56, if zstd { K_ZSTD } else { K_LZ4 })
+            }
+            Slot::Frame(h) => (h.encode(), K_FRAME),
+        }
+    }
+
+    /// SAFETY: `(val, kind)` came from `encode` of a slot that is still live.
+    unsafe fn decode(val: u64, kind: u16) -> Slot {
+        match kind {
+            K_HOLE => Slot::Hole,
+            K_FILL => Slot::Fill(val),
+            K_RAW_HOT | K_RAW_HUGE => Slot::Raw {
+                p: PagePtr::from_addr(val),
+                hot: kind == K_RAW_HOT,
+            },
+            K_LZ4 | K_ZSTD => {
+                let h = Handle::decode(val);
+                Slot::Packed {
+                    zstd: kind == K_ZSTD,
+                    h,
+                    len: (h.capacity() - (val >> 56) as usize) as u16,
+                }
+            }
+            K_FRAME => Slot::Frame(Handle::decode(val)),
+            _ => unreachable!("slot kind {kind}"),
+        }
+    }
 }
 
 struct Chunk {
-    slots: [Slot; CHUNK_PAGES],
+    vals: [u64; CHUNK_PAGES],
+    /// Atomic so that readers (under the shared lock) can set ACCESSED.
+    meta: [AtomicU16; CHUNK_PAGES],
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0.
     live: u32,
+}
+
+impl Chunk {
+    fn new() -> Box<Chunk> {
+        Box::new(Chunk {
+            vals: [0; CHUNK_PAGES],
+            meta: std::array::from_fn(|_| AtomicU16::new(K_HOLE)),
+            live: 0,
+        })
+    }
+
+    fn get(&self, i: usize) -> Slot {
+        let kind = self.meta[i].load(Relaxed) & KIND_MASK;
+        // SAFETY: slots are written only through `Store::replace`, from
+        // `Slot::encode` of what they hold.
+        unsafe { Slot::decode(self.vals[i], kind) }
+    }
+
+    fn kind(&self, i: usize) -> u16 {
+        self.meta[i].load(Relaxed) & KIND_MASK
+    }
+
+    fn touch(&self, i: usize) {
+        let m = &self.meta[i];
+        if m.load(Relaxed) & ACCESSED == 0 {
+            m.fetch_or(ACCESSED, Relaxed);
+        }
+    }
+
+    /// Other slots naming the same frame as slot `i`.
+    fn frame_members(&self, val: u64) -> impl Iterator<Item = usize> + '_ {
+        (0..CHUNK_PAGES).filter(move |&j| self.kind(j) == K_FRAME && self.vals[j] == val)
+    }
 }
 
 #[repr(align(64))]
@@ -80,7 +197,7 @@ pub struct Extent {
     pub kind: ExtentKind,
 }
 
-/// How a store is sized and guarded.
+/// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     /// Logical capacity in bytes.
@@ -96,6 +213,17 @@ pub struct StoreConfig {
     /// alike), like tmpfs's `size=`: a filesystem disk's capacity is what its
     /// files may occupy, not an address range. `None`: no cap beyond `size`.
     pub page_limit: Option<u64>,
+    /// Codec for pages as they are written (or once idle, see below).
+    pub compress: Codec,
+    /// Zero: pages are compressed as they are written (zram's way). Else
+    /// written pages stay raw ("hot") and the background scanner
+    /// compresses them once untouched this long.
+    pub compress_after: Duration,
+    /// Codec for idle pages, packed with their idle neighbours into frames
+    /// of up to 16 pages. `None`: idle pages stay as they are.
+    pub recompress: Codec,
+    /// How long a page must go untouched to count as idle.
+    pub idle_after: Duration,
 }
 
 impl StoreConfig {
@@ -106,6 +234,10 @@ impl StoreConfig {
             warm_pool: 64 << 20,
             host_reserve: default_host_reserve(),
             page_limit: None,
+            compress: Codec::None,
+            compress_after: Duration::ZERO,
+            recompress: Codec::None,
+            idle_after: Duration::from_secs(300),
         }
     }
 }
@@ -125,41 +257,128 @@ pub fn full_disk_memory(size: u64) -> u64 {
         .saturating_add(chunks.saturating_mul(CHUNK_META_BYTES))
 }
 
+/// `max_memory` when none is given: room for every page of the disk, raw,
+/// and with compression for one partly used zspage per size class too, so
+/// that a disk of `size` bytes always holds `size` bytes.
+pub fn default_max_memory(size: u64, compressed: bool) -> u64 {
+    let slack = if compressed {
+        zs::one_zspage_per_class_bytes()
+    } else {
+        0
+    };
+    full_disk_memory(size).saturating_add(slack)
+}
+
 /// A snapshot of the store's accounting, for `ramd status`.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+///
+/// `memory_used = stored_bytes + slack_bytes + metadata_bytes`.
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct StoreStats {
     pub size: u64,
     pub max_memory: u64,
     /// Bytes of the disk that are not holes (data, zero and same-filled pages).
     pub used_bytes: u64,
-    /// Pages + page-table metadata, as charged against `max_memory`.
+    /// Pages + allocator slack + metadata, as charged against `max_memory`.
     pub memory_used: u64,
+    /// Pages holding data, raw or compressed (`data_bytes` / 4096).
     pub data_pages: u64,
+    /// What those pages hold before compression.
+    pub data_bytes: u64,
+    /// What they take: 4 KiB per raw page plus each compressed object's
+    /// exact size.
+    pub stored_bytes: u64,
+    /// Compressed-allocator memory not holding compressed bytes: class
+    /// rounding, zspage tails, free objects.
+    pub slack_bytes: u64,
+    /// Page-table and allocator metadata plus what frontends charged
+    /// (inodes, names...).
+    pub metadata_bytes: u64,
     /// Same-filled pages other than zero, stored as their 8-byte pattern.
     pub fill_pages: u64,
     /// Pages written or zeroed to all-zero, stored as nothing.
     pub zero_pages: u64,
+    /// Raw pages not compressed yet (all raw pages when compression is off).
+    pub hot_pages: u64,
+    /// Raw pages that did not compress well enough to keep compressed.
+    pub incompressible_pages: u64,
+    /// Pages compressed one by one.
+    pub compressed_pages: u64,
+    /// Pages packed into multi-page frames, and the frames.
+    pub frame_pages: u64,
+    pub frames: u64,
+    /// Pages untouched for `idle_after`, as of the scanner's last pass.
+    pub idle_pages: u64,
+    /// `data_bytes` / `memory_used` (1.0 when nothing is stored).
+    pub ratio: f64,
+    pub compress: String,
+    pub recompress: String,
+    /// Time spent compressing and decompressing, summed over threads.
+    pub compress_cpu_ns: u64,
+    pub decompress_cpu_ns: u64,
+    /// CPU time of the background threads (scanning, compressing, moving).
+    pub background_cpu_ns: u64,
+    /// Objects moved by compaction, and zspages it emptied.
+    pub compacted_objects: u64,
+    /// Zspages of the compressed-object allocator.
+    pub zspages: u64,
     pub chunks: u64,
-    /// Page-table metadata plus what frontends charged (inodes, names...).
-    pub metadata_bytes: u64,
     pub pool: PoolStats,
+}
+
+/// Counters, each kept exact under the locks that change what it counts.
+#[derive(Default)]
+struct Counters {
+    memory_used: AtomicU64,
+    hot: AtomicU64,
+    huge: AtomicU64,
+    packed: AtomicU64,
+    frame_pages: AtomicU64,
+    frames: AtomicU64,
+    fill: AtomicU64,
+    zero: AtomicU64,
+    chunks: AtomicU64,
+    /// Exact bytes of compressed objects (a frame counted once).
+    compressed_bytes: AtomicU64,
+    /// Slots that are not holes; bounded by `page_limit`.
+    live_pages: AtomicU64,
+    /// Bytes frontends charged for their own metadata (see `charge`).
+    charged: AtomicU64,
+    idle: AtomicU64,
+    /// Idle pages counted so far by the pass under way.
+    idle_pass: AtomicU64,
+    compress_ns: AtomicU64,
+    decompress_ns: AtomicU64,
+    background_ns: AtomicU64,
+    compacted: AtomicU64,
+}
+
+/// What one background pass did, for tests and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassReport {
+    /// Hot pages compressed (or found incompressible).
+    pub compressed: u64,
+    /// Idle pages re-packed with the recompress codec.
+    pub repacked: u64,
+    /// Frames split because most of their pages were rewritten.
+    pub split: u64,
+    /// Objects moved out of zspages being emptied.
+    pub moved: u64,
 }
 
 pub struct Store {
     size: u64,
     max_memory: u64,
     shards: Box<[Shard]>,
-    memory_used: AtomicU64,
-    data_pages: AtomicU64,
-    fill_pages: AtomicU64,
-    zero_pages: AtomicU64,
-    chunks: AtomicU64,
-    /// Slots that are not holes; bounded by `page_limit`.
-    live_pages: AtomicU64,
+    c: Counters,
     page_limit: u64,
-    /// Bytes frontends charged for their own metadata (see `charge`).
-    charged: AtomicU64,
-    // Declared last: dropped after the page table that points into it.
+    compress: Codec,
+    recompress: Codec,
+    /// Scanner passes a hot page waits, and an idle page has waited.
+    compress_after: u16,
+    idle_after: u16,
+    tick: Duration,
+    // Declared last: dropped after the page table that points into them.
+    zs: ZsAlloc,
     pool: PagePool,
 }
 
@@ -171,13 +390,26 @@ impl Store {
                 cfg.size
             )));
         }
-        let max_memory = cfg.max_memory.unwrap_or_else(|| full_disk_memory(cfg.size));
+        let compressed = !cfg.compress.is_none() || !cfg.recompress.is_none();
+        let max_memory = cfg
+            .max_memory
+            .unwrap_or_else(|| default_max_memory(cfg.size, compressed));
         if max_memory < PAGE_SIZE as u64 + CHUNK_META_BYTES {
             return Err(Error::Invalid(format!(
                 "max_memory {max_memory} bytes cannot hold a single page (needs {})",
                 PAGE_SIZE as u64 + CHUNK_META_BYTES
             )));
         }
+        if cfg.compress.is_none() && !cfg.compress_after.is_zero() {
+            return Err(Error::Invalid(
+                "compress_after needs a compress codec other than none".into(),
+            ));
+        }
+        let tick = scanner_tick(&cfg);
+        let passes = |d: Duration| -> u16 {
+            let n = d.as_nanos().div_ceil(tick.as_nanos().max(1));
+            n.min(MAX_AGE as u128) as u16
+        };
         let shards = (0..SHARDS)
             .map(|_| Shard(RwLock::new(HashMap::new())))
             .collect();
@@ -185,14 +417,14 @@ impl Store {
             size: cfg.size,
             max_memory,
             shards,
-            memory_used: AtomicU64::new(0),
-            data_pages: AtomicU64::new(0),
-            fill_pages: AtomicU64::new(0),
-            zero_pages: AtomicU64::new(0),
-            chunks: AtomicU64::new(0),
-            live_pages: AtomicU64::new(0),
+            c: Counters::default(),
             page_limit: cfg.page_limit.unwrap_or(u64::MAX),
-            charged: AtomicU64::new(0),
+            compress: cfg.compress,
+            recompress: cfg.recompress,
+            compress_after: passes(cfg.compress_after),
+            idle_after: passes(cfg.idle_after).max(1),
+            tick,
+            zs: ZsAlloc::new(),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
     }
@@ -205,31 +437,82 @@ impl Store {
         self.max_memory
     }
 
+    /// How often the background scanner should run [`Store::background_pass`];
+    /// `None` when this store needs no background work.
+    pub fn scanner_period(&self) -> Option<Duration> {
+        (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
+    }
+
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
+        let promote = self.compress_after > 0;
         for span in chunk_spans(offset, buf.len() as u64) {
             let out = &mut buf[span.buf_range()];
-            let map = self.shard(span.chunk).read();
-            let Some(chunk) = map.get(&span.chunk) else {
-                out.fill(0);
-                continue;
-            };
-            for ps in span.pages() {
-                let dst = &mut out[ps.buf_range()];
-                match chunk.slots[ps.slot] {
-                    Slot::Hole => dst.fill(0),
-                    Slot::Fill(pat) => fill_pattern(dst, pat, ps.start),
-                    Slot::Data(p) => {
-                        // SAFETY: the frame belongs to this slot and we hold
-                        // the shard's read lock, so nobody writes it now.
-                        let page = unsafe { page_ref(p) };
-                        dst.copy_from_slice(&page[ps.start..ps.start + ps.len]);
+            let mut cold = 0u64;
+            {
+                let map = self.shard(span.chunk).read();
+                let Some(chunk) = map.get(&span.chunk) else {
+                    out.fill(0);
+                    continue;
+                };
+                let mut frame = FrameCache::default();
+                for ps in span.pages() {
+                    let dst = &mut out[ps.buf_range()];
+                    let slot = chunk.get(ps.slot);
+                    if !matches!(slot, Slot::Hole | Slot::Fill(_)) {
+                        chunk.touch(ps.slot);
+                    }
+                    match slot {
+                        Slot::Hole => dst.fill(0),
+                        Slot::Fill(pat) => fill_pattern(dst, pat, ps.start),
+                        Slot::Raw { p, .. } => {
+                            // SAFETY: the frame belongs to this slot and we
+                            // hold the shard's read lock: nobody writes it.
+                            let page = unsafe { page_ref(p) };
+                            dst.copy_from_slice(&page[ps.start..ps.start + ps.len]);
+                        }
+                        Slot::Packed { .. } | Slot::Frame(_) => {
+                            if ps.len == PAGE_SIZE {
+                                self.decode_into(slot, chunk, &mut frame, ps.slot, dst)?;
+                            } else {
+                                let mut page = [0u8; PAGE_SIZE];
+                                self.decode_into(slot, chunk, &mut frame, ps.slot, &mut page)?;
+                                dst.copy_from_slice(&page[ps.start..ps.start + ps.len]);
+                            }
+                            if promote && ps.len == PAGE_SIZE {
+                                cold |= 1 << ps.slot;
+                            }
+                        }
                     }
                 }
             }
+            if cold != 0 {
+                self.promote(&span, out, cold);
+            }
         }
         Ok(())
+    }
+
+    /// Hot/cold tiering: compressed pages just read whole go back to raw,
+    /// so a working set that is read again is served at memory speed. Best
+    /// effort: skipped when memory is short or the page changed meanwhile.
+    fn promote(&self, span: &ChunkSpan, out: &[u8], cold: u64) {
+        let mut map = self.shard(span.chunk).write();
+        let Some(chunk) = map.get_mut(&span.chunk) else {
+            return;
+        };
+        for ps in span.pages().filter(|ps| cold & 1 << ps.slot != 0) {
+            if !matches!(chunk.get(ps.slot), Slot::Packed { .. } | Slot::Frame(_)) {
+                continue;
+            }
+            let Ok(p) = self.alloc_page() else { return };
+            // SAFETY: fresh frame, not yet shared; `out` holds what this page
+            // read as under the read lock, and it has not been written since
+            // (a write would have replaced the compressed slot).
+            unsafe { page_mut(p) }.copy_from_slice(&out[ps.buf_range()]);
+            self.replace(chunk, ps.slot, Slot::Raw { p, hot: true }, true);
+        }
     }
 
     /// Writes `data` at `offset`. On error the pages before the failing one
@@ -267,8 +550,8 @@ impl Store {
 
     /// Makes `[offset, offset+length)` read as zeros. With `punch`, whole
     /// pages become holes; without, they become zero pages (allocated zeros,
-    /// as NBD's NO_HOLE asks). Never needs memory except to split a page
-    /// of a non-zero pattern.
+    /// as NBD's NO_HOLE asks). Needs memory only to rewrite part of a page
+    /// that is not raw.
     pub fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
         self.zero_counted(offset, length, punch, &mut 0)
     }
@@ -288,12 +571,14 @@ impl Store {
                 for ps in span.pages() {
                     if ps.len == PAGE_SIZE {
                         let new = if punch { Slot::Hole } else { Slot::Fill(0) };
-                        if chunk.slots[ps.slot] == Slot::Hole && new != Slot::Hole {
+                        if chunk.get(ps.slot) == Slot::Hole && new != Slot::Hole {
                             self.claim_page()?;
                         }
-                        self.replace(chunk, ps.slot, new);
-                    } else {
-                        self.zero_partial(chunk, ps.slot, ps.start, ps.len)?;
+                        self.replace(chunk, ps.slot, new, true);
+                    } else if !matches!(chunk.get(ps.slot), Slot::Hole | Slot::Fill(0)) {
+                        self.modify_page(chunk, ps.slot, |page| {
+                            page[ps.start..ps.start + ps.len].fill(0)
+                        })?;
                     }
                 }
                 Ok(())
@@ -319,9 +604,9 @@ impl Store {
         for span in chunk_spans(offset, length) {
             result = self.with_chunk(span.chunk, true, pages, |chunk| {
                 for ps in span.pages() {
-                    if chunk.slots[ps.slot] == Slot::Hole {
+                    if chunk.get(ps.slot) == Slot::Hole {
                         self.claim_page()?;
-                        self.replace(chunk, ps.slot, Slot::Fill(0));
+                        self.replace(chunk, ps.slot, Slot::Fill(0), true);
                         made.push(span.offset + ps.buf_off as u64 - ps.start as u64);
                     }
                 }
@@ -336,8 +621,8 @@ impl Store {
                 // Only pages still as we left them: a write may have landed.
                 self.with_chunk(page / CHUNK_BYTES, false, pages, |chunk| {
                     let i = ((page >> PAGE_SHIFT) as usize) % CHUNK_PAGES;
-                    if chunk.slots[i] == Slot::Fill(0) {
-                        self.replace(chunk, i, Slot::Hole);
+                    if chunk.get(i) == Slot::Fill(0) {
+                        self.replace(chunk, i, Slot::Hole, true);
                     }
                     Ok(())
                 })
@@ -377,7 +662,7 @@ impl Store {
                 continue;
             };
             for ps in span.pages() {
-                let kind = match chunk.slots[ps.slot] {
+                let kind = match chunk.get(ps.slot) {
                     Slot::Hole => ExtentKind::Hole,
                     Slot::Fill(0) => ExtentKind::Zero,
                     _ => ExtentKind::Data,
@@ -391,20 +676,49 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        let chunks = self.chunks.load(Relaxed);
-        let data = self.data_pages.load(Relaxed);
-        let fill = self.fill_pages.load(Relaxed);
-        let zero = self.zero_pages.load(Relaxed);
+        let c = &self.c;
+        let chunks = c.chunks.load(Relaxed);
+        let (hot, huge) = (c.hot.load(Relaxed), c.huge.load(Relaxed));
+        let (packed, framed) = (c.packed.load(Relaxed), c.frame_pages.load(Relaxed));
+        let (fill, zero) = (c.fill.load(Relaxed), c.zero.load(Relaxed));
+        let data = hot + huge + packed + framed;
+        let compressed = c.compressed_bytes.load(Relaxed);
+        let zs = self.zs.stats();
+        let memory_used = c.memory_used.load(Relaxed);
+        let used_bytes = ((data + fill + zero) * PAGE_SIZE as u64).min(self.size);
         StoreStats {
             size: self.size,
             max_memory: self.max_memory,
-            used_bytes: ((data + fill + zero) * PAGE_SIZE as u64).min(self.size),
-            memory_used: self.memory_used.load(Relaxed),
+            used_bytes,
+            memory_used,
             data_pages: data,
+            data_bytes: data * PAGE_SIZE as u64,
+            stored_bytes: (hot + huge) * PAGE_SIZE as u64 + compressed,
+            slack_bytes: (zs.pages * PAGE_SIZE as u64).saturating_sub(compressed),
+            metadata_bytes: chunks * CHUNK_META_BYTES
+                + self.zs.meta_bytes()
+                + c.charged.load(Relaxed),
             fill_pages: fill,
             zero_pages: zero,
+            hot_pages: hot,
+            incompressible_pages: huge,
+            compressed_pages: packed,
+            frame_pages: framed,
+            frames: c.frames.load(Relaxed),
+            idle_pages: c.idle.load(Relaxed),
+            ratio: if memory_used == 0 {
+                1.0
+            } else {
+                (data * PAGE_SIZE as u64) as f64 / memory_used as f64
+            },
+            compress: self.compress.to_string(),
+            recompress: self.recompress.to_string(),
+            compress_cpu_ns: c.compress_ns.load(Relaxed),
+            decompress_cpu_ns: c.decompress_ns.load(Relaxed),
+            background_cpu_ns: c.background_ns.load(Relaxed),
+            compacted_objects: c.compacted.load(Relaxed),
+            zspages: zs.zspages,
             chunks,
-            metadata_bytes: chunks * CHUNK_META_BYTES + self.charged.load(Relaxed),
             pool: self.pool.stats(),
         }
     }
@@ -413,20 +727,20 @@ impl Store {
     /// entries, xattrs) against `max_memory`: ENOSPC if it does not fit.
     pub fn charge(&self, bytes: u64) -> Result<()> {
         self.reserve(bytes)?;
-        self.charged.fetch_add(bytes, Relaxed);
+        self.c.charged.fetch_add(bytes, Relaxed);
         Ok(())
     }
 
     /// Returns what [`Store::charge`] took.
     pub fn uncharge(&self, bytes: u64) {
-        let before = self.charged.fetch_sub(bytes, Relaxed);
+        let before = self.c.charged.fetch_sub(bytes, Relaxed);
         debug_assert!(before >= bytes, "uncharge of more than was charged");
         self.unreserve(bytes);
     }
 
     /// Pages that are not holes, and the cap on them.
     pub fn pages_used(&self) -> (u64, u64) {
-        (self.live_pages.load(Relaxed), self.page_limit)
+        (self.c.live_pages.load(Relaxed), self.page_limit)
     }
 
     fn check_range(&self, offset: u64, length: u64) -> Result<()> {
@@ -459,11 +773,8 @@ impl Store {
             Entry::Vacant(_) if !create => return Ok(()),
             Entry::Vacant(e) => {
                 self.reserve(CHUNK_META_BYTES)?;
-                self.chunks.fetch_add(1, Relaxed);
-                e.insert(Box::new(Chunk {
-                    slots: [Slot::Hole; CHUNK_PAGES],
-                    live: 0,
-                }))
+                self.c.chunks.fetch_add(1, Relaxed);
+                e.insert(Chunk::new())
             }
         };
         let before = chunk.live;
@@ -471,87 +782,200 @@ impl Store {
         *pages += chunk.live as i64 - before as i64;
         if chunk.live == 0 {
             map.remove(&idx);
-            self.chunks.fetch_sub(1, Relaxed);
+            self.c.chunks.fetch_sub(1, Relaxed);
             self.unreserve(CHUNK_META_BYTES);
         }
         result
     }
 
     fn write_page(&self, chunk: &mut Chunk, i: usize, start: usize, src: &[u8]) -> Result<()> {
-        let full = src.len() == PAGE_SIZE;
-        match chunk.slots[i] {
-            Slot::Data(p) => {
-                // SAFETY: we hold the shard's write lock; the frame is this slot's.
-                let page = unsafe { page_mut(p) };
-                page[start..start + src.len()].copy_from_slice(src);
-                // A page can only have become same-filled if what we wrote
-                // repeats with period 8; checking that first keeps the 4 KiB
-                // scan off ordinary partial writes.
-                if full || repeats_every_8(src) {
-                    if let Some(pat) = same_filled(page) {
-                        self.replace(chunk, i, Slot::Fill(pat));
-                    }
-                }
+        let old = chunk.get(i);
+        let tiered = self.compress.is_none() || self.compress_after > 0;
+        if src.len() == PAGE_SIZE {
+            if matches!(old, Slot::Raw { .. }) && tiered {
+                // A rewritten raw page keeps its frame, and is hot again.
+                return self.modify_page(chunk, i, |page| page.copy_from_slice(src));
             }
-            old @ (Slot::Hole | Slot::Fill(_)) => {
-                let cur = if let Slot::Fill(pat) = old { pat } else { 0 };
-                let same = if full { same_filled(src) } else { None };
-                if !full && matches_pattern(src, cur, start) {
+            if old == Slot::Hole {
+                self.claim_page()?;
+            }
+            let r = self.store_page(chunk, i, src);
+            if r.is_err() && old == Slot::Hole {
+                self.c.live_pages.fetch_sub(1, Relaxed);
+            }
+            return r;
+        }
+        let cur = match old {
+            Slot::Hole => Some(0),
+            Slot::Fill(pat) => Some(pat),
+            _ => None,
+        };
+        if cur.is_some_and(|pat| matches_pattern(src, pat, start)) {
+            return Ok(());
+        }
+        if old == Slot::Hole {
+            self.claim_page()?;
+        }
+        let r = self.modify_page(chunk, i, |page| {
+            page[start..start + src.len()].copy_from_slice(src)
+        });
+        if r.is_err() && old == Slot::Hole {
+            self.c.live_pages.fetch_sub(1, Relaxed);
+        }
+        r
+    }
+
+    /// Applies `f` to the contents of page `i`: in place for a raw page,
+    /// else on a copy that then replaces the slot. A hole must have been
+    /// claimed by the caller.
+    fn modify_page(&self, chunk: &mut Chunk, i: usize, f: impl FnOnce(&mut [u8])) -> Result<()> {
+        let old = chunk.get(i);
+        if let Slot::Raw { p, .. } = old {
+            // SAFETY: we hold the shard's write lock; the frame is this slot's.
+            let page = unsafe { page_mut(p) };
+            f(page);
+            if let Some(pat) = same_filled(page) {
+                self.replace(chunk, i, Slot::Fill(pat), true);
+            } else if matches!(old, Slot::Raw { hot: false, .. }) && self.compress_after > 0 {
+                // New contents may compress: the scanner gets another look.
+                self.replace(chunk, i, Slot::Raw { p, hot: true }, true);
+            } else {
+                chunk.touch(i);
+                // A rewritten page is the scanner's business again.
+                chunk.meta[i].fetch_and(!(SETTLED | (MAX_AGE << AGE_SHIFT)), Relaxed);
+            }
+            return Ok(());
+        }
+        let mut page = [0u8; PAGE_SIZE];
+        match old {
+            Slot::Hole => {}
+            Slot::Fill(pat) => fill_pattern(&mut page, pat, 0),
+            _ => self.decode_into(old, chunk, &mut FrameCache::default(), i, &mut page)?,
+        }
+        f(&mut page);
+        self.store_page(chunk, i, &page)
+    }
+
+    /// Replaces slot `i` with a page holding `data`: same-filled, raw or
+    /// compressed as the disk's settings and the data say. The slot keeps
+    /// its old contents if this fails.
+    fn store_page(&self, chunk: &mut Chunk, i: usize, data: &[u8]) -> Result<()> {
+        if let Some(pat) = same_filled(data) {
+            self.replace(chunk, i, Slot::Fill(pat), true);
+            return Ok(());
+        }
+        if self.compress.is_none() || self.compress_after > 0 {
+            match self.alloc_page() {
+                Ok(p) => {
+                    // SAFETY: fresh frame, not yet shared.
+                    unsafe { page_mut(p) }.copy_from_slice(data);
+                    self.replace(chunk, i, Slot::Raw { p, hot: true }, true);
                     return Ok(());
                 }
-                if old == Slot::Hole {
-                    self.claim_page()?;
-                }
-                if let Some(pat) = same {
-                    self.replace(chunk, i, Slot::Fill(pat));
-                    return Ok(());
-                }
-                let p = match self.alloc_page() {
-                    Ok(p) => p,
-                    Err(e) => {
-                        if old == Slot::Hole {
-                            self.live_pages.fetch_sub(1, Relaxed);
-                        }
-                        return Err(e);
-                    }
-                };
-                // SAFETY: the frame is fresh from the pool and not yet shared.
-                let page = unsafe { page_mut(p) };
-                if !full {
-                    fill_pattern(page, cur, 0);
-                }
-                page[start..start + src.len()].copy_from_slice(src);
-                self.replace(chunk, i, Slot::Data(p));
+                // Short of memory for a raw page: a compressed one may fit.
+                Err(Error::NoSpace { .. }) if !self.compress.is_none() => {}
+                Err(e) => return Err(e),
             }
         }
+        let new = self.pack(self.compress, data, chunk.get(i))?;
+        self.replace(chunk, i, new, true);
         Ok(())
     }
 
-    fn zero_partial(&self, chunk: &mut Chunk, i: usize, start: usize, len: usize) -> Result<()> {
-        match chunk.slots[i] {
-            Slot::Hole | Slot::Fill(0) => Ok(()),
-            Slot::Data(p) => {
-                // SAFETY: write lock held; the frame is this slot's.
-                let page = unsafe { page_mut(p) };
-                page[start..start + len].fill(0);
-                if let Some(pat) = same_filled(page) {
-                    self.replace(chunk, i, Slot::Fill(pat));
+    /// Builds the slot for `data` compressed with `codec`, or a raw page if
+    /// it does not compress to `MAX_PACKED`. If `old` is a compressed
+    /// object of the same class, or a raw frame that the result needs, it
+    /// is reused in place; then the caller must hold the write lock.
+    fn pack(&self, codec: Codec, data: &[u8], old: Slot) -> Result<Slot> {
+        let mut out = [0u8; MAX_PACKED];
+        let t = Instant::now();
+        let n = codec::compress(codec, data, &mut out);
+        self.c
+            .compress_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        let Some(n) = n else {
+            if let Slot::Raw { p, .. } = old {
+                // Keep the frame the page already has (the caller may be
+                // compressing that very frame: then there is nothing to copy).
+                if !std::ptr::eq(data.as_ptr(), p.as_ptr()) {
+                    // SAFETY: the caller holds the write lock over `old`.
+                    unsafe { page_mut(p) }.copy_from_slice(data);
                 }
-                Ok(())
+                return Ok(Slot::Raw { p, hot: false });
             }
-            Slot::Fill(pat) => {
-                let p = self.alloc_page()?;
-                // SAFETY: fresh frame, not yet shared.
-                let page = unsafe { page_mut(p) };
-                fill_pattern(page, pat, 0);
-                page[start..start + len].fill(0);
-                self.replace(chunk, i, Slot::Data(p));
-                Ok(())
-            }
-        }
+            let p = self.alloc_page()?;
+            // SAFETY: fresh frame, not yet shared.
+            unsafe { page_mut(p) }.copy_from_slice(data);
+            return Ok(Slot::Raw { p, hot: false });
+        };
+        let h = match old {
+            Slot::Packed { h, .. } if h.capacity() == zs::rounded(n) => h,
+            _ => match self.alloc_object(n) {
+                Ok(h) => h,
+                // A new zspage does not fit, a raw page may: better than ENOSPC.
+                Err(Error::NoSpace { .. }) if !matches!(old, Slot::Raw { .. }) => {
+                    let p = self.alloc_page()?;
+                    // SAFETY: fresh frame, not yet shared.
+                    unsafe { page_mut(p) }.copy_from_slice(data);
+                    return Ok(Slot::Raw { p, hot: true });
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        // SAFETY: `h` is fresh, or the old slot's object, whose owner (the
+        // caller, under the write lock) is replacing it with this one.
+        unsafe { self.zs.write(h, &out[..n]) };
+        Ok(Slot::Packed {
+            zstd: matches!(codec, Codec::Zstd(_)),
+            h,
+            len: n as u16,
+        })
     }
 
-    /// Reserves and takes one frame; nothing is charged if either fails.
+    fn alloc_object(&self, len: usize) -> Result<Handle> {
+        self.zs
+            .alloc(len, &self.pool, |b| self.reserve(b), |b| self.unreserve(b))
+    }
+
+    fn free_object(&self, h: Handle) {
+        self.zs.free(h, &self.pool, |b| self.unreserve(b));
+    }
+
+    /// Decompresses page `i` (`slot`, compressed) into `dst` (4 KiB).
+    fn decode_into(
+        &self,
+        slot: Slot,
+        chunk: &Chunk,
+        frame: &mut FrameCache,
+        i: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let t = Instant::now();
+        let r = match slot {
+            Slot::Packed { zstd, h, len } => {
+                let codec = if zstd { Codec::Zstd(0) } else { Codec::Lz4 };
+                let mut tmp = [0u8; PAGE_SIZE];
+                // SAFETY: the object is this slot's and the caller holds the
+                // shard lock, so it neither changes nor goes away.
+                let src = match unsafe { self.zs.slice(h, len as usize) } {
+                    Some(s) => s,
+                    None => {
+                        unsafe { self.zs.read(h, &mut tmp[..len as usize]) };
+                        &tmp[..len as usize]
+                    }
+                };
+                codec::decompress(codec, src, dst)
+            }
+            Slot::Frame(h) => frame.page(self, chunk.vals[i], h, i, dst),
+            _ => unreachable!("decode of an uncompressed slot"),
+        };
+        self.c
+            .decompress_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        r
+    }
+
+    /// Reserves and takes one raw frame; nothing is charged if either fails.
     fn alloc_page(&self) -> Result<PagePtr> {
         self.reserve(PAGE_SIZE as u64)?;
         self.pool
@@ -559,15 +983,23 @@ impl Store {
             .inspect_err(|_| self.unreserve(PAGE_SIZE as u64))
     }
 
-    /// Puts `new` in slot `i`, keeping counters right and returning a
-    /// replaced frame to the pool. A `Data` frame in `new` must already be
-    /// charged (see `alloc_page`).
-    fn replace(&self, chunk: &mut Chunk, i: usize, new: Slot) {
-        let old = std::mem::replace(&mut chunk.slots[i], new);
-        debug_assert!(
-            !matches!((old, new), (Slot::Data(a), Slot::Data(b)) if a == b),
-            "a frame replaced by itself"
-        );
+    /// Puts `new` in slot `i`, keeping counters right and giving back what
+    /// the old slot held (a raw frame, a compressed object, its share of a
+    /// frame). Memory `new` holds must already be charged. `touch`: this is
+    /// a client's write (the page turns hot and young); else the scanner's
+    /// change, which keeps the age.
+    fn replace(&self, chunk: &mut Chunk, i: usize, new: Slot, touch: bool) {
+        let old = chunk.get(i);
+        let (val, kind) = new.encode();
+        let old_val = chunk.vals[i];
+        chunk.vals[i] = val;
+        let meta = chunk.meta[i].load(Relaxed);
+        let keep = if touch {
+            ACCESSED
+        } else {
+            meta & !(KIND_MASK | ACCESSED)
+        };
+        chunk.meta[i].store(kind | keep, Relaxed);
         self.count(old, -1);
         self.count(new, 1);
         match (old, new) {
@@ -576,22 +1008,52 @@ impl Store {
             (Slot::Hole, _) => chunk.live += 1,
             (_, Slot::Hole) => {
                 chunk.live -= 1;
-                self.live_pages.fetch_sub(1, Relaxed);
+                self.c.live_pages.fetch_sub(1, Relaxed);
             }
             _ => {}
         }
-        if let Slot::Data(p) = old {
-            self.pool.free(p);
-            self.unreserve(PAGE_SIZE as u64);
+        match old {
+            Slot::Raw { p, .. } => {
+                if !matches!(new, Slot::Raw { p: np, .. } if np == p) {
+                    self.pool.free(p);
+                    self.unreserve(PAGE_SIZE as u64);
+                }
+            }
+            Slot::Packed { h, len, .. } => {
+                self.c.compressed_bytes.fetch_sub(len as u64, Relaxed);
+                if !matches!(new, Slot::Packed { h: nh, .. } if nh == h) {
+                    self.free_object(h);
+                }
+            }
+            Slot::Frame(h) => {
+                if new != old && chunk.frame_members(old_val).next().is_none() {
+                    let mut header = [0u8; FRAME_HEADER];
+                    // SAFETY: the frame's last page is leaving it; we hold
+                    // the write lock over every slot that could name it.
+                    unsafe { self.zs.read(h, &mut header) };
+                    let len = FRAME_HEADER as u64 + frame_len(&header) as u64;
+                    self.c.compressed_bytes.fetch_sub(len, Relaxed);
+                    self.c.frames.fetch_sub(1, Relaxed);
+                    self.free_object(h);
+                }
+            }
+            Slot::Hole | Slot::Fill(_) => {}
+        }
+        if let Slot::Packed { len, .. } = new {
+            self.c.compressed_bytes.fetch_add(len as u64, Relaxed);
         }
     }
 
     fn count(&self, slot: Slot, delta: i64) {
+        let c = &self.c;
         let counter = match slot {
             Slot::Hole => return,
-            Slot::Fill(0) => &self.zero_pages,
-            Slot::Fill(_) => &self.fill_pages,
-            Slot::Data(_) => &self.data_pages,
+            Slot::Fill(0) => &c.zero,
+            Slot::Fill(_) => &c.fill,
+            Slot::Raw { hot: true, .. } => &c.hot,
+            Slot::Raw { hot: false, .. } => &c.huge,
+            Slot::Packed { .. } => &c.packed,
+            Slot::Frame(_) => &c.frame_pages,
         };
         if delta > 0 {
             counter.fetch_add(1, Relaxed);
@@ -603,7 +1065,8 @@ impl Store {
     /// Counts one more non-hole page against `page_limit`; to be called
     /// before a hole is replaced by anything else.
     fn claim_page(&self) -> Result<()> {
-        self.live_pages
+        self.c
+            .live_pages
             .fetch_update(Relaxed, Relaxed, |n| (n < self.page_limit).then_some(n + 1))
             .map(|_| ())
             .map_err(|_| Error::DiskFull {
@@ -612,7 +1075,8 @@ impl Store {
     }
 
     fn reserve(&self, bytes: u64) -> Result<()> {
-        self.memory_used
+        self.c
+            .memory_used
             .fetch_update(Relaxed, Relaxed, |used| {
                 used.checked_add(bytes).filter(|&n| n <= self.max_memory)
             })
@@ -624,26 +1088,508 @@ impl Store {
     }
 
     fn unreserve(&self, bytes: u64) {
-        let before = self.memory_used.fetch_sub(bytes, Relaxed);
+        let before = self.c.memory_used.fetch_sub(bytes, Relaxed);
         debug_assert!(before >= bytes, "memory accounting went negative");
     }
+
+    /// Whether memory is tight enough that hot pages are compressed
+    /// regardless of age.
+    fn under_pressure(&self) -> bool {
+        self.c.memory_used.load(Relaxed) > self.max_memory / 8 * 7
+    }
+}
+
+/// Background work: ageing, compressing idle pages, re-packing cold ones
+/// into frames, compaction. Run by `ramd`'s scanner threads every
+/// [`Store::scanner_period`]; each call is one pass over the shards that
+/// `part % parts` selects.
+impl Store {
+    /// Starts a pass: plans compaction if the allocator is fragmented.
+    /// Call once, before the `background_pass` calls of every part.
+    pub fn begin_pass(&self) {
+        self.c.idle_pass.store(0, Relaxed);
+        self.zs.plan_compaction();
+    }
+
+    /// Ends a pass: zspages that could not be emptied take objects again.
+    pub fn end_pass(&self) {
+        self.zs.finish_compaction();
+        self.c.idle.store(self.c.idle_pass.load(Relaxed), Relaxed);
+    }
+
+    /// One pass over the shards `s` with `s % parts == part`.
+    pub fn background_pass(&self, part: usize, parts: usize) -> PassReport {
+        let cpu = thread_cpu_ns();
+        let mut report = PassReport::default();
+        let mut idle = 0;
+        for s in (part..SHARDS).step_by(parts.max(1)) {
+            let keys: Vec<u64> = self.shards[s].0.read().keys().copied().collect();
+            for key in keys {
+                idle += self.scan_chunk(s, key, &mut report);
+            }
+        }
+        // Each part adds its share; end_pass publishes the sum.
+        self.c.idle_pass.fetch_add(idle, Relaxed);
+        self.c
+            .background_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Relaxed);
+        report
+    }
+
+    /// Runs [`Store::begin_pass`], every part, [`Store::end_pass`] on this
+    /// thread: what tests and single-threaded callers want.
+    pub fn background_pass_all(&self) -> PassReport {
+        self.begin_pass();
+        let r = self.background_pass(0, 1);
+        self.end_pass();
+        r
+    }
+
+    /// Ages one chunk's pages and does what is due; returns its idle pages.
+    fn scan_chunk(&self, shard: usize, key: u64, report: &mut PassReport) -> u64 {
+        let lock = &self.shards[shard].0;
+        let mut idle = 0;
+        let mut due = Vec::new();
+        {
+            let map = lock.read();
+            let Some(chunk) = map.get(&key) else { return 0 };
+            let pressure = self.under_pressure();
+            for i in 0..CHUNK_PAGES {
+                let m = &chunk.meta[i];
+                let old = m.load(Relaxed);
+                let kind = old & KIND_MASK;
+                if kind == K_HOLE || kind == K_FILL {
+                    continue;
+                }
+                let age = if old & ACCESSED != 0 {
+                    0
+                } else {
+                    ((old >> AGE_SHIFT) + 1).min(MAX_AGE)
+                };
+                let new = (old & (KIND_MASK | SETTLED)) | age << AGE_SHIFT;
+                // A reader that sets ACCESSED meanwhile wins: the page is in use.
+                let _ = m.compare_exchange(old, new, Relaxed, Relaxed);
+                if age >= self.idle_after {
+                    idle += 1;
+                }
+                let evacuate = match chunk.get(i) {
+                    Slot::Packed { h, .. } | Slot::Frame(h) => self.zs.is_evacuating(h),
+                    _ => false,
+                };
+                if evacuate {
+                    due.push(Due::Move(i));
+                } else if kind == K_RAW_HOT
+                    && !self.compress.is_none()
+                    && (age >= self.compress_after || pressure)
+                {
+                    due.push(Due::Compress(i));
+                }
+            }
+            if !self.recompress.is_none() {
+                self.plan_repack(chunk, &mut due);
+            }
+        }
+        for d in due {
+            self.run_due(lock, key, d, report);
+        }
+        idle
+    }
+
+    /// Finds runs of idle, unsettled pages to re-pack, and frames that lost
+    /// most of their pages.
+    fn plan_repack(&self, chunk: &Chunk, due: &mut Vec<Due>) {
+        let idle = |i: usize| {
+            let m = chunk.meta[i].load(Relaxed);
+            let kind = m & KIND_MASK;
+            m & SETTLED == 0
+                && (m >> AGE_SHIFT) >= self.idle_after
+                && matches!(kind, K_RAW_HOT | K_LZ4 | K_ZSTD)
+        };
+        let mut i = 0;
+        while i < CHUNK_PAGES {
+            if !idle(i) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < CHUNK_PAGES && i - start < FRAME_PAGES && idle(i) {
+                i += 1;
+            }
+            due.push(Due::Repack(start, i - start));
+        }
+        let mut seen = Vec::new();
+        for i in 0..CHUNK_PAGES {
+            if chunk.kind(i) != K_FRAME || seen.contains(&chunk.vals[i]) {
+                continue;
+            }
+            seen.push(chunk.vals[i]);
+            let Slot::Frame(h) = chunk.get(i) else {
+                unreachable!()
+            };
+            let mut header = [0u8; FRAME_HEADER];
+            // SAFETY: read lock held; the frame is named by slot i.
+            unsafe { self.zs.read(h, &mut header) };
+            let members = chunk.frame_members(chunk.vals[i]).count();
+            if members * 2 <= header[1] as usize {
+                due.push(Due::Split(chunk.vals[i]));
+            }
+        }
+    }
+
+    fn run_due(
+        &self,
+        lock: &RwLock<HashMap<u64, Box<Chunk>>>,
+        key: u64,
+        due: Due,
+        report: &mut PassReport,
+    ) {
+        // Upgradable: readers go on while we compress; writers wait, so
+        // what we compressed is still what the slot holds when we swap.
+        let map = lock.upgradable_read();
+        let Some(chunk) = map.get(&key) else { return };
+        let r = match due {
+            Due::Compress(i) => self.compress_hot(map, key, i, report),
+            Due::Repack(start, n) => self.repack(map, key, start, n, report),
+            Due::Split(val) => self.split_frame(map, key, val, report),
+            Due::Move(i) => {
+                let _ = chunk;
+                self.move_object(map, key, i, report)
+            }
+        };
+        if let Err(e) = r {
+            // Memory ran short or data failed to decode: the page keeps what
+            // it held, and the next pass tries again.
+            log::debug!("background work on chunk {key}: {e}");
+        }
+    }
+
+    fn compress_hot(
+        &self,
+        map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
+        key: u64,
+        i: usize,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let chunk = &map[&key];
+        let Slot::Raw { p, hot: true } = chunk.get(i) else {
+            return Ok(());
+        };
+        // SAFETY: the frame is slot i's; writers are held off by our lock.
+        let data = unsafe { page_ref(p) };
+        // Passing the raw slot lets an incompressible page keep its frame
+        // (nothing is written to it: `data` is that frame).
+        let new = self.pack(self.compress, data, chunk.get(i))?;
+        let mut map = RwLockUpgradableReadGuard::upgrade(map);
+        let chunk = map.get_mut(&key).expect("chunk kept under lock");
+        self.replace(chunk, i, new, false);
+        report.compressed += 1;
+        Ok(())
+    }
+
+    /// Re-packs pages `start..start+n` with the recompress codec: into one
+    /// frame if `n > 1`, else alone. Kept only if it saves memory; the
+    /// pages are settled either way so the next pass does not retry.
+    fn repack(
+        &self,
+        map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
+        key: u64,
+        start: usize,
+        n: usize,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let chunk = &map[&key];
+        let codec = self.recompress;
+        let mut plain = vec![0u8; n * PAGE_SIZE];
+        let mut before = 0usize;
+        for (k, page) in plain.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let slot = chunk.get(start + k);
+            match slot {
+                Slot::Raw { p, .. } => {
+                    // SAFETY: slot's frame; writers held off by our lock.
+                    page.copy_from_slice(unsafe { page_ref(p) });
+                    before += PAGE_SIZE;
+                }
+                Slot::Packed { h, .. } => {
+                    self.decode_into(slot, chunk, &mut FrameCache::default(), start + k, page)?;
+                    before += h.capacity();
+                }
+                // Changed since planned (the plan is made under another lock).
+                _ => return Ok(()),
+            }
+        }
+        let new: Vec<Slot> = if n == 1 {
+            let old = chunk.get(start);
+            if matches!(old, Slot::Packed { zstd, .. } if zstd == matches!(codec, Codec::Zstd(_))) {
+                vec![]
+            } else {
+                let s = self.pack(codec, &plain, Slot::Hole)?;
+                vec![s]
+            }
+        } else {
+            let mut out = vec![0u8; FRAME_HEADER + before.min(zs::MAX_OBJECT - FRAME_HEADER)];
+            let t = Instant::now();
+            let len = codec::compress(codec, &plain, &mut out[FRAME_HEADER..]);
+            self.c
+                .compress_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+            match len.filter(|&l| zs::rounded(FRAME_HEADER + l) < before) {
+                Some(len) => {
+                    out[0] = start as u8;
+                    out[1] = n as u8;
+                    out[2] = codec_id(codec);
+                    out[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+                    let h = self.alloc_object(FRAME_HEADER + len)?;
+                    // SAFETY: fresh object, not yet published.
+                    unsafe { self.zs.write(h, &out[..FRAME_HEADER + len]) };
+                    self.c
+                        .compressed_bytes
+                        .fetch_add((FRAME_HEADER + len) as u64, Relaxed);
+                    self.c.frames.fetch_add(1, Relaxed);
+                    vec![Slot::Frame(h); n]
+                }
+                None => vec![],
+            }
+        };
+        let mut map = RwLockUpgradableReadGuard::upgrade(map);
+        let chunk = map.get_mut(&key).expect("chunk kept under lock");
+        for (k, slot) in new.iter().enumerate() {
+            if let Slot::Raw { p, .. } = slot {
+                // Did not compress; a raw copy would only churn.
+                self.pool.free(*p);
+                self.unreserve(PAGE_SIZE as u64);
+                continue;
+            }
+            self.replace(chunk, start + k, *slot, false);
+        }
+        for k in 0..n {
+            chunk.meta[start + k].fetch_or(SETTLED, Relaxed);
+        }
+        report.repacked += new.len() as u64;
+        Ok(())
+    }
+
+    /// Stores the pages still in a frame alone, freeing the frame.
+    fn split_frame(
+        &self,
+        map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
+        key: u64,
+        val: u64,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let chunk = &map[&key];
+        let members: Vec<usize> = chunk.frame_members(val).collect();
+        let codec = if self.compress.is_none() {
+            self.recompress
+        } else {
+            self.compress
+        };
+        let mut frame = FrameCache::default();
+        let mut new = Vec::with_capacity(members.len());
+        for &i in &members {
+            let mut page = [0u8; PAGE_SIZE];
+            self.decode_into(chunk.get(i), chunk, &mut frame, i, &mut page)?;
+            match self.pack(codec, &page, Slot::Hole) {
+                Ok(s) => new.push(s),
+                Err(e) => {
+                    new.into_iter().for_each(|s| self.drop_unpublished(s));
+                    return Err(e);
+                }
+            }
+        }
+        let mut map = RwLockUpgradableReadGuard::upgrade(map);
+        let chunk = map.get_mut(&key).expect("chunk kept under lock");
+        for (&i, s) in members.iter().zip(new) {
+            self.replace(chunk, i, s, false);
+            chunk.meta[i].fetch_or(SETTLED, Relaxed);
+        }
+        report.split += 1;
+        Ok(())
+    }
+
+    /// Moves the object slot `i` names (and every slot sharing it) out of a
+    /// zspage that compaction is emptying.
+    fn move_object(
+        &self,
+        map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
+        key: u64,
+        i: usize,
+        report: &mut PassReport,
+    ) -> Result<()> {
+        let mut map = RwLockUpgradableReadGuard::upgrade(map);
+        let chunk = map.get_mut(&key).expect("chunk kept under lock");
+        let (val, kind) = (chunk.vals[i], chunk.kind(i));
+        let (h, len) = match chunk.get(i) {
+            Slot::Packed { h, len, .. } => (h, len as usize),
+            Slot::Frame(h) => {
+                let mut header = [0u8; FRAME_HEADER];
+                // SAFETY: write lock held; slot i names this frame.
+                unsafe { self.zs.read(h, &mut header) };
+                (h, FRAME_HEADER + frame_len(&header))
+            }
+            _ => return Ok(()),
+        };
+        if !self.zs.is_evacuating(h) {
+            return Ok(());
+        }
+        let nh = self.alloc_object(len)?;
+        let mut buf = vec![0u8; len];
+        // SAFETY: write lock held over every slot naming `h`; `nh` is fresh.
+        unsafe {
+            self.zs.read(h, &mut buf);
+            self.zs.write(nh, &buf);
+        }
+        let pad = val >> 56;
+        let nval = nh.encode() | if kind == K_FRAME { 0 } else { pad << 56 };
+        debug_assert_eq!(h.capacity(), nh.capacity());
+        for j in 0..CHUNK_PAGES {
+            if chunk.vals[j] == val && chunk.kind(j) == kind {
+                chunk.vals[j] = nval;
+            }
+        }
+        self.free_object(h);
+        self.c.compacted.fetch_add(1, Relaxed);
+        report.moved += 1;
+        Ok(())
+    }
+
+    /// Gives back what a slot built by `pack` holds, before it is published.
+    fn drop_unpublished(&self, s: Slot) {
+        match s {
+            Slot::Raw { p, .. } => {
+                self.pool.free(p);
+                self.unreserve(PAGE_SIZE as u64);
+            }
+            Slot::Packed { h, .. } => self.free_object(h),
+            _ => {}
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Due {
+    Compress(usize),
+    Repack(usize, usize),
+    Split(u64),
+    Move(usize),
+}
+
+/// The frame last decompressed while one shard lock is held, so that a
+/// request over many pages of one frame decompresses it once.
+#[derive(Default)]
+struct FrameCache {
+    val: Option<u64>,
+    data: Vec<u8>,
+    start: usize,
+}
+
+impl FrameCache {
+    fn page(&mut self, store: &Store, val: u64, h: Handle, i: usize, dst: &mut [u8]) -> Result<()> {
+        if self.val != Some(val) {
+            let mut header = [0u8; FRAME_HEADER];
+            // SAFETY: the caller holds the shard lock of a slot naming `h`.
+            unsafe { store.zs.read(h, &mut header) };
+            let (start, n, len) = (header[0] as usize, header[1] as usize, frame_len(&header));
+            if n == 0 || start + n > CHUNK_PAGES || FRAME_HEADER + len > h.capacity() {
+                return Err(Error::Corrupt(format!("frame header {header:?}")));
+            }
+            let mut packed = vec![0u8; FRAME_HEADER + len];
+            unsafe { store.zs.read(h, &mut packed) };
+            self.data.resize(n * PAGE_SIZE, 0);
+            codec::decompress(
+                codec_of(header[2])?,
+                &packed[FRAME_HEADER..],
+                &mut self.data,
+            )?;
+            self.val = Some(val);
+            self.start = start;
+        }
+        let k = i
+            .checked_sub(self.start)
+            .filter(|k| k * PAGE_SIZE < self.data.len());
+        let Some(k) = k else {
+            return Err(Error::Corrupt(format!("page {i} outside its frame")));
+        };
+        dst.copy_from_slice(&self.data[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
+        Ok(())
+    }
+}
+
+fn frame_len(header: &[u8; FRAME_HEADER]) -> usize {
+    u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize
+}
+
+fn codec_id(c: Codec) -> u8 {
+    match c {
+        Codec::None => 0,
+        Codec::Lz4 => 1,
+        Codec::Zstd(_) => 2,
+    }
+}
+
+fn codec_of(id: u8) -> Result<Codec> {
+    match id {
+        1 => Ok(Codec::Lz4),
+        2 => Ok(Codec::Zstd(0)),
+        _ => Err(Error::Corrupt(format!("frame codec id {id}"))),
+    }
+}
+
+/// The scanner's period: a quarter of the shortest delay it must notice,
+/// between 50 ms and 1 s, and long enough that the longest fits the age
+/// field.
+fn scanner_tick(cfg: &StoreConfig) -> Duration {
+    let delays = [cfg.compress_after, cfg.idle_after];
+    let shortest = delays.iter().filter(|d| !d.is_zero()).min().copied();
+    let mut tick = shortest.map_or(Duration::from_secs(1), |d| d / 4);
+    tick = tick.clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let longest = delays.iter().max().copied().unwrap_or_default();
+    tick.max(longest / (MAX_AGE as u32 - 1))
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // Frames go back with the pool's mappings; nothing else to release.
+        let c = &self.c;
         debug_assert_eq!(
-            self.memory_used.load(Relaxed),
-            self.data_pages.load(Relaxed) * PAGE_SIZE as u64
-                + self.chunks.load(Relaxed) * CHUNK_META_BYTES
-                + self.charged.load(Relaxed)
+            c.memory_used.load(Relaxed),
+            (c.hot.load(Relaxed) + c.huge.load(Relaxed) + self.zs.stats().pages) * PAGE_SIZE as u64
+                + self.zs.meta_bytes()
+                + c.chunks.load(Relaxed) * CHUNK_META_BYTES
+                + c.charged.load(Relaxed)
         );
         debug_assert_eq!(
-            self.live_pages.load(Relaxed),
-            self.data_pages.load(Relaxed)
-                + self.fill_pages.load(Relaxed)
-                + self.zero_pages.load(Relaxed)
+            c.live_pages.load(Relaxed),
+            [&c.hot, &c.huge, &c.packed, &c.frame_pages, &c.fill, &c.zero]
+                .iter()
+                .map(|n| n.load(Relaxed))
+                .sum::<u64>()
         );
+        // Raw frames go back with the pool's mappings; compressed objects
+        // are freed so that their zspage descriptors are.
+        for shard in self.shards.iter_mut() {
+            for (_, chunk) in shard.0.get_mut().drain() {
+                let mut frames = Vec::new();
+                for i in 0..CHUNK_PAGES {
+                    match chunk.get(i) {
+                        Slot::Packed { h, .. } => self.zs.free(h, &self.pool, |_| {}),
+                        Slot::Frame(h) if !frames.contains(&chunk.vals[i]) => {
+                            frames.push(chunk.vals[i]);
+                            self.zs.free(h, &self.pool, |_| {});
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -667,10 +1613,6 @@ fn same_filled(page: &[u8]) -> Option<u64> {
     page.chunks_exact(8)
         .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == first)
         .then_some(first)
-}
-
-fn repeats_every_8(src: &[u8]) -> bool {
-    src.len() < 8 || src[8..].iter().zip(src).all(|(a, b)| a == b)
 }
 
 /// Whether `src`, placed at `start` in a page filled with `pat`, changes nothing.

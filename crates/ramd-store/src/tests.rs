@@ -396,3 +396,406 @@ fn write_prefix_says_what_was_stored() {
     s.read(100, &mut back).unwrap();
     assert_eq!(back, data[..done]);
 }
+
+/// Compression: every codec and mode checked against the same model.
+mod compressed {
+    use super::*;
+    use std::time::Duration;
+
+    /// One millisecond: every background pass ages pages past it.
+    const SOON: Duration = Duration::from_millis(1);
+
+    fn cfg(size: u64, compress: &str) -> StoreConfig {
+        StoreConfig {
+            host_reserve: 0,
+            compress: compress.parse().unwrap(),
+            ..StoreConfig::new(size)
+        }
+    }
+
+    /// The modes worth telling apart: inline per-page compression with each
+    /// codec, hot/cold tiering, and idle pages re-packed into frames.
+    fn configs(size: u64) -> Vec<(&'static str, StoreConfig)> {
+        vec![
+            ("lz4", cfg(size, "lz4")),
+            ("zstd:1", cfg(size, "zstd:1")),
+            ("zstd:19", cfg(size, "zstd:19")),
+            (
+                "lz4 tiered",
+                StoreConfig {
+                    compress_after: SOON,
+                    ..cfg(size, "lz4")
+                },
+            ),
+            (
+                "lz4 + zstd frames",
+                StoreConfig {
+                    recompress: Codec::Zstd(3),
+                    idle_after: SOON,
+                    ..cfg(size, "lz4")
+                },
+            ),
+            (
+                "tiered zstd + frames",
+                StoreConfig {
+                    compress_after: SOON,
+                    recompress: Codec::Zstd(5),
+                    idle_after: SOON,
+                    ..cfg(size, "zstd:1")
+                },
+            ),
+            (
+                "none + frames",
+                StoreConfig {
+                    recompress: Codec::Lz4,
+                    idle_after: SOON,
+                    ..cfg(size, "none")
+                },
+            ),
+        ]
+    }
+
+    /// Text-like bytes: words from a small vocabulary, as logs and sources are.
+    fn text(rng: &mut Rng, n: usize) -> Vec<u8> {
+        const WORDS: [&str; 12] = [
+            "page ", "disk ", "ramd ", "zstd ", "the ", "of ", "memory ", "block\n", "{ ", "} ",
+            "fn ", "0x1f ",
+        ];
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(WORDS[rng.below(12) as usize].as_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+
+    /// Machine code and tables: this test binary's own bytes.
+    fn binary(rng: &mut Rng, n: usize) -> Vec<u8> {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let at = rng.below((exe.len() - n) as u64) as usize;
+        exe[at..at + n].to_vec()
+    }
+
+    fn assert_adds_up(s: &Store) {
+        let st = s.stats();
+        assert_eq!(
+            st.memory_used,
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes,
+            "{st:?}"
+        );
+        assert_eq!(
+            st.data_pages,
+            st.hot_pages + st.incompressible_pages + st.compressed_pages + st.frame_pages,
+            "{st:?}"
+        );
+        assert!(st.memory_used <= st.max_memory, "{st:?}");
+    }
+
+    #[test]
+    fn every_codec_round_trips_every_kind_of_page() {
+        for (name, cfg) in configs(4 * MIB) {
+            let s = Store::new(cfg).unwrap();
+            let mut rng = Rng(42);
+            let pattern: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 8) as u8 + 1).collect();
+            let pages: Vec<Vec<u8>> = vec![
+                rng.bytes(PAGE_SIZE),
+                vec![0; PAGE_SIZE],
+                pattern,
+                text(&mut rng, PAGE_SIZE),
+                binary(&mut rng, PAGE_SIZE),
+                text(&mut rng, PAGE_SIZE),
+            ];
+            for (k, p) in pages.iter().enumerate() {
+                s.write((k * PAGE_SIZE) as u64, p).unwrap();
+            }
+            for _ in 0..3 {
+                s.background_pass_all();
+            }
+            // Twice: the first read of a tiered disk promotes pages to raw.
+            for _ in 0..2 {
+                for (k, p) in pages.iter().enumerate() {
+                    let mut b = vec![0; PAGE_SIZE];
+                    s.read((k * PAGE_SIZE) as u64, &mut b).unwrap();
+                    assert!(&b == p, "{name}: page {k}");
+                }
+            }
+            let st = s.stats();
+            assert_eq!((st.zero_pages, st.fill_pages), (1, 1), "{name}: {st:?}");
+            assert_eq!(st.data_pages, 4, "{name}: {st:?}");
+            assert_adds_up(&s);
+        }
+    }
+
+    #[test]
+    fn inline_compression_stores_less_and_keeps_noise_raw() {
+        let s = Store::new(cfg(8 * MIB, "lz4")).unwrap();
+        let mut rng = Rng(9);
+        s.write(0, &text(&mut rng, 4 * MIB as usize)).unwrap();
+        s.write(4 * MIB, &rng.bytes(MIB as usize)).unwrap();
+        let st = s.stats();
+        assert_eq!(st.compressed_pages, 1024, "{st:?}");
+        assert_eq!(st.incompressible_pages, 256, "{st:?}");
+        assert!(st.stored_bytes < 3 * MIB + MIB / 2, "{st:?}");
+        assert!(st.ratio > 1.4, "{st:?}");
+        assert!(st.compress_cpu_ns > 0);
+        assert_adds_up(&s);
+    }
+
+    #[test]
+    fn random_operations_match_model_in_every_mode() {
+        for (name, cfg) in configs(3 * MIB + 333) {
+            let size = cfg.size;
+            let s = Store::new(cfg).unwrap();
+            let mut model = vec![0u8; size as usize];
+            let mut rng = Rng(0xFEED);
+            for step in 0..2500 {
+                let off = rng.below(size);
+                let len = rng.below((size - off).min(3 * PAGE_SIZE as u64 + 100)) + 1;
+                let (o, l) = (off as usize, len as usize);
+                match rng.below(8) {
+                    0 => {
+                        let d = rng.bytes(l);
+                        model[o..o + l].copy_from_slice(&d);
+                        s.write(off, &d).unwrap();
+                    }
+                    1 | 2 => {
+                        let d = text(&mut rng, l);
+                        model[o..o + l].copy_from_slice(&d);
+                        s.write(off, &d).unwrap();
+                    }
+                    3 => {
+                        let b = rng.next() as u8;
+                        model[o..o + l].fill(b);
+                        s.write(off, &vec![b; l]).unwrap();
+                    }
+                    4 => {
+                        model[o..o + l].fill(0);
+                        s.zero(off, len, rng.below(2) == 0).unwrap();
+                    }
+                    5 => {
+                        model[o..o + l].fill(0);
+                        s.trim(off, len).unwrap();
+                    }
+                    _ => {
+                        let mut b = vec![0; l];
+                        s.read(off, &mut b).unwrap();
+                        assert!(b == model[o..o + l], "{name}: read at {off} len {len}");
+                    }
+                }
+                if step % 97 == 0 {
+                    s.background_pass_all();
+                    assert_adds_up(&s);
+                }
+            }
+            assert!(read_all(&s) == model, "{name}");
+            for _ in 0..3 {
+                s.background_pass_all();
+            }
+            assert!(read_all(&s) == model, "{name} after passes");
+            assert_adds_up(&s);
+        }
+    }
+
+    #[test]
+    fn concurrent_writers_readers_and_scanner() {
+        for (name, cfg) in configs(16 * MIB) {
+            let s = std::sync::Arc::new(Store::new(cfg).unwrap());
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let scanner = {
+                let (s, stop) = (s.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        s.background_pass_all();
+                    }
+                })
+            };
+            let threads: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let mut rng = Rng(t + 100);
+                        // Each thread owns every 3rd page; pages share chunks,
+                        // zspages and frames with the other threads' pages.
+                        let mut mine = std::collections::HashMap::new();
+                        for _ in 0..1500 {
+                            let page = rng.below(1024) * 3 + t;
+                            let off = page * PAGE_SIZE as u64;
+                            let mut d = text(&mut rng, PAGE_SIZE);
+                            s.write(off, &d).unwrap();
+                            let at = rng.below(4000) as usize;
+                            let patch = text(&mut rng, 90);
+                            d[at..at + 90].copy_from_slice(&patch);
+                            s.write(off + at as u64, &patch).unwrap();
+                            mine.insert(page, d);
+                            let probe = *mine
+                                .keys()
+                                .nth(rng.below(mine.len() as u64) as usize)
+                                .unwrap();
+                            let mut b = vec![0; PAGE_SIZE];
+                            s.read(probe * PAGE_SIZE as u64, &mut b).unwrap();
+                            assert!(b == mine[&probe], "page {probe}");
+                            if rng.below(8) == 0 {
+                                s.trim(off, PAGE_SIZE as u64).unwrap();
+                                mine.insert(page, vec![0; PAGE_SIZE]);
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in threads {
+                all.push(t.join().unwrap());
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            scanner.join().unwrap();
+            for mine in all {
+                for (page, d) in mine {
+                    let mut b = vec![0; PAGE_SIZE];
+                    s.read(page * PAGE_SIZE as u64, &mut b).unwrap();
+                    assert!(b == d, "{name}: page {page}");
+                }
+            }
+            assert_adds_up(&s);
+        }
+    }
+
+    #[test]
+    fn enospc_at_max_memory_after_compression() {
+        let limit = 2 * MIB;
+        let s = Store::new(StoreConfig {
+            max_memory: Some(limit),
+            ..cfg(64 * MIB, "lz4")
+        })
+        .unwrap();
+        let mut rng = Rng(77);
+        let mut written = 0u64;
+        let err = loop {
+            let d = text(&mut rng, MIB as usize);
+            match s.write(written, &d) {
+                Ok(()) => written += MIB,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        assert!(
+            written >= 3 * MIB,
+            "only {written} bytes of text fit in {limit}"
+        );
+        // What was written before the failure is intact; memory is in bounds.
+        let mut rng = Rng(77);
+        for k in 0..written / MIB {
+            let mut b = vec![0; MIB as usize];
+            s.read(k * MIB, &mut b).unwrap();
+            assert!(b == text(&mut rng, MIB as usize), "MiB {k}");
+        }
+        assert_adds_up(&s);
+        // Incompressible data hits the limit too, and keeps the old page.
+        let e = s.write(0, &rng.bytes(PAGE_SIZE * 64)).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert_adds_up(&s);
+    }
+
+    #[test]
+    fn idle_pages_are_repacked_into_frames_and_split_when_rewritten() {
+        let s = Store::new(StoreConfig {
+            recompress: Codec::Zstd(3),
+            idle_after: SOON,
+            ..cfg(8 * MIB, "lz4")
+        })
+        .unwrap();
+        let mut rng = Rng(5);
+        let data = text(&mut rng, 4 * MIB as usize);
+        s.write(0, &data).unwrap();
+        let before = s.stats();
+        s.background_pass_all();
+        let r = s.background_pass_all();
+        assert!(r.repacked >= 1000, "{r:?}");
+        let after = s.stats();
+        assert_eq!(after.frame_pages, 1024, "{after:?}");
+        assert_eq!(after.frames, 64, "{after:?}");
+        assert_eq!(after.idle_pages, 1024, "{after:?}");
+        assert!(
+            after.memory_used < before.memory_used,
+            "{before:?} {after:?}"
+        );
+        assert_eq!(read_all(&s)[..data.len()], data[..]);
+        // Rewrite 12 pages of the first frame: it is split on the next pass.
+        let new = text(&mut rng, 12 * PAGE_SIZE);
+        s.write(0, &new).unwrap();
+        let r = s.background_pass_all();
+        assert_eq!(r.split, 1, "{r:?}");
+        let mut b = vec![0; 16 * PAGE_SIZE];
+        s.read(0, &mut b).unwrap();
+        assert!(b[..new.len()] == new[..]);
+        assert!(b[new.len()..] == data[new.len()..16 * PAGE_SIZE]);
+        assert_eq!(s.stats().frames, 63);
+        assert_adds_up(&s);
+    }
+
+    #[test]
+    fn compaction_moves_objects_and_returns_zspages() {
+        let s = Store::new(cfg(32 * MIB, "lz4")).unwrap();
+        let mut rng = Rng(1);
+        let data = text(&mut rng, 16 * MIB as usize);
+        s.write(0, &data).unwrap();
+        let full = s.stats();
+        // Free three pages of every four: zspages stay, mostly empty.
+        for p in 0..4096u64 {
+            if p % 4 != 0 {
+                s.trim(p * PAGE_SIZE as u64, PAGE_SIZE as u64).unwrap();
+            }
+        }
+        let sparse = s.stats();
+        assert!(sparse.slack_bytes > sparse.stored_bytes, "{sparse:?}");
+        let r = s.background_pass_all();
+        assert!(r.moved > 0, "{r:?}");
+        let packed = s.stats();
+        assert!(packed.zspages * 2 < sparse.zspages, "{sparse:?} {packed:?}");
+        assert!(packed.slack_bytes < packed.stored_bytes / 3, "{packed:?}");
+        assert!(packed.memory_used < full.memory_used / 3);
+        for p in (0..4096u64).step_by(4) {
+            let mut b = vec![0; PAGE_SIZE];
+            s.read(p * PAGE_SIZE as u64, &mut b).unwrap();
+            let at = (p * PAGE_SIZE as u64) as usize;
+            assert!(b == data[at..at + PAGE_SIZE], "page {p}");
+        }
+        assert_adds_up(&s);
+    }
+
+    #[test]
+    fn tiering_keeps_hot_pages_raw_and_promotes_what_is_read() {
+        let s = Store::new(StoreConfig {
+            compress_after: SOON,
+            ..cfg(8 * MIB, "zstd")
+        })
+        .unwrap();
+        let mut rng = Rng(8);
+        let data = text(&mut rng, 2 * MIB as usize);
+        s.write(0, &data).unwrap();
+        assert_eq!(s.stats().hot_pages, 512);
+        // First pass ages, second compresses (compress_after is one pass).
+        s.background_pass_all();
+        s.background_pass_all();
+        let st = s.stats();
+        assert_eq!((st.hot_pages, st.compressed_pages), (0, 512), "{st:?}");
+        let mut b = vec![0; 256 * 1024];
+        s.read(0, &mut b).unwrap();
+        assert!(b == data[..b.len()]);
+        assert_eq!(s.stats().hot_pages, 64);
+        assert_adds_up(&s);
+    }
+
+    #[test]
+    fn bad_codecs_name_the_valid_ones() {
+        for bad in ["gzip", "zstd:99", "lz4:2"] {
+            let e = bad.parse::<Codec>().unwrap_err().to_string();
+            assert!(e.contains("lz4") && e.contains("zstd"), "{e}");
+        }
+        let e = Store::new(StoreConfig {
+            compress_after: SOON,
+            ..cfg(MIB, "none")
+        });
+        assert!(e.is_err());
+    }
+}
