@@ -78,12 +78,11 @@ impl FromStr for Codec {
 struct Contexts {
     zstd_c: Option<(i32, zstd::bulk::Compressor<'static>)>,
     zstd_d: Option<zstd::bulk::Decompressor<'static>>,
-    scratch: Vec<u8>,
 }
 
 thread_local! {
     static CONTEXTS: RefCell<Contexts> = const {
-        RefCell::new(Contexts { zstd_c: None, zstd_d: None, scratch: Vec::new() })
+        RefCell::new(Contexts { zstd_c: None, zstd_d: None })
     };
 }
 
@@ -93,20 +92,9 @@ thread_local! {
 pub(crate) fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize> {
     match codec {
         Codec::None => None,
-        Codec::Lz4 => {
-            // lz4_flex wants room for the worst case; we want to know if the
-            // result fits `dst`. So compress into scratch space and copy.
-            let max = lz4_flex::block::get_maximum_output_size(src.len());
-            if dst.len() >= max {
-                return lz4_flex::block::compress_into(src, dst).ok();
-            }
-            CONTEXTS.with_borrow_mut(|cx| {
-                cx.scratch.resize(max, 0);
-                let n = lz4_flex::block::compress_into(src, &mut cx.scratch).ok()?;
-                dst.get_mut(..n)?.copy_from_slice(&cx.scratch[..n]);
-                Some(n)
-            })
-        }
+        // liblz4's default (acceleration 1, as the kernel's zram uses): it
+        // stops as soon as the output would overflow `dst`.
+        Codec::Lz4 => lz4::block::compress_to_buffer(src, None, false, dst).ok(),
         Codec::Zstd(level) => CONTEXTS.with_borrow_mut(|cx| {
             let ctx = match &mut cx.zstd_c {
                 Some((l, c)) if *l == level => c,
@@ -128,7 +116,7 @@ pub(crate) fn compress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Option<usize
 pub(crate) fn decompress(codec: Codec, src: &[u8], dst: &mut [u8]) -> Result<()> {
     let n = match codec {
         Codec::None => return Err(Error::Corrupt("page stored with codec none".into())),
-        Codec::Lz4 => lz4_flex::block::decompress_into(src, dst)
+        Codec::Lz4 => lz4::block::decompress_to_buffer(src, Some(dst.len() as i32), dst)
             .map_err(|e| Error::Corrupt(format!("lz4: {e}")))?,
         Codec::Zstd(_) => CONTEXTS.with_borrow_mut(|cx| {
             let d = match &mut cx.zstd_d {

@@ -9,12 +9,14 @@
 mod codec;
 mod error;
 mod pool;
+mod scanner;
 mod store;
 mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Error, Result};
 pub use pool::{mem_available, mem_total, PoolStats};
+pub use scanner::Scanner;
 pub use store::{
     default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind, PassReport,
     Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::units::parse_size;
+use ramd_store::Codec;
+
+use crate::units::{parse_duration, parse_size};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -21,6 +23,7 @@ use crate::units::parse_size;
         nbdinfo 'nbd+unix:///ram0?socket=/run/ramd/ram0.sock'\n  \
         ramd serve --size 4G --listen tcp:10809    # TCP on 127.0.0.1:10809\n  \
         ramd serve --size 1G --mount /mnt/ram      # a tmpfs-like directory\n  \
+        ramd serve --size 8G --max-memory 2G --compress lz4   # zram-like\n  \
         ramd status"
 )]
 pub struct Cli {
@@ -95,8 +98,9 @@ pub struct ServeArgs {
     #[arg(long, requires = "mount")]
     pub writeback_cache: bool,
 
-    /// Cap on RAM used for pages and page tables; writes beyond it get
-    /// ENOSPC. Default: enough for every page of SIZE.
+    /// Cap on RAM used for pages, compressed objects and page tables;
+    /// writes beyond it get ENOSPC. Default: enough for every page of SIZE
+    /// uncompressed (with compression, plus allocator slack).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_memory: Option<u64>,
 
@@ -111,6 +115,34 @@ pub struct ServeArgs {
     /// Clients connected at once; more are turned away.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_connections: u16,
+
+    /// Page compression: none, lz4, or zstd[:LEVEL] (LEVEL 1..=19, default
+    /// 3). Pages that do not shrink below 15/16 of a page stay raw; same-filled
+    /// pages cost nothing either way.
+    #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]
+    pub compress: Codec,
+
+    /// Hot/cold tiering: written pages stay raw (memory-speed reads and
+    /// writes) and are compressed in the background once untouched for this
+    /// long; compressed pages read whole turn raw again. 0: compress as pages
+    /// are written, like zram. Durations like 500ms, 30s, 5m.
+    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
+    pub compress_after: std::time::Duration,
+
+    /// Re-pack idle pages (see --idle-after) with this codec, up to 16
+    /// neighbouring pages per frame: denser than page by page. none: off.
+    #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]
+    pub recompress: Codec,
+
+    /// How long a page goes untouched before it counts as idle (status's
+    /// IDLE column, and --recompress).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_after: std::time::Duration,
+
+    /// Threads for background compression and compaction, at the lowest CPU
+    /// priority: background work never uses more than this many cores.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub compress_threads: u16,
 
     /// Freed page memory kept resident for reuse instead of being returned
     /// to the kernel at once (first-touch memory is slow to fault in).
@@ -155,6 +187,10 @@ fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
         ));
     }
     Ok(DiskSize::Bytes(n))
+}
+
+fn parse_codec(s: &str) -> Result<Codec, String> {
+    s.parse::<Codec>().map_err(|e| e.to_string())
 }
 
 fn parse_mode(s: &str) -> Result<u16, String> {

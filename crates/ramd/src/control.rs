@@ -111,11 +111,13 @@ pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// A zramctl-like table.
+/// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
+/// what they take stored (compressed or raw), TOTAL the memory used with
+/// slack and metadata, RATIO = DATA / TOTAL.
 fn table(disks: &[Value]) -> String {
     let head = [
-        "NAME", "KIND", "SIZE", "USED", "MEMORY", "MAX-MEM", "DATA", "ZERO", "FILL", "INODES",
-        "CONNS", "WHERE",
+        "NAME", "KIND", "SIZE", "USED", "DATA", "COMPR", "ALGORITHM", "TOTAL", "RATIO", "MAX-MEM",
+        "SAME", "IDLE", "INODES", "CONNS", "WHERE",
     ];
     let mut rows = vec![head.map(String::from).to_vec()];
     let n = |d: &Value, k: &str| d[k].as_u64().unwrap_or(0);
@@ -127,16 +129,29 @@ fn table(disks: &[Value]) -> String {
         } else {
             human(n(d, "size"))
         };
+        let text = |k: &str| d[k].as_str().unwrap_or("?").to_string();
+        let algorithm = match d["recompress"].as_str() {
+            Some("none") | None => text("compress"),
+            Some(r) => format!("{}/{r}", text("compress")),
+        };
+        let ratio = if n(d, "data_bytes") == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", d["ratio"].as_f64().unwrap_or(0.0))
+        };
         rows.push(vec![
-            d["name"].as_str().unwrap_or("?").to_string(),
-            d["kind"].as_str().unwrap_or("?").to_string(),
+            text("name"),
+            text("kind"),
             size,
             human(n(d, "used_bytes")),
+            human(n(d, "data_bytes")),
+            human(n(d, "stored_bytes")),
+            algorithm,
             human(n(d, "memory_used")),
+            ratio,
             human(n(d, "max_memory")),
-            n(d, "data_pages").to_string(),
-            n(d, "zero_pages").to_string(),
-            n(d, "fill_pages").to_string(),
+            (n(d, "zero_pages") + n(d, "fill_pages")).to_string(),
+            n(d, "idle_pages").to_string(),
             opt(d, "inodes"),
             opt(d, "connections"),
             d["uri"].as_str().unwrap_or("").to_string(),
@@ -153,7 +168,7 @@ fn table(disks: &[Value]) -> String {
             .enumerate()
             .map(|(c, (v, w))| {
                 // Names and text left-aligned, numbers right-aligned.
-                if c < 2 || c == head.len() - 1 {
+                if c < 2 || c == 6 || c == head.len() - 1 {
                     format!("{v:<w$}")
                 } else {
                     format!("{v:>w$}")
@@ -172,14 +187,18 @@ mod tests {
 
     #[test]
     fn table_lines_up() {
-        let d = json!({"name":"ram0","kind":"block","size":1u64<<30,"used_bytes":4096,
-            "memory_used":12288,"max_memory":1u64<<30,"data_pages":1,"zero_pages":0,
-            "fill_pages":0,"connections":2,"uri":"nbd+unix:///ram0?socket=/x"});
+        let d = json!({"name":"ram0","kind":"block","size":1u64<<30,"used_bytes":8192,
+            "memory_used":12288,"max_memory":1u64<<30,"data_pages":2,"data_bytes":8192,
+            "stored_bytes":4096,"zero_pages":0,"fill_pages":0,"ratio":0.6667,
+            "compress":"lz4","recompress":"zstd:9","idle_pages":1,
+            "connections":2,"uri":"nbd+unix:///ram0?socket=/x"});
         let t = table(&[d]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("NAME  KIND"));
         assert!(lines[1].contains("1G"));
+        assert!(lines[1].contains("lz4/zstd:9"));
+        assert!(lines[1].contains("0.67"));
         assert!(lines[1].ends_with("nbd+unix:///ram0?socket=/x"));
         // Numbers are right-aligned under their heading.
         let size_end = lines[0].find("SIZE").unwrap() + 4;

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use cli::{Cli, Command, DiskSize, Listen, ServeArgs};
 use ramd_fs::{Fs, FsConfig, FuseOptions};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
-use ramd_store::{Store, StoreConfig, PAGE_SIZE};
+use ramd_store::{Scanner, Store, StoreConfig, PAGE_SIZE};
 use units::human;
 
 fn main() {
@@ -80,6 +80,39 @@ fn on_stop_signals(mut stop: impl FnMut(u32) + Send + 'static) -> Result<()> {
     Ok(())
 }
 
+/// The store settings every kind of disk takes from the command line.
+fn store_config(args: &ServeArgs, size: u64) -> StoreConfig {
+    StoreConfig {
+        warm_pool: args.warm_pool,
+        compress: args.compress,
+        compress_after: args.compress_after,
+        recompress: args.recompress,
+        idle_after: args.idle_after,
+        ..StoreConfig::new(size)
+    }
+}
+
+/// Background compression and compaction, if the disk compresses; it runs
+/// until the returned handle is dropped.
+fn start_scanner(store: &Arc<Store>, args: &ServeArgs) -> Result<Option<Scanner>> {
+    if !args.compress.is_none() || !args.recompress.is_none() {
+        log::info!(
+            "compression {} (after {:?}), idle pages {} after {:?}, {} background thread(s)",
+            args.compress,
+            args.compress_after,
+            if args.recompress.is_none() {
+                "kept as they are".to_string()
+            } else {
+                format!("re-packed with {}", args.recompress)
+            },
+            args.idle_after,
+            args.compress_threads
+        );
+    }
+    Scanner::start(store.clone(), args.compress_threads as usize)
+        .context("starting the background compression threads")
+}
+
 /// The status row of a disk: the store's figures plus `extra`.
 fn status_row(store: &Store, extra: Value) -> Value {
     let mut v = serde_json::to_value(store.stats()).expect("stats serialize");
@@ -98,12 +131,12 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
     let store = Arc::new(
         Store::new(StoreConfig {
             max_memory: args.max_memory,
-            warm_pool: args.warm_pool,
-            ..StoreConfig::new(size)
+            ..store_config(&args, size)
         })
         .with_context(|| format!("disk {:?}", args.name))?,
     );
     warn_if_overcommitted(&store);
+    let _scanner = start_scanner(&store, &args)?;
 
     let listener = match &args.listen {
         None => Listener::bind_unix(run_dir.join(format!("{}.sock", args.name))),
@@ -195,21 +228,22 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     // Default budget: every page of `size`, plus room for the page tables
     // of many small files and for inodes and names (1/8 of size, ≥ 64 MiB).
     // ramfs mode: the host's memory, still guarded by the host reserve.
+    let compressed = !args.compress.is_none() || !args.recompress.is_none();
     let max_memory = args.max_memory.unwrap_or(match size {
-        Some(n) => ramd_store::full_disk_memory(n).saturating_add((n / 8).max(64 << 20)),
+        Some(n) => ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20)),
         None => mem_total,
     });
     let nr_inodes = args.nr_inodes.unwrap_or(mem_total / PAGE_SIZE as u64 / 2);
     let store = Arc::new(
         Store::new(StoreConfig {
             max_memory: Some(max_memory),
-            warm_pool: args.warm_pool,
             page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
-            ..StoreConfig::new(ramd_store::MAX_SIZE)
+            ..store_config(&args, ramd_store::MAX_SIZE)
         })
         .with_context(|| format!("disk {:?}", args.name))?,
     );
     warn_if_overcommitted(&store);
+    let _scanner = start_scanner(&store, &args)?;
     let fs = Arc::new(
         Fs::new(
             store.clone(),

@@ -51,6 +51,30 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Parses a duration: a whole number with a unit, `ms`, `s`, `m`, `h` or
+/// `d` (`500ms`, `30s`, `5m`), or `0`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let err = || format!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), like 30s or 5m");
+    let t = s.trim();
+    if t == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| err())?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(err()),
+    };
+    n.checked_mul(ms)
+        .map(std::time::Duration::from_millis)
+        .ok_or_else(|| format!("duration {s:?} is too long"))
+}
+
 /// A byte count for people: `0`, `4K`, `1.5M`, `1G`.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
