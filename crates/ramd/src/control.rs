@@ -116,8 +116,21 @@ pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
 /// slack and metadata, RATIO = DATA / TOTAL.
 fn table(disks: &[Value]) -> String {
     let head = [
-        "NAME", "KIND", "SIZE", "USED", "DATA", "COMPR", "ALGORITHM", "TOTAL", "RATIO", "MAX-MEM",
-        "SAME", "IDLE", "INODES", "CONNS", "WHERE",
+        "NAME",
+        "KIND",
+        "SIZE",
+        "USED",
+        "DATA",
+        "COMPR",
+        "ALGORITHM",
+        "TOTAL",
+        "RATIO",
+        "MAX-MEM",
+        "SAME",
+        "IDLE",
+        "INODES",
+        "CONNS",
+        "WHERE",
     ];
     let mut rows = vec![head.map(String::from).to_vec()];
     let n = |d: &Value, k: &str| d[k].as_u64().unwrap_or(0);

@@ -230,7 +230,9 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     // ramfs mode: the host's memory, still guarded by the host reserve.
     let compressed = !args.compress.is_none() || !args.recompress.is_none();
     let max_memory = args.max_memory.unwrap_or(match size {
-        Some(n) => ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20)),
+        Some(n) => {
+            ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20))
+        }
         None => mem_total,
     });
     let nr_inodes = args.nr_inodes.unwrap_or(mem_total / PAGE_SIZE as u64 / 2);

@@ -54,7 +54,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Parses a duration: a whole number with a unit, `ms`, `s`, `m`, `h` or
 /// `d` (`500ms`, `30s`, `5m`), or `0`.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let err = || format!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), like 30s or 5m");
+    let err = || {
+        format!(
+            "invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d), like 30s or 5m"
+        )
+    };
     let t = s.trim();
     if t == "0" {
         return Ok(std::time::Duration::ZERO);

@@ -688,17 +688,37 @@ pub fn field(disk: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("status field {key:?} missing or not a number in {disk}"))
 }
 
-/// Asserts the accounting identity the contract states:
-/// `memory_used = data_pages * 4096 + metadata_bytes`, and within max_memory.
+/// Asserts the accounting identities `ramd status` promises:
+/// `memory_used = stored_bytes + slack_bytes + metadata_bytes`, data pages
+/// split into hot, incompressible, compressed and framed pages, within
+/// max_memory; and without compression, `stored_bytes = data_pages * 4096`.
 pub fn assert_accounting(disk: &Value) {
     let used = field(disk, "memory_used");
     let data = field(disk, "data_pages");
+    let stored = field(disk, "stored_bytes");
+    let slack = field(disk, "slack_bytes");
     let meta = field(disk, "metadata_bytes");
     assert_eq!(
         used,
-        data * PAGE + meta,
-        "memory_used != data_pages*4096 + metadata_bytes in {disk}"
+        stored + slack + meta,
+        "memory_used != stored_bytes + slack_bytes + metadata_bytes in {disk}"
     );
+    let kinds = [
+        "hot_pages",
+        "incompressible_pages",
+        "compressed_pages",
+        "frame_pages",
+    ];
+    assert_eq!(
+        data,
+        kinds.iter().map(|k| field(disk, k)).sum::<u64>(),
+        "data_pages != hot + incompressible + compressed + frame pages in {disk}"
+    );
+    assert_eq!(field(disk, "data_bytes"), data * PAGE, "{disk}");
+    if disk["compress"] == "none" && disk["recompress"] == "none" {
+        assert_eq!(stored, data * PAGE, "uncompressed disk in {disk}");
+        assert_eq!(slack, 0, "uncompressed disk in {disk}");
+    }
     assert!(
         used <= field(disk, "max_memory"),
         "memory_used above max_memory in {disk}"
