@@ -11,7 +11,7 @@
 //!
 //! A slot is a 64-bit value plus 16 bits of metadata (kind, accessed bit,
 //! settled bit, age); see [`Slot`] for the kinds. With the chunk's share
-//! that is 10.8 bytes of page table per 4 KiB page on a dense disk (zram's
+//! that is 10.9 bytes of page table per 4 KiB page on a dense disk (zram's
 //! table entry is 16), see `PAGE_META_BYTES`.
 //!
 //! Invariants:
@@ -488,7 +488,7 @@ impl Store {
                 }
             }
             if cold != 0 {
-                self.promote(&span, out, cold);
+                self.promote(&span, cold);
             }
         }
         Ok(())
@@ -496,21 +496,31 @@ impl Store {
 
     /// Hot/cold tiering: compressed pages just read whole go back to raw,
     /// so a working set that is read again is served at memory speed. Best
-    /// effort: skipped when memory is short or the page changed meanwhile.
-    fn promote(&self, span: &ChunkSpan, out: &[u8], cold: u64) {
+    /// effort: skipped when memory is short. Pages are decompressed again
+    /// under the write lock: what the read saw may have been rewritten since
+    /// (even into the same object), so `out` cannot be trusted here.
+    fn promote(&self, span: &ChunkSpan, cold: u64) {
         let mut map = self.shard(span.chunk).write();
         let Some(chunk) = map.get_mut(&span.chunk) else {
             return;
         };
+        let mut frame = FrameCache::default();
         for ps in span.pages().filter(|ps| cold & 1 << ps.slot != 0) {
-            if !matches!(chunk.get(ps.slot), Slot::Packed { .. } | Slot::Frame(_)) {
+            let slot = chunk.get(ps.slot);
+            if !matches!(slot, Slot::Packed { .. } | Slot::Frame(_)) {
                 continue;
             }
             let Ok(p) = self.alloc_page() else { return };
-            // SAFETY: fresh frame, not yet shared; `out` holds what this page
-            // read as under the read lock, and it has not been written since
-            // (a write would have replaced the compressed slot).
-            unsafe { page_mut(p) }.copy_from_slice(&out[ps.buf_range()]);
+            // SAFETY: fresh frame, not yet shared.
+            let page = unsafe { page_mut(p) };
+            if self
+                .decode_into(slot, chunk, &mut frame, ps.slot, page)
+                .is_err()
+            {
+                self.pool.free(p);
+                self.unreserve(PAGE_SIZE as u64);
+                return;
+            }
             self.replace(chunk, ps.slot, Slot::Raw { p, hot: true }, true);
         }
     }
