@@ -55,6 +55,8 @@ pub const CHUNK_META_BYTES: u64 = (std::mem::size_of::<Chunk>() + 48) as u64;
 
 /// Page-table bytes per 4 KiB page of a fully written chunk.
 pub const PAGE_META_BYTES: f64 = CHUNK_META_BYTES as f64 / CHUNK_PAGES as f64;
+// What ARCHITECTURE.md documents, and never more than zram's 16-byte entry.
+const _: () = assert!(CHUNK_META_BYTES == 696 && CHUNK_META_BYTES <= 16 * CHUNK_PAGES as u64);
 
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).

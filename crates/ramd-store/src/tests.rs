@@ -799,10 +799,3 @@ mod compressed {
         assert!(e.is_err());
     }
 }
-
-#[test]
-fn page_table_costs_at_most_zrams_16_bytes_per_page() {
-    // The figure ARCHITECTURE.md documents; zram's table entry is 16 bytes.
-    assert_eq!(CHUNK_META_BYTES, 696);
-    assert!(PAGE_META_BYTES <= 11.0, "{PAGE_META_BYTES}");
-}
