@@ -44,6 +44,7 @@ pub enum Command {
                       block disk, or the mount point of a filesystem disk. Logs go to \
                       stderr (level set by RAMD_LOG, e.g. RAMD_LOG=debug)."
     )]
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// Show every running disk: size, use, memory, pages.
     Status(StatusArgs),
@@ -53,9 +54,20 @@ pub enum Command {
 pub struct ServeArgs {
     /// Logical capacity, e.g. 512M, 1G, 1.5T (powers of 1024). A filesystem
     /// disk also takes `unlimited` (ramfs mode: bounded by --max-memory and
-    /// the host's available memory only).
+    /// the host's available memory only). Required, here or in the config.
     #[arg(long, value_parser = parse_disk_size, value_name = "SIZE")]
-    pub size: DiskSize,
+    pub size: Option<DiskSize>,
+
+    /// Take this disk's settings from a TOML config file: a `[disk.NAME]`
+    /// table whose keys are these flags with underscores (`max_memory =
+    /// "2G"`, `compress = "zstd"`, `noatime = true`) and `kind = "block" |
+    /// "fs"`. Flags on the command line override the file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The disk of --config to serve (default: its only disk).
+    #[arg(long, value_name = "NAME", requires = "config")]
+    pub disk: Option<String>,
 
     /// Disk name: the NBD export name and the status row.
     #[arg(long, default_value = "ram0", value_parser = parse_name, value_name = "NAME")]
@@ -190,7 +202,10 @@ fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
 }
 
 fn parse_codec(s: &str) -> Result<Codec, String> {
-    s.parse::<Codec>().map_err(|e| e.to_string())
+    s.parse::<Codec>().map_err(|e| match e {
+        ramd_store::Error::Invalid(m) => m,
+        e => e.to_string(),
+    })
 }
 
 fn parse_mode(s: &str) -> Result<u16, String> {

@@ -3,6 +3,7 @@
 //! line, sets up resources before the first client, and reports status.
 
 mod cli;
+mod config;
 mod control;
 mod units;
 
@@ -27,7 +28,24 @@ fn main() {
     )
     .format_target(false)
     .init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Command::Serve(ServeArgs {
+        config: Some(path),
+        disk,
+        ..
+    }) = &cli.command
+    {
+        // The file's flags go before the command line's, which then win.
+        match config::disk_flags(path, disk.as_deref()) {
+            Ok(flags) => {
+                cli = Cli::parse_from(config::splice(std::env::args_os().collect(), flags))
+            }
+            Err(e) => {
+                eprintln!("ramd: error: {e:#}");
+                std::process::exit(2);
+            }
+        }
+    }
     let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
         Command::Serve(args) if args.mount.is_some() => serve_fs(args, &run_dir),
@@ -80,6 +98,15 @@ fn on_stop_signals(mut stop: impl FnMut(u32) + Send + 'static) -> Result<()> {
     Ok(())
 }
 
+fn disk_size(args: &ServeArgs) -> Result<DiskSize> {
+    args.size.with_context(|| {
+        format!(
+            "disk {:?} needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)",
+            args.name
+        )
+    })
+}
+
 /// The store settings every kind of disk takes from the command line.
 fn store_config(args: &ServeArgs, size: u64) -> StoreConfig {
     StoreConfig {
@@ -97,15 +124,19 @@ fn store_config(args: &ServeArgs, size: u64) -> StoreConfig {
 fn start_scanner(store: &Arc<Store>, args: &ServeArgs) -> Result<Option<Scanner>> {
     if !args.compress.is_none() || !args.recompress.is_none() {
         log::info!(
-            "compression {} (after {:?}), idle pages {} after {:?}, {} background thread(s)",
+            "compression {} ({}), pages idle {:?} {}, {} background thread(s)",
             args.compress,
-            args.compress_after,
-            if args.recompress.is_none() {
-                "kept as they are".to_string()
+            if args.compress_after.is_zero() {
+                "as pages are written".to_string()
             } else {
-                format!("re-packed with {}", args.recompress)
+                format!("once untouched {:?}", args.compress_after)
             },
             args.idle_after,
+            if args.recompress.is_none() {
+                "are kept as they are".to_string()
+            } else {
+                format!("are re-packed with {}", args.recompress)
+            },
             args.compress_threads
         );
     }
@@ -123,7 +154,7 @@ fn status_row(store: &Store, extra: Value) -> Value {
 }
 
 fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
-    let DiskSize::Bytes(size) = args.size else {
+    let DiskSize::Bytes(size) = disk_size(&args)? else {
         bail!("a block disk needs a size in bytes: `unlimited` is for filesystem disks (--mount)");
     };
     // Everything that can fail is set up before the first client is accepted.
@@ -221,7 +252,7 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     let dir = check_mount_point(args.mount.as_deref().expect("serve_fs needs --mount"))?;
     make_run_dir(run_dir)?;
     let mem_total = ramd_store::mem_total().unwrap_or(1 << 30);
-    let size = match args.size {
+    let size = match disk_size(&args)? {
         DiskSize::Bytes(n) => Some(n),
         DiskSize::Unlimited => None,
     };

@@ -1,0 +1,276 @@
+//! Config files: TOML with one `[disk.NAME]` table per disk, whose keys are
+//! `ramd serve`'s flags spelt with underscores (`max_memory = "2G"`,
+//! `compress = "zstd"`, `noatime = true`), plus `kind = "block" | "fs"`.
+//!
+//! `ramd serve --config FILE [--disk NAME]` turns the table into flags that
+//! go before the command line's own, so a flag given on the command line
+//! wins. Every key and value is checked here, with clap's own parsers, so
+//! that a mistake names the file, line and key rather than a flag the user
+//! never typed.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use clap::CommandFactory;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::cli::Cli;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    disk: BTreeMap<String, BTreeMap<String, Spanned<toml::Value>>>,
+}
+
+/// Keys that are not flags of `serve`, or flags that make no sense in a file.
+const NOT_KEYS: [&str; 3] = ["config", "disk", "help"];
+
+/// The flags `[disk.NAME]` of `path` stands for. `disk` may be omitted when
+/// the file has exactly one disk.
+pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    let file: ConfigFile = toml::from_str(&text).map_err(|e| {
+        let at = e
+            .span()
+            .map_or(String::new(), |s| format!(":{}", line_of(&text, s.start)));
+        anyhow::anyhow!("{}{at}: {}", path.display(), e.message())
+    })?;
+    let names: Vec<&str> = file.disk.keys().map(String::as_str).collect();
+    let name = match (disk, names.as_slice()) {
+        (Some(d), _) => d,
+        (None, [only]) => only,
+        (None, []) => bail!("{}: no [disk.NAME] table", path.display()),
+        (None, _) => bail!(
+            "{}: several disks ({}): choose one with --disk NAME",
+            path.display(),
+            names.join(", ")
+        ),
+    };
+    let Some(table) = file.disk.get(name) else {
+        bail!(
+            "{}: no [disk.{name}] table (disks: {})",
+            path.display(),
+            names.join(", ")
+        );
+    };
+
+    let cli = Cli::command();
+    let serve = cli.find_subcommand("serve").expect("serve is a subcommand");
+    let mut flags: Vec<OsString> = vec!["--name".into(), name.into()];
+    let mut kind = None;
+    for (key, value) in table {
+        let at = |msg: String| {
+            anyhow::anyhow!(
+                "{}:{}: disk.{name}.{key}: {msg}",
+                path.display(),
+                line_of(&text, value.span().start)
+            )
+        };
+        if key == "kind" {
+            match value.get_ref().as_str() {
+                Some(k @ ("block" | "fs")) => kind = Some((k, line_of(&text, value.span().start))),
+                _ => return Err(at("expected \"block\" or \"fs\"".into())),
+            }
+            continue;
+        }
+        let arg = serve
+            .get_arguments()
+            .find(|a| a.get_id() == key.as_str() && !NOT_KEYS.contains(&key.as_str()))
+            .filter(|a| a.get_long().is_some());
+        let Some(arg) = arg else {
+            let mut valid: Vec<String> = serve
+                .get_arguments()
+                .filter(|a| a.get_long().is_some())
+                .map(|a| a.get_id().to_string())
+                .filter(|id| !NOT_KEYS.contains(&id.as_str()))
+                .collect();
+            valid.push("kind".into());
+            valid.sort();
+            return Err(at(format!(
+                "unknown key (valid keys: {})",
+                valid.join(", ")
+            )));
+        };
+        let long = format!("--{}", arg.get_long().expect("filtered on long"));
+        let is_switch = !arg.get_action().takes_values();
+        let v = value.get_ref();
+        if is_switch {
+            match v.as_bool() {
+                Some(true) => flags.push(long.into()),
+                Some(false) => {}
+                None => return Err(at("expected true or false".into())),
+            }
+            continue;
+        }
+        let text_value = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(n) => n.to_string(),
+            _ => return Err(at("expected a string or a number".into())),
+        };
+        // The flag's own parser, alone: its ties to other flags (requires,
+        // conflicts) are checked once all flags are parsed together.
+        clap::Command::new("config")
+            .no_binary_name(true)
+            .arg(
+                clap::Arg::new("v")
+                    .long("v")
+                    .value_parser(arg.get_value_parser().clone()),
+            )
+            .try_get_matches_from([OsStr::new("--v"), OsStr::new(&text_value)])
+            .map_err(|e| at(clap_message(&e)))?;
+        flags.push(long.into());
+        flags.push(text_value.into());
+    }
+    let problem = match kind {
+        Some(("fs", _)) if !table.contains_key("mount") => {
+            "a filesystem disk needs `mount = \"DIR\"`"
+        }
+        Some(("block", _)) if table.contains_key("mount") => {
+            "a block disk has no mount point: use kind = \"fs\""
+        }
+        _ => "",
+    };
+    if let (Some((_, line)), false) = (kind, problem.is_empty()) {
+        bail!("{}:{line}: disk.{name}.kind: {problem}", path.display());
+    }
+    Ok(flags)
+}
+
+/// Inserts `flags` right after the `serve` subcommand in `argv`, so that
+/// the command line's own flags come later and win.
+pub fn splice(argv: Vec<OsString>, flags: Vec<OsString>) -> Vec<OsString> {
+    // The subcommand is the first argument that is not an option or the
+    // value of the global --run-dir.
+    let mut at = 1;
+    while at < argv.len() {
+        let a = argv[at].to_string_lossy();
+        if a == "serve" {
+            break;
+        }
+        at += if a == "--run-dir" { 2 } else { 1 };
+    }
+    let mut out = argv;
+    let tail = out.split_off((at + 1).min(out.len()));
+    out.extend(flags);
+    out.extend(tail);
+    out
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The parser's own message if it has one, else clap's first line without
+/// its "error: " prefix (clap's would name the internal flag).
+fn clap_message(e: &clap::Error) -> String {
+    if let Some(src) = std::error::Error::source(e) {
+        return src.to_string();
+    }
+    let s = e.to_string();
+    let first = s.lines().next().unwrap_or_default();
+    first.trim_start_matches("error: ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags_of(text: &str, disk: Option<&str>) -> Result<Vec<String>> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ramd.toml");
+        std::fs::write(&path, text).unwrap();
+        disk_flags(&path, disk)
+            .map(|v| v.into_iter().map(|s| s.into_string().unwrap()).collect())
+            .map_err(|e| anyhow::anyhow!(e.to_string().replace(&*path.to_string_lossy(), "F")))
+    }
+
+    #[test]
+    fn a_disk_table_becomes_flags() {
+        let f = flags_of(
+            "[disk.scratch]\nkind = \"fs\"\nsize = \"2G\"\nmount = \"/mnt/s\"\n\
+             compress = \"zstd\"\nnoatime = true\nthreads = 4\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            [
+                "--name",
+                "scratch",
+                "--compress",
+                "zstd",
+                "--mount",
+                "/mnt/s",
+                "--noatime",
+                "--size",
+                "2G",
+                "--threads",
+                "4"
+            ]
+        );
+    }
+
+    #[test]
+    fn mistakes_name_file_line_and_key() {
+        let e = flags_of("[disk.a]\nsize = \"1G\"\ncompress = \"lzo\"\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("F:3: disk.a.compress: "), "{e}");
+        assert!(e.contains("valid codecs"), "{e}");
+        let e = flags_of("[disk.a]\nsize = \"1G\"\n\ncolour = \"red\"\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("F:4: disk.a.colour: unknown key"), "{e}");
+        assert!(e.contains("max_memory"), "{e}");
+        let e = flags_of("[disk.a]\nsize = 1G\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("F:2:"), "{e}");
+        let e = flags_of("[disk.a]\nnoatime = \"yes\"\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("disk.a.noatime: expected true or false"), "{e}");
+        let e = flags_of("[disk.a]\n[disk.b]\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--disk"), "{e}");
+        let e = flags_of("[disk.a]\n", Some("c")).unwrap_err().to_string();
+        assert!(e.contains("no [disk.c] table (disks: a)"), "{e}");
+        let e = flags_of("[disk.a]\nkind = \"fs\"\nsize = \"1G\"\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("F:2: disk.a.kind: a filesystem disk needs"),
+            "{e}"
+        );
+        let e = flags_of("[disks.a]\n", None).unwrap_err().to_string();
+        assert!(e.starts_with("F:1:"), "{e}");
+    }
+
+    #[test]
+    fn flags_go_after_serve_so_the_command_line_wins() {
+        let argv = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        let out = splice(
+            argv(&["ramd", "--run-dir", "serve", "serve", "--size", "1G"]),
+            argv(&["--size", "2G"]),
+        );
+        assert_eq!(
+            out,
+            argv(&[
+                "ramd",
+                "--run-dir",
+                "serve",
+                "serve",
+                "--size",
+                "2G",
+                "--size",
+                "1G"
+            ])
+        );
+    }
+}
