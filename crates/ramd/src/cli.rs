@@ -35,6 +35,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per run: the size of the serve variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one disk in the foreground until SIGINT or SIGTERM: a block disk
