@@ -73,6 +73,7 @@ fn run_pass(store: &Store, threads: usize) {
             total.repacked += r.repacked;
             total.split += r.split;
             total.moved += r.moved;
+            total.starved |= r.starved;
         }
         total
     });

@@ -28,7 +28,7 @@
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{RwLock, RwLockUpgradableReadGuard};
 
@@ -61,6 +61,11 @@ const _: () = assert!(CHUNK_META_BYTES == 696 && CHUNK_META_BYTES <= 16 * CHUNK_
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).
 const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
+/// Budget kept for the background scanner: a disk filled to `max_memory`
+/// with raw (hot) pages could otherwise never compress them, since a
+/// compressed copy needs memory before the raw page is freed. Enough for a
+/// new zspage of the largest class (32 pages) and its descriptor.
+const BACKGROUND_HEADROOM: u64 = 256 << 10;
 /// Pages one multi-page frame holds at most.
 const FRAME_PAGES: usize = 16;
 /// Bytes before a frame's compressed data: first slot, page count, codec,
@@ -314,9 +319,10 @@ pub struct StoreStats {
     pub ratio: f64,
     pub compress: String,
     pub recompress: String,
-    /// Time spent compressing and decompressing, summed over threads.
-    pub compress_cpu_ns: u64,
-    pub decompress_cpu_ns: u64,
+    /// Time spent in the codec compressing and decompressing, summed over
+    /// threads (CPU time unless threads outnumber cores).
+    pub compress_time_ns: u64,
+    pub decompress_time_ns: u64,
     /// CPU time of the background threads (scanning, compressing, moving).
     pub background_cpu_ns: u64,
     /// Objects moved by compaction, and zspages it emptied.
@@ -348,6 +354,8 @@ struct Counters {
     idle: AtomicU64,
     /// Idle pages counted so far by the pass under way.
     idle_pass: AtomicU64,
+    /// This pass compresses hot pages whatever their age (see `under_pressure`).
+    pressure: std::sync::atomic::AtomicBool,
     compress_ns: AtomicU64,
     decompress_ns: AtomicU64,
     background_ns: AtomicU64,
@@ -365,6 +373,8 @@ pub struct PassReport {
     pub split: u64,
     /// Objects moved out of zspages being emptied.
     pub moved: u64,
+    /// Memory ran out: the pass stopped early.
+    pub starved: bool,
 }
 
 pub struct Store {
@@ -379,6 +389,8 @@ pub struct Store {
     compress_after: u16,
     idle_after: u16,
     tick: Duration,
+    /// Budget only background work may use (see `reserve`).
+    headroom: u64,
     // Declared last: dropped after the page table that points into them.
     zs: ZsAlloc,
     pool: PagePool,
@@ -396,15 +408,21 @@ impl Store {
         let max_memory = cfg
             .max_memory
             .unwrap_or_else(|| default_max_memory(cfg.size, compressed));
-        if max_memory < PAGE_SIZE as u64 + CHUNK_META_BYTES {
+        let headroom = if compressed { BACKGROUND_HEADROOM } else { 0 };
+        let least = PAGE_SIZE as u64 + CHUNK_META_BYTES + headroom;
+        if max_memory < least {
             return Err(Error::Invalid(format!(
-                "max_memory {max_memory} bytes cannot hold a single page (needs {})",
-                PAGE_SIZE as u64 + CHUNK_META_BYTES
+                "max_memory {max_memory} bytes cannot hold a single page (needs {least}{})",
+                if compressed {
+                    ", with room for background compression"
+                } else {
+                    ""
+                }
             )));
         }
         if cfg.compress.is_none() && !cfg.compress_after.is_zero() {
             return Err(Error::Invalid(
-                "compress_after needs a compress codec other than none".into(),
+                "compress-after needs compress to name a codec (lz4 or zstd)".into(),
             ));
         }
         let tick = scanner_tick(&cfg);
@@ -426,6 +444,7 @@ impl Store {
             compress_after: passes(cfg.compress_after),
             idle_after: passes(cfg.idle_after).max(1),
             tick,
+            headroom,
             zs: ZsAlloc::new(),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
@@ -512,7 +531,9 @@ impl Store {
             if !matches!(slot, Slot::Packed { .. } | Slot::Frame(_)) {
                 continue;
             }
-            let Ok(p) = self.alloc_page() else { return };
+            let Ok(p) = self.alloc_page(false) else {
+                return;
+            };
             // SAFETY: fresh frame, not yet shared.
             let page = unsafe { page_mut(p) };
             if self
@@ -725,8 +746,8 @@ impl Store {
             },
             compress: self.compress.to_string(),
             recompress: self.recompress.to_string(),
-            compress_cpu_ns: c.compress_ns.load(Relaxed),
-            decompress_cpu_ns: c.decompress_ns.load(Relaxed),
+            compress_time_ns: c.compress_ns.load(Relaxed),
+            decompress_time_ns: c.decompress_ns.load(Relaxed),
             background_cpu_ns: c.background_ns.load(Relaxed),
             compacted_objects: c.compacted.load(Relaxed),
             zspages: zs.zspages,
@@ -877,7 +898,7 @@ impl Store {
             return Ok(());
         }
         if self.compress.is_none() || self.compress_after > 0 {
-            match self.alloc_page() {
+            match self.alloc_page(false) {
                 Ok(p) => {
                     // SAFETY: fresh frame, not yet shared.
                     unsafe { page_mut(p) }.copy_from_slice(data);
@@ -889,7 +910,7 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
-        let new = self.pack(self.compress, data, chunk.get(i))?;
+        let new = self.pack(self.compress, data, chunk.get(i), false)?;
         self.replace(chunk, i, new, true);
         Ok(())
     }
@@ -898,13 +919,11 @@ impl Store {
     /// it does not compress to `MAX_PACKED`. If `old` is a compressed
     /// object of the same class, or a raw frame that the result needs, it
     /// is reused in place; then the caller must hold the write lock.
-    fn pack(&self, codec: Codec, data: &[u8], old: Slot) -> Result<Slot> {
+    fn pack(&self, codec: Codec, data: &[u8], old: Slot, bg: bool) -> Result<Slot> {
         let mut out = [0u8; MAX_PACKED];
-        let t = Instant::now();
-        let n = codec::compress(codec, data, &mut out);
-        self.c
-            .compress_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        let n = timed(&self.c.compress_ns, || {
+            codec::compress(codec, data, &mut out)
+        });
         let Some(n) = n else {
             if let Slot::Raw { p, .. } = old {
                 // Keep the frame the page already has (the caller may be
@@ -915,18 +934,18 @@ impl Store {
                 }
                 return Ok(Slot::Raw { p, hot: false });
             }
-            let p = self.alloc_page()?;
+            let p = self.alloc_page(bg)?;
             // SAFETY: fresh frame, not yet shared.
             unsafe { page_mut(p) }.copy_from_slice(data);
             return Ok(Slot::Raw { p, hot: false });
         };
         let h = match old {
             Slot::Packed { h, .. } if h.capacity() == zs::rounded(n) => h,
-            _ => match self.alloc_object(n) {
+            _ => match self.alloc_object(n, bg) {
                 Ok(h) => h,
                 // A new zspage does not fit, a raw page may: better than ENOSPC.
                 Err(Error::NoSpace { .. }) if !matches!(old, Slot::Raw { .. }) => {
-                    let p = self.alloc_page()?;
+                    let p = self.alloc_page(bg)?;
                     // SAFETY: fresh frame, not yet shared.
                     unsafe { page_mut(p) }.copy_from_slice(data);
                     return Ok(Slot::Raw { p, hot: true });
@@ -944,9 +963,13 @@ impl Store {
         })
     }
 
-    fn alloc_object(&self, len: usize) -> Result<Handle> {
-        self.zs
-            .alloc(len, &self.pool, |b| self.reserve(b), |b| self.unreserve(b))
+    fn alloc_object(&self, len: usize, bg: bool) -> Result<Handle> {
+        self.zs.alloc(
+            len,
+            &self.pool,
+            |b| self.reserve_for(b, bg),
+            |b| self.unreserve(b),
+        )
     }
 
     fn free_object(&self, h: Handle) {
@@ -962,8 +985,7 @@ impl Store {
         i: usize,
         dst: &mut [u8],
     ) -> Result<()> {
-        let t = Instant::now();
-        let r = match slot {
+        timed(&self.c.decompress_ns, || match slot {
             Slot::Packed { zstd, h, len } => {
                 let codec = if zstd { Codec::Zstd(0) } else { Codec::Lz4 };
                 let mut tmp = [0u8; PAGE_SIZE];
@@ -980,16 +1002,13 @@ impl Store {
             }
             Slot::Frame(h) => frame.page(self, chunk.vals[i], h, i, dst),
             _ => unreachable!("decode of an uncompressed slot"),
-        };
-        self.c
-            .decompress_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-        r
+        })
     }
 
-    /// Reserves and takes one raw frame; nothing is charged if either fails.
-    fn alloc_page(&self) -> Result<PagePtr> {
-        self.reserve(PAGE_SIZE as u64)?;
+    /// Reserves and takes one raw frame, for background work if `bg`;
+    /// nothing is charged if either fails.
+    fn alloc_page(&self, bg: bool) -> Result<PagePtr> {
+        self.reserve_for(PAGE_SIZE as u64, bg)?;
         self.pool
             .alloc()
             .inspect_err(|_| self.unreserve(PAGE_SIZE as u64))
@@ -1086,11 +1105,26 @@ impl Store {
             })
     }
 
+    /// Reserves budget for a client's request: everything but the
+    /// background headroom.
     fn reserve(&self, bytes: u64) -> Result<()> {
+        self.reserve_within(bytes, self.max_memory - self.headroom)
+    }
+
+    /// Reserves budget for background work (all of `max_memory`), or for a
+    /// client if `bg` is false.
+    fn reserve_for(&self, bytes: u64, bg: bool) -> Result<()> {
+        match bg {
+            true => self.reserve_within(bytes, self.max_memory),
+            false => self.reserve(bytes),
+        }
+    }
+
+    fn reserve_within(&self, bytes: u64, limit: u64) -> Result<()> {
         self.c
             .memory_used
             .fetch_update(Relaxed, Relaxed, |used| {
-                used.checked_add(bytes).filter(|&n| n <= self.max_memory)
+                used.checked_add(bytes).filter(|&n| n <= limit)
             })
             .map(|_| ())
             .map_err(|_| Error::NoSpace {
@@ -1105,9 +1139,11 @@ impl Store {
     }
 
     /// Whether memory is tight enough that hot pages are compressed
-    /// regardless of age.
+    /// regardless of age: decided once per pass, so that one pass under
+    /// pressure compresses every hot page rather than just enough to dip
+    /// below the mark (which would have writers hit it again at once).
     fn under_pressure(&self) -> bool {
-        self.c.memory_used.load(Relaxed) > self.max_memory / 8 * 7
+        self.c.pressure.load(Relaxed)
     }
 }
 
@@ -1120,6 +1156,8 @@ impl Store {
     /// Call once, before the `background_pass` calls of every part.
     pub fn begin_pass(&self) {
         self.c.idle_pass.store(0, Relaxed);
+        let tight = self.c.memory_used.load(Relaxed) > (self.max_memory - self.headroom) / 8 * 7;
+        self.c.pressure.store(tight, Relaxed);
         self.zs.plan_compaction();
     }
 
@@ -1137,6 +1175,7 @@ impl Store {
         for s in (part..SHARDS).step_by(parts.max(1)) {
             let keys: Vec<u64> = self.shards[s].0.read().keys().copied().collect();
             for key in keys {
+                // Ages and idle counts go on when starved; new work does not.
                 idle += self.scan_chunk(s, key, &mut report);
             }
         }
@@ -1202,6 +1241,9 @@ impl Store {
             }
         }
         for d in due {
+            if report.starved {
+                break;
+            }
             self.run_due(lock, key, d, report);
         }
         idle
@@ -1268,10 +1310,13 @@ impl Store {
                 self.move_object(map, key, i, report)
             }
         };
-        if let Err(e) = r {
-            // Memory ran short or data failed to decode: the page keeps what
-            // it held, and the next pass tries again.
-            log::debug!("background work on chunk {key}: {e}");
+        match r {
+            Ok(()) => {}
+            // Even the headroom is used up (by zspages of other classes):
+            // this pass stops compressing; the next one tries again.
+            Err(Error::NoSpace { .. } | Error::HostMemoryLow { .. }) => report.starved = true,
+            // Data failed to decode: the page keeps what it held.
+            Err(e) => log::warn!("background work on chunk {key}: {e}"),
         }
     }
 
@@ -1290,7 +1335,7 @@ impl Store {
         let data = unsafe { page_ref(p) };
         // Passing the raw slot lets an incompressible page keep its frame
         // (nothing is written to it: `data` is that frame).
-        let new = self.pack(self.compress, data, chunk.get(i))?;
+        let new = self.pack(self.compress, data, chunk.get(i), true)?;
         let mut map = RwLockUpgradableReadGuard::upgrade(map);
         let chunk = map.get_mut(&key).expect("chunk kept under lock");
         self.replace(chunk, i, new, false);
@@ -1334,23 +1379,21 @@ impl Store {
             if matches!(old, Slot::Packed { zstd, .. } if zstd == matches!(codec, Codec::Zstd(_))) {
                 vec![]
             } else {
-                let s = self.pack(codec, &plain, Slot::Hole)?;
+                let s = self.pack(codec, &plain, Slot::Hole, true)?;
                 vec![s]
             }
         } else {
             let mut out = vec![0u8; FRAME_HEADER + before.min(zs::MAX_OBJECT - FRAME_HEADER)];
-            let t = Instant::now();
-            let len = codec::compress(codec, &plain, &mut out[FRAME_HEADER..]);
-            self.c
-                .compress_ns
-                .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+            let len = timed(&self.c.compress_ns, || {
+                codec::compress(codec, &plain, &mut out[FRAME_HEADER..])
+            });
             match len.filter(|&l| zs::rounded(FRAME_HEADER + l) < before) {
                 Some(len) => {
                     out[0] = start as u8;
                     out[1] = n as u8;
                     out[2] = codec_id(codec);
                     out[4..8].copy_from_slice(&(len as u32).to_le_bytes());
-                    let h = self.alloc_object(FRAME_HEADER + len)?;
+                    let h = self.alloc_object(FRAME_HEADER + len, true)?;
                     // SAFETY: fresh object, not yet published.
                     unsafe { self.zs.write(h, &out[..FRAME_HEADER + len]) };
                     self.c
@@ -1400,7 +1443,7 @@ impl Store {
         for &i in &members {
             let mut page = [0u8; PAGE_SIZE];
             self.decode_into(chunk.get(i), chunk, &mut frame, i, &mut page)?;
-            match self.pack(codec, &page, Slot::Hole) {
+            match self.pack(codec, &page, Slot::Hole, true) {
                 Ok(s) => new.push(s),
                 Err(e) => {
                     new.into_iter().for_each(|s| self.drop_unpublished(s));
@@ -1443,7 +1486,7 @@ impl Store {
         if !self.zs.is_evacuating(h) {
             return Ok(());
         }
-        let nh = self.alloc_object(len)?;
+        let nh = self.alloc_object(len, true)?;
         let mut buf = vec![0u8; len];
         // SAFETY: write lock held over every slot naming `h`; `nh` is fresh.
         unsafe {
@@ -1556,6 +1599,19 @@ fn scanner_tick(cfg: &StoreConfig) -> Duration {
     tick = tick.clamp(Duration::from_millis(50), Duration::from_secs(1));
     let longest = delays.iter().max().copied().unwrap_or_default();
     tick.max(longest / (MAX_AGE as u32 - 1))
+}
+
+/// Runs `f`, adding its elapsed time to `counter`. Codec calls are pure
+/// computation, so this is their CPU time unless threads outnumber cores
+/// and the call is preempted. (The thread CPU clock would say it exactly,
+/// but it is a system call, ~0.5 µs here, and timing only some calls with
+/// it was measured to overstate them by 3-20%: the system call itself slows
+/// the compression that follows it.)
+fn timed<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let r = f();
+    counter.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);
+    r
 }
 
 fn thread_cpu_ns() -> u64 {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pool::{PagePool, PagePtr};
 use crate::PAGE_SIZE;
 
@@ -89,10 +89,19 @@ impl Handle {
     }
 }
 
+impl ZsPage {
+    fn free_objects(&self) -> u64 {
+        (self.objs - self.inuse) as u64
+    }
+}
+
 #[repr(align(16))]
 struct ZsPage {
     pages: Box<[PagePtr]>,
     class: u16,
+    /// Objects it holds: usually `objs_per(class)`, fewer for a zspage
+    /// made small because memory was short.
+    objs: u16,
     /// Objects handed out and not freed.
     inuse: u16,
     /// Objects `next_fresh..` have never been handed out.
@@ -110,6 +119,8 @@ struct Class {
     partial: Vec<NonNull<ZsPage>>,
     /// Every zspage of this class, for compaction's choice.
     zspages: u64,
+    /// Objects its zspages hold, and those in use.
+    capacity: u64,
     inuse: u64,
     /// Zspages set aside by [`ZsAlloc::plan_compaction`].
     evacuating: Vec<NonNull<ZsPage>>,
@@ -202,6 +213,7 @@ impl ZsAlloc {
                     Mutex::new(Class {
                         partial: Vec::new(),
                         zspages: 0,
+                        capacity: 0,
                         inuse: 0,
                         evacuating: Vec::new(),
                     })
@@ -220,23 +232,33 @@ impl ZsAlloc {
         &self,
         len: usize,
         pool: &PagePool,
-        reserve: impl FnOnce(u64) -> Result<()>,
+        reserve: impl Fn(u64) -> Result<()>,
         unreserve: impl Fn(u64),
     ) -> Result<Handle> {
         let c = class_of(len);
+        let size = CLASS_SIZE[c] as usize;
         let mut class = self.classes[c].lock();
         let zp = match class.partial.last() {
             Some(&zp) => zp,
             None => {
-                let zp = self.new_zspage(c, pool, reserve, unreserve)?;
+                // Short of memory, a zspage of as few pages as the object
+                // needs still lets compression go on (and free raw pages):
+                // it packs worse, and compaction later moves its objects.
+                let zp = match self.new_zspage(c, zspage_pages(size), pool, &reserve, &unreserve) {
+                    Err(Error::NoSpace { .. }) if zspage_pages(size) > size.div_ceil(PAGE_SIZE) => {
+                        self.new_zspage(c, size.div_ceil(PAGE_SIZE), pool, &reserve, &unreserve)?
+                    }
+                    r => r?,
+                };
                 class.zspages += 1;
+                // SAFETY: just created, ours.
+                class.capacity += unsafe { zp.as_ref() }.objs as u64;
                 Self::push_partial(&mut class, zp);
                 zp
             }
         };
         // SAFETY: zspages in `partial` are live and ours under the class lock.
         let z = unsafe { &mut *zp.as_ptr() };
-        let size = CLASS_SIZE[c] as usize;
         let idx = if z.free_head != NO_FREE {
             let idx = z.free_head;
             let mut next = [0u8; 2];
@@ -250,8 +272,7 @@ impl ZsAlloc {
         };
         z.inuse += 1;
         class.inuse += 1;
-        let objs = objs_per(c);
-        if z.inuse as usize == objs {
+        if z.inuse == z.objs {
             Self::remove_partial(&mut class, zp);
         }
         Ok(Handle { zspage: zp, idx })
@@ -264,7 +285,7 @@ impl ZsAlloc {
         let mut class = self.classes[c].lock();
         // SAFETY: the zspage lives while `h` does; we hold its class lock.
         let z = unsafe { &mut *h.zspage.as_ptr() };
-        let was_full = z.inuse as usize == objs_per(c);
+        let was_full = z.inuse == z.objs;
         // SAFETY: the object is being given back; nobody reads it any more.
         unsafe { write_bytes(z, size, h.idx, &z.free_head.to_ne_bytes()) };
         z.free_head = h.idx;
@@ -278,6 +299,7 @@ impl ZsAlloc {
                 Self::remove_partial(&mut class, h.zspage);
             }
             class.zspages -= 1;
+            class.capacity -= z.objs as u64;
             drop(class);
             self.free_zspage(h.zspage, pool, unreserve);
         } else if was_full && !evacuating {
@@ -327,7 +349,7 @@ impl ZsAlloc {
         for (c, class) in self.classes.iter().enumerate() {
             let mut class = class.lock();
             let objs = objs_per(c) as u64;
-            let capacity = class.zspages * objs;
+            let capacity = class.capacity;
             let free = capacity - class.inuse;
             if free < 2 * objs || free * 8 < capacity {
                 continue;
@@ -339,11 +361,11 @@ impl ZsAlloc {
             // Room left in the fuller zspages we keep, taken from the back.
             let mut room: u64 = partial
                 .iter()
-                .map(|zp| objs - unsafe { zp.as_ref() }.inuse as u64)
+                .map(|zp| unsafe { zp.as_ref() }.free_objects())
                 .sum();
             while let Some(&zp) = partial.last() {
                 let z = unsafe { zp.as_ref() };
-                let (live, own_room) = (z.inuse as u64, objs - z.inuse as u64);
+                let (live, own_room) = (z.inuse as u64, z.free_objects());
                 // Room in the other zspages, less what earlier picks will use.
                 if room < own_room || live > room - own_room {
                     break;
@@ -394,11 +416,11 @@ impl ZsAlloc {
     fn new_zspage(
         &self,
         c: usize,
+        n: usize,
         pool: &PagePool,
-        reserve: impl FnOnce(u64) -> Result<()>,
-        unreserve: impl Fn(u64),
+        reserve: &impl Fn(u64) -> Result<()>,
+        unreserve: &impl Fn(u64),
     ) -> Result<NonNull<ZsPage>> {
-        let n = zspage_pages(CLASS_SIZE[c] as usize);
         let charge = (n * PAGE_SIZE) as u64 + zspage_meta_bytes(n);
         reserve(charge)?;
         let mut pages = Vec::with_capacity(n);
@@ -417,6 +439,7 @@ impl ZsAlloc {
         let z = Box::new(ZsPage {
             pages: pages.into_boxed_slice(),
             class: c as u16,
+            objs: (n * PAGE_SIZE / CLASS_SIZE[c] as usize) as u16,
             inuse: 0,
             next_fresh: 0,
             free_head: NO_FREE,
