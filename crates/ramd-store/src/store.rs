@@ -481,6 +481,8 @@ impl Store {
                 for ps in span.pages() {
                     let dst = &mut out[ps.buf_range()];
                     let slot = chunk.get(ps.slot);
+                    // Read before, since the scanner last looked?
+                    let again = chunk.meta[ps.slot].load(Relaxed) & ACCESSED != 0;
                     if !matches!(slot, Slot::Hole | Slot::Fill(_)) {
                         chunk.touch(ps.slot);
                     }
@@ -501,7 +503,10 @@ impl Store {
                                 self.decode_into(slot, chunk, &mut frame, ps.slot, &mut page)?;
                                 dst.copy_from_slice(&page[ps.start..ps.start + ps.len]);
                             }
-                            if promote && ps.len == PAGE_SIZE {
+                            // A second whole-page read within one scanner
+                            // period makes the page hot; a single pass (a
+                            // backup, a scrub) leaves the disk compressed.
+                            if promote && again && ps.len == PAGE_SIZE {
                                 cold |= 1 << ps.slot;
                             }
                         }
@@ -515,8 +520,9 @@ impl Store {
         Ok(())
     }
 
-    /// Hot/cold tiering: compressed pages just read whole go back to raw,
-    /// so a working set that is read again is served at memory speed. Best
+    /// Hot/cold tiering: compressed pages read whole a second time since the
+    /// scanner's last pass go back to raw, so a working set that is read
+    /// again and again is served at memory speed. Best
     /// effort: skipped when memory is short. Pages are decompressed again
     /// under the write lock: what the read saw may have been rewritten since
     /// (even into the same object), so `out` cannot be trusted here.
@@ -1255,9 +1261,11 @@ impl Store {
         let idle = |i: usize| {
             let m = chunk.meta[i].load(Relaxed);
             let kind = m & KIND_MASK;
+            // Pages the first codec found incompressible too: a frame of
+            // neighbours, or a stronger codec, may still shrink them.
             m & SETTLED == 0
                 && (m >> AGE_SHIFT) >= self.idle_after
-                && matches!(kind, K_RAW_HOT | K_LZ4 | K_ZSTD)
+                && matches!(kind, K_RAW_HOT | K_RAW_HUGE | K_LZ4 | K_ZSTD)
         };
         let mut i = 0;
         while i < CHUNK_PAGES {
