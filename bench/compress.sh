@@ -408,7 +408,9 @@ measure() {
         base=$(zram_stat 3)
         ;;
     nbdkit-zstd)
-        # A socket of its own: nbdkit leaves the file behind when it stops.
+        # A socket of its own: nbdkit leaves the file behind when it stops,
+        # so a target measured again removes the last attempt's first.
+        rm -f "$work/nbdkit.$set.sock"
         nbdkit --foreground --exit-with-parent --unix "$work/nbdkit.$set.sock" \
             memory "$size_bytes" allocator=zstd 2>"$work/logs/$set.$t.log" {bench_lock_fd}>&- &
         srv_pid=$! srv_name=nbdkit pid=$srv_pid
