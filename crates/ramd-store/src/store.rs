@@ -949,11 +949,19 @@ impl Store {
             Slot::Packed { h, .. } if h.capacity() == zs::rounded(n) => h,
             _ => match self.alloc_object(n, bg) {
                 Ok(h) => h,
-                // A new zspage does not fit, a raw page may: better than ENOSPC.
-                Err(Error::NoSpace { .. }) if !matches!(old, Slot::Raw { .. }) => {
-                    let p = self.alloc_page(bg)?;
-                    // SAFETY: fresh frame, not yet shared.
-                    unsafe { page_mut(p) }.copy_from_slice(data);
+                // A new zspage does not fit: a raw page may, better than
+                // ENOSPC (the old slot's own frame, if it has one). It is
+                // left hot, for the scanner to compress when memory allows.
+                Err(Error::NoSpace { .. }) => {
+                    let p = match old {
+                        Slot::Raw { p, .. } => p,
+                        _ => self.alloc_page(bg)?,
+                    };
+                    if !std::ptr::eq(data.as_ptr(), p.as_ptr()) {
+                        // SAFETY: a fresh frame, or the old slot's frame under
+                        // the caller's write lock.
+                        unsafe { page_mut(p) }.copy_from_slice(data);
+                    }
                     return Ok(Slot::Raw { p, hot: true });
                 }
                 Err(e) => return Err(e),
@@ -1344,6 +1352,14 @@ impl Store {
         // Passing the raw slot lets an incompressible page keep its frame
         // (nothing is written to it: `data` is that frame).
         let new = self.pack(self.compress, data, chunk.get(i), true)?;
+        if matches!(new, Slot::Raw { hot: true, .. }) {
+            // It compressed, but no zspage fits even in the headroom: the
+            // page stays as it is, and this pass stops trying.
+            return Err(Error::NoSpace {
+                needed: PAGE_SIZE as u64,
+                limit: self.max_memory,
+            });
+        }
         let mut map = RwLockUpgradableReadGuard::upgrade(map);
         let chunk = map.get_mut(&key).expect("chunk kept under lock");
         self.replace(chunk, i, new, false);
