@@ -546,8 +546,7 @@ impl Store {
                 .decode_into(slot, chunk, &mut frame, ps.slot, page)
                 .is_err()
             {
-                self.pool.free(p);
-                self.unreserve(PAGE_SIZE as u64);
+                self.free_page(p);
                 return;
             }
             self.replace(chunk, ps.slot, Slot::Raw { p, hot: true }, true);
@@ -1019,6 +1018,21 @@ impl Store {
         })
     }
 
+    /// Gives back a raw frame and its budget.
+    fn free_page(&self, p: PagePtr) {
+        self.pool.free(p);
+        self.unreserve(PAGE_SIZE as u64);
+    }
+
+    /// A frame's header: first slot, page count, codec, compressed length.
+    ///
+    /// SAFETY: the caller holds the shard lock of a slot naming `h`.
+    unsafe fn frame_header(&self, h: Handle) -> [u8; FRAME_HEADER] {
+        let mut header = [0u8; FRAME_HEADER];
+        self.zs.read(h, &mut header);
+        header
+    }
+
     /// Reserves and takes one raw frame, for background work if `bg`;
     /// nothing is charged if either fails.
     fn alloc_page(&self, bg: bool) -> Result<PagePtr> {
@@ -1060,8 +1074,7 @@ impl Store {
         match old {
             Slot::Raw { p, .. } => {
                 if !matches!(new, Slot::Raw { p: np, .. } if np == p) {
-                    self.pool.free(p);
-                    self.unreserve(PAGE_SIZE as u64);
+                    self.free_page(p);
                 }
             }
             Slot::Packed { h, len, .. } => {
@@ -1072,10 +1085,9 @@ impl Store {
             }
             Slot::Frame(h) => {
                 if new != old && chunk.frame_members(old_val).next().is_none() {
-                    let mut header = [0u8; FRAME_HEADER];
                     // SAFETY: the frame's last page is leaving it; we hold
                     // the write lock over every slot that could name it.
-                    unsafe { self.zs.read(h, &mut header) };
+                    let header = unsafe { self.frame_header(h) };
                     let len = FRAME_HEADER as u64 + frame_len(&header) as u64;
                     self.c.compressed_bytes.fetch_sub(len, Relaxed);
                     self.c.frames.fetch_sub(1, Relaxed);
@@ -1296,9 +1308,8 @@ impl Store {
             let Slot::Frame(h) = chunk.get(i) else {
                 unreachable!()
             };
-            let mut header = [0u8; FRAME_HEADER];
             // SAFETY: read lock held; the frame is named by slot i.
-            unsafe { self.zs.read(h, &mut header) };
+            let header = unsafe { self.frame_header(h) };
             let members = chunk.frame_members(chunk.vals[i]).count();
             if members * 2 <= header[1] as usize {
                 due.push(Due::Split(chunk.vals[i]));
@@ -1432,10 +1443,9 @@ impl Store {
         let mut map = RwLockUpgradableReadGuard::upgrade(map);
         let chunk = map.get_mut(&key).expect("chunk kept under lock");
         for (k, slot) in new.iter().enumerate() {
-            if let Slot::Raw { p, .. } = slot {
+            if let Slot::Raw { .. } = slot {
                 // Did not compress; a raw copy would only churn.
-                self.pool.free(*p);
-                self.unreserve(PAGE_SIZE as u64);
+                self.drop_unpublished(*slot);
                 continue;
             }
             self.replace(chunk, start + k, *slot, false);
@@ -1500,9 +1510,8 @@ impl Store {
         let (h, len) = match chunk.get(i) {
             Slot::Packed { h, len, .. } => (h, len as usize),
             Slot::Frame(h) => {
-                let mut header = [0u8; FRAME_HEADER];
                 // SAFETY: write lock held; slot i names this frame.
-                unsafe { self.zs.read(h, &mut header) };
+                let header = unsafe { self.frame_header(h) };
                 (h, FRAME_HEADER + frame_len(&header))
             }
             _ => return Ok(()),
@@ -1534,10 +1543,7 @@ impl Store {
     /// Gives back what a slot built by `pack` holds, before it is published.
     fn drop_unpublished(&self, s: Slot) {
         match s {
-            Slot::Raw { p, .. } => {
-                self.pool.free(p);
-                self.unreserve(PAGE_SIZE as u64);
-            }
+            Slot::Raw { p, .. } => self.free_page(p),
             Slot::Packed { h, .. } => self.free_object(h),
             _ => {}
         }
@@ -1564,9 +1570,8 @@ struct FrameCache {
 impl FrameCache {
     fn page(&mut self, store: &Store, val: u64, h: Handle, i: usize, dst: &mut [u8]) -> Result<()> {
         if self.val != Some(val) {
-            let mut header = [0u8; FRAME_HEADER];
             // SAFETY: the caller holds the shard lock of a slot naming `h`.
-            unsafe { store.zs.read(h, &mut header) };
+            let header = unsafe { store.frame_header(h) };
             let (start, n, len) = (header[0] as usize, header[1] as usize, frame_len(&header));
             if n == 0 || start + n > CHUNK_PAGES || FRAME_HEADER + len > h.capacity() {
                 return Err(Error::Corrupt(format!("frame header {header:?}")));
