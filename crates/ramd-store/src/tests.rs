@@ -734,7 +734,10 @@ mod compressed {
         .unwrap();
         let mut rng = Rng(3);
         let mut pages = 0u64;
-        while s.write(pages * PAGE_SIZE as u64, &rng.bytes(PAGE_SIZE)).is_ok() {
+        while s
+            .write(pages * PAGE_SIZE as u64, &rng.bytes(PAGE_SIZE))
+            .is_ok()
+        {
             pages += 1;
         }
         // Compressible data over incompressible pages: a zspage may not
