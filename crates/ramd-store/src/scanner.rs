@@ -56,7 +56,7 @@ impl Scanner {
 /// One pass, its shards split over `threads` threads (helpers live for the
 /// pass only: passes are seconds apart, a thread start is microseconds).
 fn run_pass(store: &Store, threads: usize) {
-    store.begin_pass();
+    let pass = store.begin_pass();
     let report = std::thread::scope(|s| {
         let helpers: Vec<_> = (1..threads)
             .map(|part| {
@@ -77,7 +77,7 @@ fn run_pass(store: &Store, threads: usize) {
         }
         total
     });
-    store.end_pass();
+    store.end_pass(pass);
     if report != Default::default() {
         log::debug!("background pass: {report:?}");
     }

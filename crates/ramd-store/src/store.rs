@@ -30,7 +30,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use parking_lot::{RwLock, RwLockUpgradableReadGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockUpgradableReadGuard};
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
@@ -362,6 +362,11 @@ struct Counters {
     compacted: AtomicU64,
 }
 
+/// Proof that a background pass is under way (from [`Store::begin_pass`],
+/// handed back to [`Store::end_pass`]): passes and client compaction take
+/// turns.
+pub struct PassGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
+
 /// What one background pass did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
@@ -391,6 +396,9 @@ pub struct Store {
     tick: Duration,
     /// Budget only background work may use (see `reserve`).
     headroom: u64,
+    /// Held for a whole background pass, and by a client's compaction
+    /// (`compact_now`): compaction plans are global, one at a time.
+    passing: Mutex<()>,
     // Declared last: dropped after the page table that points into them.
     zs: ZsAlloc,
     pool: PagePool,
@@ -445,6 +453,7 @@ impl Store {
             idle_after: passes(cfg.idle_after).max(1),
             tick,
             headroom,
+            passing: Mutex::new(()),
             zs: ZsAlloc::new(),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
@@ -537,6 +546,11 @@ impl Store {
             if !matches!(slot, Slot::Packed { .. } | Slot::Frame(_)) {
                 continue;
             }
+            // Reads must not take the memory writes need: promote only
+            // below the mark where the scanner starts compressing anyway.
+            if self.c.memory_used.load(Relaxed) + PAGE_SIZE as u64 > self.pressure_mark() {
+                return;
+            }
             let Ok(p) = self.alloc_page(false) else {
                 return;
             };
@@ -569,6 +583,21 @@ impl Store {
         if let Err(e) = self.check_range(offset, data.len() as u64) {
             return (0, Err(e));
         }
+        let (done, r) = self.write_spans(offset, data, pages);
+        match r {
+            // Overwrites free objects one by one and a zspage goes back only
+            // with its last one, so a disk that held compressed pages can
+            // be out of budget while holding whole zspages of free space:
+            // compact now rather than at the scanner's next pass.
+            Err(Error::NoSpace { .. }) if self.compact_now() => {
+                let (more, r) = self.write_spans(offset + done as u64, &data[done..], pages);
+                (done + more, r)
+            }
+            r => (done, r),
+        }
+    }
+
+    fn write_spans(&self, offset: u64, data: &[u8], pages: &mut i64) -> (usize, Result<()>) {
         let mut done = 0;
         for span in chunk_spans(offset, data.len() as u64) {
             let src = &data[span.buf_range()];
@@ -1171,6 +1200,12 @@ impl Store {
     fn under_pressure(&self) -> bool {
         self.c.pressure.load(Relaxed)
     }
+
+    /// Memory use above which a pass compresses every hot page, and reads
+    /// stop promoting: 7/8 of the clients' budget.
+    fn pressure_mark(&self) -> u64 {
+        (self.max_memory - self.headroom) / 8 * 7
+    }
 }
 
 /// Background work: ageing, compressing idle pages, re-packing cold ones
@@ -1180,17 +1215,57 @@ impl Store {
 impl Store {
     /// Starts a pass: plans compaction if the allocator is fragmented.
     /// Call once, before the `background_pass` calls of every part.
-    pub fn begin_pass(&self) {
+    pub fn begin_pass(&self) -> PassGuard<'_> {
+        let guard = PassGuard(self.passing.lock());
         self.c.idle_pass.store(0, Relaxed);
-        let tight = self.c.memory_used.load(Relaxed) > (self.max_memory - self.headroom) / 8 * 7;
+        let tight = self.c.memory_used.load(Relaxed) > self.pressure_mark();
         self.c.pressure.store(tight, Relaxed);
         self.zs.plan_compaction();
+        guard
     }
 
     /// Ends a pass: zspages that could not be emptied take objects again.
-    pub fn end_pass(&self) {
+    pub fn end_pass(&self, guard: PassGuard<'_>) {
         self.zs.finish_compaction();
         self.c.idle.store(self.c.idle_pass.load(Relaxed), Relaxed);
+        drop(guard);
+    }
+
+    /// Compaction on a client's behalf, when its request found no memory:
+    /// moves the objects out of the emptiest zspages of fragmented classes,
+    /// so the zspages go back to the pool. Waits for a background pass
+    /// under way. Returns whether it moved anything (so a retry may fit).
+    fn compact_now(&self) -> bool {
+        let _pass = self.passing.lock();
+        let mut report = PassReport::default();
+        if self.zs.plan_compaction() > 0 {
+            for shard in self.shards.iter() {
+                let keys: Vec<u64> = shard.0.read().keys().copied().collect();
+                for key in keys {
+                    let moves: Vec<usize> = {
+                        let map = shard.0.read();
+                        let Some(chunk) = map.get(&key) else { continue };
+                        (0..CHUNK_PAGES)
+                            .filter(|&i| match chunk.get(i) {
+                                Slot::Packed { h, .. } | Slot::Frame(h) => self.zs.is_evacuating(h),
+                                _ => false,
+                            })
+                            .collect()
+                    };
+                    for i in moves {
+                        if report.starved {
+                            break;
+                        }
+                        self.run_due(&shard.0, key, Due::Move(i), &mut report);
+                    }
+                }
+            }
+        }
+        self.zs.finish_compaction();
+        if report.moved > 0 {
+            log::debug!("compaction for a client: {report:?}");
+        }
+        report.moved > 0
     }
 
     /// One pass over the shards `s` with `s % parts == part`.
@@ -1216,9 +1291,9 @@ impl Store {
     /// Runs [`Store::begin_pass`], every part, [`Store::end_pass`] on this
     /// thread: what tests and single-threaded callers want.
     pub fn background_pass_all(&self) -> PassReport {
-        self.begin_pass();
+        let guard = self.begin_pass();
         let r = self.background_pass(0, 1);
-        self.end_pass();
+        self.end_pass(guard);
         r
     }
 

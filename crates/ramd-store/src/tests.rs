@@ -863,3 +863,547 @@ mod compressed {
         assert!(e.is_err());
     }
 }
+
+/// Review: stress tests of the page table, allocator and background pass
+/// racing with clients, each checked against a per-page model.
+mod review {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed as R};
+    use std::sync::{Arc, Mutex, MutexGuard};
+    use std::time::Duration;
+
+    const SOON: Duration = Duration::from_millis(1);
+    const P: usize = PAGE_SIZE;
+
+    /// Requests per client thread: `REVIEW_SCALE` times `n` (1 by default).
+    fn ops(n: usize) -> usize {
+        n * std::env::var("REVIEW_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    }
+
+    fn text(rng: &mut Rng, n: usize) -> Vec<u8> {
+        const WORDS: [&str; 12] = [
+            "page ", "disk ", "ramd ", "zstd ", "the ", "of ", "memory ", "block\n", "{ ", "} ",
+            "fn ", "0x1f ",
+        ];
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(WORDS[rng.below(12) as usize].as_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+
+    /// A page of one of several kinds: text, noise, half and half (so
+    /// objects land in many size classes), byte fills, zeros, 8-byte patterns.
+    fn page_data(rng: &mut Rng) -> Vec<u8> {
+        match rng.below(8) {
+            0 | 1 => text(rng, P),
+            2 => rng.bytes(P),
+            3 | 4 => {
+                let mut v = text(rng, P);
+                let k = rng.below(P as u64) as usize;
+                let noise = rng.bytes(P - k);
+                v[k..].copy_from_slice(&noise);
+                v
+            }
+            5 => vec![rng.next() as u8; P],
+            6 => vec![0; P],
+            _ => rng.next().to_ne_bytes().repeat(P / 8),
+        }
+    }
+
+    fn data(rng: &mut Rng, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + P);
+        while v.len() < n {
+            v.extend_from_slice(&page_data(rng));
+        }
+        let at = rng.below(P as u64) as usize;
+        v.extend_from_slice(&page_data(rng));
+        v[at..at + n].to_vec()
+    }
+
+    fn cfg(size: u64, compress: &str) -> StoreConfig {
+        StoreConfig {
+            host_reserve: 0,
+            compress: compress.parse().unwrap(),
+            ..StoreConfig::new(size)
+        }
+    }
+
+    fn modes(size: u64, max_memory: Option<u64>) -> Vec<(&'static str, StoreConfig)> {
+        let c = |s: &str| StoreConfig {
+            max_memory,
+            ..cfg(size, s)
+        };
+        vec![
+            ("lz4", c("lz4")),
+            ("zstd:1", c("zstd:1")),
+            (
+                "lz4 tiered",
+                StoreConfig {
+                    compress_after: SOON,
+                    ..c("lz4")
+                },
+            ),
+            (
+                "lz4 + zstd frames",
+                StoreConfig {
+                    recompress: Codec::Zstd(1),
+                    idle_after: SOON,
+                    ..c("lz4")
+                },
+            ),
+            (
+                "tiered lz4 + zstd frames",
+                StoreConfig {
+                    compress_after: SOON,
+                    recompress: Codec::Zstd(1),
+                    idle_after: SOON,
+                    ..c("lz4")
+                },
+            ),
+            (
+                "none + lz4 frames",
+                StoreConfig {
+                    recompress: Codec::Lz4,
+                    idle_after: SOON,
+                    ..c("none")
+                },
+            ),
+        ]
+    }
+
+    fn adds_up(s: &Store, name: &str) {
+        let st = s.stats();
+        assert_eq!(
+            st.memory_used,
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes,
+            "{name}: {st:?}"
+        );
+        assert_eq!(
+            st.data_pages,
+            st.hot_pages + st.incompressible_pages + st.compressed_pages + st.frame_pages,
+            "{name}: {st:?}"
+        );
+        assert!(st.memory_used <= st.max_memory, "{name}: {st:?}");
+    }
+
+    /// The expected contents of every page, each behind its own lock: a
+    /// client thread locks the pages of its request (in order), so requests
+    /// from several threads may share chunks, zspages and frames while the
+    /// model stays exact.
+    struct Model(Vec<Mutex<Vec<u8>>>);
+
+    impl Model {
+        fn new(size: u64) -> Model {
+            Model(
+                (0..size as usize / P)
+                    .map(|_| Mutex::new(vec![0; P]))
+                    .collect(),
+            )
+        }
+        fn lock(&self, off: u64, len: u64) -> Vec<MutexGuard<'_, Vec<u8>>> {
+            let (a, b) = (off as usize / P, (off + len - 1) as usize / P);
+            (a..=b).map(|p| self.0[p].lock().unwrap()).collect()
+        }
+        fn flat(g: &[MutexGuard<'_, Vec<u8>>]) -> Vec<u8> {
+            g.iter().flat_map(|p| p.iter().copied()).collect()
+        }
+        fn set(g: &mut [MutexGuard<'_, Vec<u8>>], flat: &[u8]) {
+            for (k, p) in g.iter_mut().enumerate() {
+                p.copy_from_slice(&flat[k * P..(k + 1) * P]);
+            }
+        }
+    }
+
+    /// One client's random request on `s`, checked against `m`.
+    fn client_op(s: &Store, m: &Model, rng: &mut Rng, name: &str) {
+        let size = s.size();
+        let off = rng.below(size);
+        let len = match rng.below(4) {
+            0 => rng.below(64) + 1,
+            1 => P as u64,
+            _ => rng.below(5 * P as u64) + 1,
+        }
+        .min(size - off);
+        let off = if rng.below(3) == 0 {
+            off & !(P as u64 - 1)
+        } else {
+            off
+        };
+        let len = len.min(size - off);
+        let mut g = m.lock(off, len);
+        let base = off as usize & !(P - 1);
+        let (o, l) = (off as usize - base, len as usize);
+        let mut flat = Model::flat(&g);
+        match rng.below(10) {
+            0..=3 => {
+                let d = data(rng, l);
+                let (done, r) = s.write_prefix(off, &d, &mut 0);
+                if let Err(e) = r {
+                    assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                }
+                // Pages before the failing one hold the new data, the rest
+                // the old: `done` ends at a page boundary (or is 0).
+                flat[o..o + done].copy_from_slice(&d[..done]);
+            }
+            4..=5 => {
+                let punch = rng.below(2) == 0;
+                let r = if rng.below(2) == 0 {
+                    s.zero(off, len, punch)
+                } else {
+                    s.trim(off, len)
+                };
+                let mut zeroed = flat.clone();
+                zeroed[o..o + l].fill(0);
+                match r {
+                    Ok(()) => flat = zeroed,
+                    Err(e) => {
+                        assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                        // Each page is either as it was or zeroed.
+                        let mut back = vec![0; g.len() * P];
+                        s.read(base as u64, &mut back).unwrap();
+                        for k in 0..g.len() {
+                            let r = k * P..(k + 1) * P;
+                            assert!(
+                                back[r.clone()] == flat[r.clone()]
+                                    || back[r.clone()] == zeroed[r.clone()],
+                                "{name}: page {} after a failed zero",
+                                base / P + k
+                            );
+                        }
+                        flat = back;
+                    }
+                }
+            }
+            6 => {
+                let r = s.allocate(off, len, &mut 0);
+                if let Err(e) = r {
+                    assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                }
+            }
+            _ => {
+                let mut b = vec![0; l];
+                s.read(off, &mut b).unwrap();
+                if b != flat[o..o + l] {
+                    let bad = (0..l).find(|&k| b[k] != flat[o + k]).unwrap();
+                    panic!(
+                        "{name}: read at {off} len {len}: first wrong byte at disk offset {}",
+                        off as usize + bad
+                    );
+                }
+                // A second read promotes on a tiered disk.
+                if rng.below(2) == 0 {
+                    s.read(off, &mut b).unwrap();
+                    assert!(
+                        b == flat[o..o + l],
+                        "{name}: second read at {off} len {len}"
+                    );
+                }
+            }
+        }
+        Model::set(&mut g, &flat);
+    }
+
+    /// Clients and a scanner (one pass after another, some passes split
+    /// over two threads) on one store; then the whole disk against the model.
+    fn stress(name: &str, cfg: StoreConfig, clients: u64, ops: usize, seed: u64) {
+        let size = cfg.size;
+        let s = Arc::new(Store::new(cfg).unwrap());
+        let m = Arc::new(Model::new(size));
+        let stop = Arc::new(AtomicBool::new(false));
+        let scanner = {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(R) {
+                    if n % 3 == 2 {
+                        let pass = s.begin_pass();
+                        std::thread::scope(|sc| {
+                            let h = sc.spawn(|| s.background_pass(1, 2));
+                            s.background_pass(0, 2);
+                            h.join().unwrap();
+                        });
+                        s.end_pass(pass);
+                    } else {
+                        s.background_pass_all();
+                    }
+                    n += 1;
+                }
+                n
+            })
+        };
+        let threads: Vec<_> = (0..clients)
+            .map(|t| {
+                let (s, m) = (s.clone(), m.clone());
+                let name = name.to_string();
+                std::thread::spawn(move || {
+                    let mut rng = Rng(seed * 1000 + t + 1);
+                    for _ in 0..ops {
+                        client_op(&s, &m, &mut rng, &name);
+                        let st = s.stats();
+                        assert!(st.memory_used <= st.max_memory, "{name}: {st:?}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        stop.store(true, R);
+        let passes = scanner.join().unwrap();
+        let expect: Vec<u8> = m.0.iter().flat_map(|p| p.lock().unwrap().clone()).collect();
+        let check = |when: &str| {
+            let all = read_all(&s);
+            if all != expect {
+                let bad = (0..all.len()).find(|&k| all[k] != expect[k]).unwrap();
+                panic!(
+                    "{name}: {when}: first wrong byte at {bad} (page {})",
+                    bad / P
+                );
+            }
+        };
+        check("after the run");
+        adds_up(&s, name);
+        for _ in 0..3 {
+            s.background_pass_all();
+        }
+        check("after more passes");
+        adds_up(&s, name);
+        eprintln!("{name}: {passes} passes, {:?}", s.stats());
+        // Store's Drop checks its counters (debug builds).
+        drop(Arc::try_unwrap(s).ok().expect("last reference"));
+    }
+
+    /// A page that compresses to about `k` bytes, `k` from a few sizes: the
+    /// objects crowd into a few size classes, which trimming then fragments.
+    fn sparse_page(rng: &mut Rng) -> Vec<u8> {
+        let k = [300usize, 700, 1500][rng.below(3) as usize] + rng.below(16) as usize;
+        let mut v = vec![0u8; P];
+        let at = rng.below((P - k) as u64) as usize;
+        let noise = rng.bytes(k);
+        v[at..at + k].copy_from_slice(&noise);
+        v
+    }
+
+    /// Fills the disk with `sparse_page`s, then clients trim, rewrite and
+    /// read while the scanner compacts (and packs, splits, compresses).
+    fn stress_fragment(
+        name: &str,
+        cfg: StoreConfig,
+        clients: u64,
+        ops: usize,
+        seed: u64,
+    ) -> StoreStats {
+        let size = cfg.size;
+        let pages = size / P as u64;
+        let s = Arc::new(Store::new(cfg).unwrap());
+        let m = Arc::new(Model::new(size));
+        let mut rng = Rng(seed);
+        for p in 0..pages {
+            let d = sparse_page(&mut rng);
+            let mut g = m.lock(p * P as u64, P as u64);
+            if s.write(p * P as u64, &d).is_ok() {
+                g[0].copy_from_slice(&d);
+            }
+        }
+        s.background_pass_all();
+        let stop = Arc::new(AtomicBool::new(false));
+        let scanner = {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(R) {
+                    s.background_pass_all();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let threads: Vec<_> = (0..clients)
+            .map(|t| {
+                let (s, m) = (s.clone(), m.clone());
+                let name = name.to_string();
+                std::thread::spawn(move || {
+                    let mut rng = Rng(seed * 1000 + t + 1);
+                    for _ in 0..ops {
+                        let p = rng.below(pages);
+                        let off = p * P as u64;
+                        match rng.below(10) {
+                            0..=3 => {
+                                let mut g = m.lock(off, P as u64);
+                                s.trim(off, P as u64).unwrap();
+                                g[0].fill(0);
+                            }
+                            4..=5 => {
+                                let d = sparse_page(&mut rng);
+                                let mut g = m.lock(off, P as u64);
+                                match s.write(off, &d) {
+                                    Ok(()) => g[0].copy_from_slice(&d),
+                                    Err(e) => assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}"),
+                                }
+                            }
+                            6 => client_op(&s, &m, &mut rng, &name),
+                            _ => {
+                                let n = (rng.below(20) + 1).min(pages - p);
+                                let g = m.lock(off, n * P as u64);
+                                let mut b = vec![0; n as usize * P];
+                                s.read(off, &mut b).unwrap();
+                                let want = Model::flat(&g);
+                                if b != want {
+                                    let bad = (0..b.len()).find(|&k| b[k] != want[k]).unwrap();
+                                    panic!("{name}: read of page {} wrong", p as usize + bad / P);
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        stop.store(true, R);
+        let passes = scanner.join().unwrap();
+        let expect: Vec<u8> = m.0.iter().flat_map(|p| p.lock().unwrap().clone()).collect();
+        let check = |when: &str| {
+            let all = read_all(&s);
+            if all != expect {
+                let bad = (0..all.len()).find(|&k| all[k] != expect[k]).unwrap();
+                panic!(
+                    "{name}: {when}: first wrong byte at {bad} (page {})",
+                    bad / P
+                );
+            }
+        };
+        check("after the run");
+        adds_up(&s, name);
+        for _ in 0..3 {
+            s.background_pass_all();
+        }
+        check("after more passes");
+        adds_up(&s, name);
+        let st = s.stats();
+        eprintln!("{name}: {passes} passes, {st:?}");
+        drop(Arc::try_unwrap(s).ok().expect("last reference"));
+        st
+    }
+
+    #[test]
+    fn review_stress_compaction() {
+        let mut moved = 0;
+        for (k, (name, cfg)) in modes(4 * MIB, None).into_iter().enumerate() {
+            moved += stress_fragment(name, cfg, 2, ops(1000), 200 + k as u64).compacted_objects;
+        }
+        assert!(moved > 0, "compaction never ran");
+    }
+
+    #[test]
+    fn review_stress_default_memory() {
+        for (k, (name, cfg)) in modes(2 * MIB, None).into_iter().enumerate() {
+            stress(name, cfg, 2, ops(1000), k as u64);
+        }
+    }
+
+    #[test]
+    fn review_stress_tight_memory() {
+        // 2 MiB of disk in about 1.1 MiB of memory: ENOSPC paths everywhere.
+        for (k, (name, cfg)) in modes(2 * MIB, Some(MIB + (100 << 10)))
+            .into_iter()
+            .enumerate()
+        {
+            stress(name, cfg, 2, ops(1000), 100 + k as u64);
+        }
+    }
+
+    /// Noise fast enough for debug builds.
+    fn noise(rng: &mut Rng, n: usize) -> Vec<u8> {
+        let mut v: Vec<u8> = (0..n.div_ceil(8))
+            .flat_map(|_| rng.next().to_ne_bytes())
+            .collect();
+        v.truncate(n);
+        v
+    }
+
+    /// ARCHITECTURE.md: "a disk of `size` bytes always holds `size` bytes of
+    /// incompressible data". Not once it held compressed pages: overwriting
+    /// them frees objects one by one, and a zspage goes back only when its
+    /// last object does, so raw pages and half-empty zspages together
+    /// outgrow the default max_memory long before the disk is full.
+    /// Compaction fixes it, but only at the next scanner pass (1 s apart
+    /// on an inline disk); a client writing between two passes gets ENOSPC.
+    #[test]
+    fn review_overwriting_compressed_pages_with_noise_fits_the_default_budget() {
+        let size = 64 * MIB;
+        let s = Store::new(cfg(size, "lz4")).unwrap();
+        let pages = size / P as u64;
+        let mut rng = Rng(1);
+        // Pages that compress a little (objects of ~3.6 KiB).
+        let mut d = vec![0u8; P];
+        for p in 0..pages {
+            d[..3600].copy_from_slice(&noise(&mut rng, 3600));
+            s.write(p * P as u64, &d).unwrap();
+        }
+        let mut order: Vec<u64> = (0..pages).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for (n, &p) in order.iter().enumerate() {
+            if let Err(e) = s.write(p * P as u64, &noise(&mut rng, P)) {
+                panic!(
+                    "{e} after overwriting {n} of {pages} pages of a {size}-byte disk with \
+                     default max_memory: {:?}",
+                    s.stats()
+                );
+            }
+        }
+        adds_up(&s, "lz4");
+    }
+
+    /// Promotion takes client budget: a client that reads its data twice
+    /// between two passes turns compressed pages raw until `max_memory` is
+    /// reached, and from then on every other client's write of a new page
+    /// fails with ENOSPC, although the same write succeeded before the reads
+    /// and nothing was written meanwhile.
+    #[test]
+    fn review_reads_do_not_take_the_memory_writes_need() {
+        let s = Store::new(StoreConfig {
+            max_memory: Some(4 * MIB),
+            compress_after: SOON,
+            ..cfg(16 * MIB, "lz4")
+        })
+        .unwrap();
+        let mut rng = Rng(2);
+        // 4 MiB of text, written in two halves that each fit raw.
+        let data = text(&mut rng, 4 * MIB as usize);
+        for half in data.chunks(data.len() / 2) {
+            let at = (half.as_ptr() as usize - data.as_ptr() as usize) as u64;
+            s.write(at, half).unwrap();
+            s.background_pass_all();
+            s.background_pass_all();
+        }
+        let before = s.stats();
+        assert_eq!(before.hot_pages, 0, "{before:?}");
+        // Room for many more raw pages.
+        assert!(
+            before.memory_used + MIB < 4 * MIB - (256 << 10),
+            "{before:?}"
+        );
+        let mut b = vec![0; data.len()];
+        for _ in 0..2 {
+            s.read(0, &mut b).unwrap();
+            assert!(b == data);
+        }
+        let after = s.stats();
+        let r = s.write(8 * MIB, &noise(&mut rng, P));
+        assert!(
+            r.is_ok(),
+            "{:?}: a write after two reads; before the reads {before:?}, after {after:?}",
+            r.unwrap_err()
+        );
+        adds_up(&s, "tiered");
+    }
+}
