@@ -30,7 +30,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockUpgradableReadGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
@@ -399,6 +399,10 @@ pub struct Store {
     /// Held for a whole background pass, and by a client's compaction
     /// (`compact_now`): compaction plans are global, one at a time.
     passing: Mutex<()>,
+    /// Frontends hold it shared over each request that changes the disk;
+    /// a save holds it exclusively for its switch, so every request is all
+    /// in or all out of a saved image (see `gate`).
+    gate: RwLock<()>,
     // Declared last: dropped after the page table that points into them.
     zs: ZsAlloc,
     pool: PagePool,
@@ -454,6 +458,7 @@ impl Store {
             tick,
             headroom,
             passing: Mutex::new(()),
+            gate: RwLock::new(()),
             zs: ZsAlloc::new(),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
@@ -471,6 +476,24 @@ impl Store {
     /// `None` when this store needs no background work.
     pub fn scanner_period(&self) -> Option<Duration> {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
+    }
+
+    /// Held (shared) by a frontend over each request that changes the disk,
+    /// from before its first change to after its last, so that a save's
+    /// switch, which takes it exclusively, sees every request whole. Take it
+    /// before any frontend lock; the store's own calls never take it.
+    pub fn gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read()
+    }
+
+    /// Disk offsets of the chunks (`CHUNK_BYTES` each) that hold any page
+    /// that is not a hole, in no particular order.
+    pub fn data_chunks(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        for shard in self.shards.iter() {
+            v.extend(shard.0.read().keys().map(|k| k * CHUNK_BYTES));
+        }
+        v
     }
 
     /// Reads `buf.len()` bytes at `offset`.
