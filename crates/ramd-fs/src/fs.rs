@@ -8,7 +8,11 @@
 //!
 //! Locking: one `RwLock` over all metadata. Reads and writes of file data
 //! hold it only to look up the slot and to update size and times; the page
-//! copies run under the store's own shard locks.
+//! copies run under the store's own shard locks. Every method that changes
+//! the tree or file data first holds the store's save gate (shared) for its
+//! whole run, so a save, which takes the gate exclusively, sees each request
+//! all done or not begun; lock order is gate -> state -> store. (atime
+//! updates skip it: one change under the state lock, in a save or not.)
 //!
 //! Invariants:
 //! - An inode exists while it is linked (`nlink > 0`), known to the kernel
@@ -27,6 +31,8 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 use ramd_store::{ExtentKind, Store, PAGE_SIZE};
+
+pub(crate) mod meta;
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -385,7 +391,9 @@ impl Fs {
     }
 
     /// The kernel dropped `n` references taken by lookups and creations.
+    /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
     pub fn forget(&self, ino: u64, n: u64) {
+        let _gate = self.store.gate();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.lookups = inode.lookups.saturating_sub(n);
@@ -403,6 +411,7 @@ impl Fs {
     /// chown of a non-directory and a truncate by an unprivileged caller
     /// drop setuid, setgid and file capabilities.
     pub fn setattr(&self, who: Caller, ino: u64, set: SetAttr) -> Result<Attr> {
+        let _gate = self.store.gate();
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
@@ -429,8 +438,9 @@ impl Fs {
                 return err(libc::EFBIG);
             }
             if size < inode.size || size < *alloc_end {
-                // Freed at once, like tmpfs: the tail becomes holes.
-                let end = (*alloc_end).max(inode.size);
+                // Freed at once, like tmpfs: the tail becomes holes (the
+                // last page whole: past the old end it holds only zeros).
+                let end = round_up((*alloc_end).max(inode.size));
                 if end > size {
                     let delta = self.punch(base(slot) + size, end - size);
                     *pages = pages.saturating_add_signed(delta);
@@ -517,6 +527,7 @@ impl Fs {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr> {
+        let _gate = self.store.gate();
         let kind = Kind::from_mode(mode).ok_or(Errno(libc::EINVAL))?;
         if kind == Kind::Symlink {
             return err(libc::EINVAL);
@@ -525,10 +536,12 @@ impl Fs {
     }
 
     pub fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+        let _gate = self.store.gate();
         self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
     }
 
     pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
+        let _gate = self.store.gate();
         if target.len() >= libc::PATH_MAX as usize {
             return err(libc::ENAMETOOLONG);
         }
@@ -537,11 +550,13 @@ impl Fs {
 
     /// Creates and opens a regular file.
     pub fn create(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+        let _gate = self.store.gate();
         let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
         self.state.write().get_mut(attr.ino)?.opens += 1;
         Ok(attr)
     }
 
+    /// The caller holds the gate.
     #[allow(clippy::too_many_arguments)]
     fn create_node(
         &self,
@@ -616,6 +631,7 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<Attr> {
+        let _gate = self.store.gate();
         check_name(newname)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
@@ -642,6 +658,7 @@ impl Fs {
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let _gate = self.store.gate();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         if st.get(ino)?.kind == Kind::Dir {
@@ -652,6 +669,7 @@ impl Fs {
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let _gate = self.store.gate();
         if name == "." {
             return err(libc::EINVAL);
         }
@@ -702,7 +720,8 @@ impl Fs {
             ref mut alloc_end,
         } = inode.data
         {
-            let end = (*alloc_end).max(inode.size);
+            // Whole pages: punching part of one would leave it allocated.
+            let end = round_up((*alloc_end).max(inode.size));
             if end > 0 {
                 let delta = self.punch(base(slot), end);
                 *pages = pages.saturating_add_signed(delta);
@@ -738,6 +757,7 @@ impl Fs {
     ) -> Result<()> {
         const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+        let _gate = self.store.gate();
         if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
             return err(libc::EINVAL);
         }
@@ -856,7 +876,9 @@ impl Fs {
         Ok(())
     }
 
+    /// Takes the gate: the last close of an unlinked file frees its data.
     pub fn release(&self, ino: u64) {
+        let _gate = self.store.gate();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.opens = inode.opens.saturating_sub(1);
@@ -921,6 +943,20 @@ impl Fs {
         short_ok: bool,
         drop_privs: bool,
     ) -> Result<usize> {
+        let _gate = self.store.gate();
+        self.write_gated(ino, off, data, short_ok, drop_privs)
+    }
+
+    /// [`Fs::write`] for a caller that holds the gate (taking it twice
+    /// could deadlock behind a waiting save).
+    fn write_gated(
+        &self,
+        ino: u64,
+        off: u64,
+        data: &[u8],
+        short_ok: bool,
+        drop_privs: bool,
+    ) -> Result<usize> {
         let (base, _) = self.file(ino)?;
         let end = off
             .checked_add(data.len() as u64)
@@ -965,6 +1001,7 @@ impl Fs {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let _gate = self.store.gate();
         if mode & !(KEEP_SIZE | PUNCH | ZERO) != 0 || (mode & PUNCH != 0 && mode & ZERO != 0) {
             return err(libc::EOPNOTSUPP);
         }
@@ -1054,6 +1091,7 @@ impl Fs {
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
+        let _gate = self.store.gate();
         let (_, size_in) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
             return err(libc::EINVAL);
@@ -1067,7 +1105,7 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            let put = self.write(ino_out, off_out + done, &buf[..got], true, false)?;
+            let put = self.write_gated(ino_out, off_out + done, &buf[..got], true, false)?;
             done += put as u64;
             if put < got {
                 break;
@@ -1153,6 +1191,7 @@ impl Fs {
     }
 
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        let _gate = self.store.gate();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return err(libc::E2BIG);
@@ -1200,6 +1239,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<()> {
+        let _gate = self.store.gate();
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
@@ -1234,6 +1274,11 @@ impl Fs {
 
 fn base(slot: u64) -> u64 {
     slot << FILE_SHIFT
+}
+
+/// `x` rounded up to a page; a file's offsets stay within its slot.
+fn round_up(x: u64) -> u64 {
+    x.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64
 }
 
 fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {

@@ -23,11 +23,26 @@ const TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
+/// Makes everything written so far durable; an errno if it could not.
+pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), i32> + Send + Sync>;
+
 /// Options of the FUSE session beyond the filesystem's own.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Default)]
 pub struct FuseOptions {
     /// Let the kernel cache writes and send them in large batches.
     pub writeback_cache: bool,
+    /// What fsync and fsyncdir wait for (a save, with `--flush persist`);
+    /// `None`: they are not sent at all (see `fsync`).
+    pub sync: Option<SyncFn>,
+}
+
+impl std::fmt::Debug for FuseOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FuseOptions")
+            .field("writeback_cache", &self.writeback_cache)
+            .field("sync", &self.sync.is_some())
+            .finish()
+    }
 }
 
 pub struct FuseFs {
@@ -38,6 +53,19 @@ pub struct FuseFs {
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
         FuseFs { fs, opts }
+    }
+
+    /// fsync and fsyncdir: the whole disk is saved at once, so both wait
+    /// for the same thing. ENOSYS when there is nothing to wait for.
+    fn sync(&self, reply: ReplyEmpty) {
+        match &self.opts.sync {
+            None => reply.error(FErrno::ENOSYS),
+            Some(sync) => match sync() {
+                Ok(()) => reply.ok(),
+                // Never a success by mistake: 0 or a negative errno is EIO.
+                Err(e) => reply.error(FErrno::from_i32(if e > 0 { e } else { libc::EIO })),
+            },
+        }
     }
 }
 
@@ -359,11 +387,11 @@ impl fuser::Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Once the data is here it is as durable as a RAM disk makes it:
-        // ENOSYS makes the kernel stop sending FSYNC and succeed locally
-        // (after writing back any cached pages, which still reach us).
-        // Persistence with flush = "persist" will answer this instead.
-        reply.error(FErrno::ENOSYS);
+        // Without `sync`, once the data is here it is as durable as a RAM
+        // disk makes it: ENOSYS makes the kernel stop sending FSYNC and
+        // succeed locally (after writing back any cached pages, which still
+        // reach us).
+        self.sync(reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -456,8 +484,9 @@ impl fuser::Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // As for fsync: nothing to make durable, so stop the round trips.
-        reply.error(FErrno::ENOSYS);
+        // As for fsync: without `sync`, nothing to make durable, so stop
+        // the round trips.
+        self.sync(reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

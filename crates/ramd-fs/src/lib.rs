@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use fs::{Fs, FsConfig, FsStats};
-pub use fuse::{is_mount_point, mount_device, FuseFs, FuseOptions};
+pub use fuse::{is_mount_point, mount_device, FuseFs, FuseOptions, SyncFn};
 
 /// A mounted filesystem, not yet serving: [`fuser::Session::run`] serves
 /// until it is unmounted (`umount DIR`, or [`fuser::SessionUnmounter`]).

@@ -459,3 +459,734 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     assert_eq!(f.setattr(root, a.ino, trunc).unwrap().perm, 0o4755);
     assert_eq!(f.setattr(ME, a.ino, trunc).unwrap().perm, 0o755);
 }
+
+// ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::time::UNIX_EPOCH;
+
+use ramd_store::{ExtentKind, CHUNK_BYTES};
+
+use crate::fs::meta::{load_time, save_time, Bytes, SavedData, SavedKind, SavedMeta, META_VERSION};
+
+const DISK: u64 = 64 << 20;
+
+fn new_store(size: u64) -> Arc<Store> {
+    Arc::new(
+        Store::new(StoreConfig {
+            page_limit: Some(size / PAGE_SIZE as u64),
+            max_memory: Some(size * 2 + (16 << 20)),
+            host_reserve: 0,
+            ..StoreConfig::new(ramd_store::MAX_SIZE)
+        })
+        .unwrap(),
+    )
+}
+
+/// noatime: walking a tree to compare it must not change it.
+fn cfg(nr_inodes: u64) -> FsConfig {
+    FsConfig {
+        size: Some(DISK),
+        nr_inodes,
+        mode: 0o1777,
+        uid: 0,
+        gid: 0,
+        noatime: true,
+    }
+}
+
+/// Everything a program can see of one name in the tree.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    path: OsString,
+    attr: Attr,
+    xattrs: Vec<(OsString, Vec<u8>)>,
+    /// Directory listing (with "." and ".."), symlink target, or file data.
+    entries: Vec<(OsString, u64)>,
+    target: Option<Vec<u8>>,
+    data: Option<Vec<u8>>,
+    /// (start, end) of each data run, by SEEK_DATA / SEEK_HOLE.
+    runs: Vec<(u64, u64)>,
+}
+
+fn walk(f: &Fs) -> Vec<Seen> {
+    let mut out = Vec::new();
+    let mut todo = vec![(ROOT_INO, OsString::from("/"))];
+    while let Some((ino, path)) = todo.pop() {
+        let attr = f.getattr(ino).unwrap();
+        let names = f.listxattr(ino).unwrap();
+        let xattrs = names
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| {
+                let n = OsStr::from_bytes(n);
+                (n.to_owned(), f.getxattr(ino, n).unwrap())
+            })
+            .collect();
+        let mut seen = Seen {
+            path: path.clone(),
+            attr,
+            xattrs,
+            entries: Vec::new(),
+            target: None,
+            data: None,
+            runs: Vec::new(),
+        };
+        match attr.kind {
+            Kind::Dir => {
+                let fh = f.opendir(ino).unwrap();
+                for e in f.dir_entries(ino, fh, 0).unwrap().iter() {
+                    seen.entries.push((e.name.clone(), e.ino));
+                    assert_eq!(e.kind, f.getattr(e.ino).unwrap().kind);
+                    if e.name != "." && e.name != ".." {
+                        let mut p = path.clone();
+                        p.push(&e.name);
+                        p.push("/");
+                        todo.push((e.ino, p));
+                    }
+                }
+                f.releasedir(fh);
+            }
+            Kind::Symlink => seen.target = Some(f.readlink(ino).unwrap()),
+            Kind::File => {
+                let mut data = vec![0; attr.size as usize];
+                assert_eq!(f.read(ino, 0, &mut data).unwrap(), data.len());
+                seen.data = Some(data);
+                let mut pos = 0;
+                while let Ok(start) = f.seek(ino, pos, Whence::Data) {
+                    let end = f.seek(ino, start, Whence::Hole).unwrap();
+                    seen.runs.push((start, end));
+                    pos = end;
+                }
+            }
+            _ => {}
+        }
+        out.push(seen);
+    }
+    out
+}
+
+fn set_times(f: &Fs, ino: u64, atime: SystemTime, mtime: SystemTime, ctime: SystemTime) {
+    let set = SetAttr {
+        atime: Some(SetTime::At(atime)),
+        mtime: Some(SetTime::At(mtime)),
+        ctime: Some(ctime),
+        ..Default::default()
+    };
+    f.setattr(ME, ino, set).unwrap();
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+struct Built {
+    /// Unlinked but still open when saved.
+    orphan: u64,
+    /// Removed directory still known to the kernel.
+    gone_dir: u64,
+    orphan_pages: u64,
+}
+
+/// A tree with one of everything `Fs` keeps.
+fn build_tree(f: &Fs) -> Built {
+    let p = PAGE_SIZE as u64;
+    let root = Caller { uid: 0, gid: 0 };
+    let other = Caller { uid: 7, gid: 8 };
+    let docs = f.mkdir(ME, ROOT_INO, n("docs"), 0o755).unwrap().ino;
+    let a = f.create(ME, docs, n("a.txt"), REG).unwrap().ino;
+    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    f.release(a);
+    let mut dir = docs;
+    for name in ["deep", "er", "est"] {
+        dir = f.mkdir(other, dir, n(name), 0o700).unwrap().ino;
+    }
+    let bottom = f.create(other, dir, n("bottom"), REG).unwrap().ino;
+    f.write(bottom, 0, b"at the bottom", true, false).unwrap();
+    f.release(bottom);
+    // Sparse: data, a 3 MiB hole, data.
+    let sparse = f.create(ME, ROOT_INO, n("sparse"), REG).unwrap().ino;
+    f.write(sparse, 0, &pattern(4096, 2), true, false).unwrap();
+    f.write(sparse, (3 << 20) + 10, &pattern(100, 3), true, false)
+        .unwrap();
+    f.release(sparse);
+    // Allocated past its size (KEEP_SIZE), in the next chunk too.
+    let pre = f.create(ME, ROOT_INO, n("prealloc"), REG).unwrap().ino;
+    f.write(pre, 0, &pattern(5000, 4), true, false).unwrap();
+    f.fallocate(pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    f.release(pre);
+    // Zero pages (fallocate) and a same-filled page.
+    let filled = f.create(ME, ROOT_INO, n("filled"), REG).unwrap().ino;
+    f.fallocate(filled, 0, 4 * p, 0).unwrap();
+    f.write(filled, 4 * p, &[7; PAGE_SIZE], true, false)
+        .unwrap();
+    f.release(filled);
+    let empty = f.mknod(ME, ROOT_INO, n("empty"), REG, 0).unwrap().ino;
+    f.link(a, ROOT_INO, n("hard")).unwrap();
+    f.link(a, dir, n("hard2")).unwrap();
+    f.symlink(ME, ROOT_INO, n("ln"), n("docs/a.txt")).unwrap();
+    let long = "x/".repeat(500);
+    let ln2 = f.symlink(ME, docs, n("long"), n(&long)).unwrap().ino;
+    f.mknod(ME, ROOT_INO, n("fifo"), libc::S_IFIFO | 0o600, 0)
+        .unwrap();
+    f.mknod(root, ROOT_INO, n("null"), libc::S_IFCHR | 0o666, 0x103)
+        .unwrap();
+    f.mknod(root, docs, n("blk"), libc::S_IFBLK | 0o660, 0x801)
+        .unwrap();
+    f.mknod(ME, docs, n("sock"), libc::S_IFSOCK | 0o755, 0)
+        .unwrap();
+    let suid = f
+        .mknod(root, ROOT_INO, n("suid"), libc::S_IFREG | 0o4755, 0)
+        .unwrap()
+        .ino;
+    let sgid = f.mkdir(ME, ROOT_INO, n("shared"), 0o2775).unwrap().ino;
+    let sticky = f.mkdir(ME, sgid, n("tmp"), 0o1777).unwrap().ino;
+    f.mknod(other, sticky, n("nothing"), libc::S_IFREG, 0)
+        .unwrap();
+    f.setattr(
+        root,
+        sgid,
+        SetAttr {
+            uid: Some(0),
+            gid: Some(4242),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Moved across directories: parents and ".." change.
+    f.rename(ROOT_INO, n("empty"), sticky, n("moved"), 0)
+        .unwrap();
+    let mv = f.mkdir(ME, ROOT_INO, n("mvdir"), 0o755).unwrap().ino;
+    f.rename(ROOT_INO, n("mvdir"), docs, n("mvdir"), 0).unwrap();
+    f.setxattr(a, n("user.bin"), &[0, 1, 2, 255, 0], 0).unwrap();
+    f.setxattr(a, n("user.big"), &pattern(60_000, 5), 0)
+        .unwrap();
+    f.setxattr(a, n("user.empty"), b"", 0).unwrap();
+    f.setxattr(docs, n("trusted.x"), b"dir xattr", 0).unwrap();
+    f.setxattr(ROOT_INO, n("security.selinux"), b"root_t", 0)
+        .unwrap();
+    f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0).unwrap();
+    // Unlinked but open, with data; and a removed directory still looked up.
+    let orphan = f.create(ME, ROOT_INO, n("orphan"), REG).unwrap().ino;
+    f.write(orphan, 0, &pattern(1 << 20, 6), true, false)
+        .unwrap();
+    f.unlink(ROOT_INO, n("orphan")).unwrap();
+    let gone_dir = f.mkdir(ME, ROOT_INO, n("gone"), 0o755).unwrap().ino;
+    f.rmdir(ROOT_INO, n("gone")).unwrap();
+    // Times last (every change above sets some), before 1970 too.
+    let epoch = UNIX_EPOCH;
+    let before = |s: u64, ns: u32| epoch - Duration::new(s, ns);
+    set_times(
+        f,
+        a,
+        before(1, 500_000_000),
+        before(10_000_000_000, 0),
+        epoch,
+    );
+    set_times(f, sparse, epoch, before(0, 1), before(1, 0));
+    set_times(
+        f,
+        docs,
+        epoch + Duration::new(4_000_000_000, 123),
+        before(86_400 * 365, 999_999_999),
+        epoch + Duration::new(1, 1),
+    );
+    set_times(f, mv, before(3, 3), before(3, 3), before(3, 3));
+    set_times(f, suid, epoch, epoch, epoch);
+    set_times(f, empty, before(1, 0), epoch, before(2, 0));
+    Built {
+        orphan,
+        gone_dir,
+        orphan_pages: 256,
+    }
+}
+
+/// Copies every page of `from` to `to` as it is: holes stay holes, zero
+/// pages zero pages, data (same-filled or not) data.
+fn copy_store(from: &Store, to: &Store) {
+    let mut buf = vec![0; CHUNK_BYTES as usize];
+    for off in from.data_chunks() {
+        let mut pos = off;
+        for e in from.extents(off, CHUNK_BYTES, 64).unwrap() {
+            match e.kind {
+                ExtentKind::Hole => {}
+                ExtentKind::Zero => to.allocate(pos, e.length, &mut 0).unwrap(),
+                ExtentKind::Data => {
+                    let b = &mut buf[..e.length as usize];
+                    from.read(pos, b).unwrap();
+                    to.write(pos, b).unwrap();
+                }
+            }
+            pos += e.length;
+        }
+    }
+}
+
+/// The store counters a loaded tree must reproduce.
+fn usage(s: &Store) -> (u64, u64, u64, u64, u64, u64, u64) {
+    let st = s.stats();
+    (
+        st.memory_used,
+        st.metadata_bytes,
+        st.chunks,
+        st.data_pages,
+        st.fill_pages,
+        st.zero_pages,
+        s.pages_used().0,
+    )
+}
+
+fn fs_counts(f: &Fs) -> (u64, u64, u64, u64, (u64, u64, u64, u64)) {
+    let s = f.stats();
+    (s.inodes, s.files, s.dirs, s.file_bytes, f.statfs())
+}
+
+#[test]
+fn save_and_load_keep_everything_and_its_cost() {
+    let a = new_store(DISK);
+    let f1 = Fs::new(a.clone(), cfg(1000)).unwrap();
+    let built = build_tree(&f1);
+    let before = walk(&f1);
+    let meta = f1.save_meta();
+    assert_eq!(f1.save_meta(), meta, "saving is deterministic");
+    // A second store holding the same pages, as loading an image makes it.
+    let b = new_store(DISK);
+    copy_store(&a, &b);
+    assert_eq!(usage(&b).3, usage(&a).3);
+    let f2 = Fs::load(b.clone(), cfg(1000), &meta).unwrap();
+    assert_eq!(walk(&f2), before);
+    assert_eq!(
+        f2.getattr(built.orphan),
+        Err(Errno(libc::ENOENT)),
+        "unlinked inodes are not saved"
+    );
+    assert_eq!(f2.getattr(built.gone_dir), Err(Errno(libc::ENOENT)));
+    // The original, once its unsaved inodes go, is what was loaded: same
+    // memory, to the byte, and the orphan's data trimmed from the copy.
+    let mut buf = [0; 4];
+    assert_eq!(f1.read(built.orphan, 0, &mut buf).unwrap(), 4);
+    assert_eq!(buf[..], pattern(4, 6)[..]);
+    let (_, _, _, data_a, ..) = usage(&a);
+    assert_eq!(usage(&b).3, data_a - built.orphan_pages);
+    f1.release(built.orphan);
+    f1.forget(built.orphan, 1);
+    f1.forget(built.gone_dir, 1);
+    assert_eq!(usage(&b), usage(&a));
+    assert_eq!(fs_counts(&f2), fs_counts(&f1));
+
+    // The loaded tree works on: a new file takes a free slot, not a
+    // loaded file's, and its pages land in its own range.
+    let c = f2.create(ME, ROOT_INO, n("new"), REG).unwrap().ino;
+    f2.write(c, 0, &pattern(300_000, 9), true, false).unwrap();
+    let d = f2.mkdir(ME, ROOT_INO, n("newdir"), 0o755).unwrap().ino;
+    assert!(c > built.gone_dir && d > c, "inode numbers not reused");
+    let after = walk(&f2);
+    for s in before.iter().filter(|s| s.path != "/") {
+        assert!(after.contains(s), "{:?} changed", s.path);
+    }
+    f2.release(c);
+    f2.forget(c, 1);
+    f2.forget(d, 1);
+
+    // Removing everything returns every byte charged at load.
+    remove_all(&f2, ROOT_INO);
+    f2.removexattr(ROOT_INO, n("security.selinux")).unwrap();
+    let empty = Fs::new(new_store(DISK), cfg(1000)).unwrap();
+    assert_eq!(usage(&b), usage(empty.store()));
+    assert_eq!(f2.stats().inodes, 1);
+}
+
+/// Unlinks everything below `dir` (inodes with no lookups go at once).
+fn remove_all(f: &Fs, dir: u64) {
+    let fh = f.opendir(dir).unwrap();
+    let entries = f.dir_entries(dir, fh, 0).unwrap();
+    f.releasedir(fh);
+    for e in entries.iter().skip(2) {
+        if e.kind == Kind::Dir {
+            remove_all(f, e.ino);
+            f.rmdir(dir, &e.name).unwrap();
+        } else {
+            f.unlink(dir, &e.name).unwrap();
+        }
+    }
+}
+
+#[test]
+fn load_on_the_same_store_trims_what_no_file_owns() {
+    let s = new_store(DISK);
+    let f1 = Fs::new(s.clone(), cfg(1000)).unwrap();
+    let built = build_tree(&f1);
+    let p = PAGE_SIZE as u64;
+    // Find a file's slot from the chunks its first write creates.
+    let chunks: BTreeSet<u64> = s.data_chunks().into_iter().collect();
+    let a = f1.create(ME, ROOT_INO, n("five"), REG).unwrap().ino;
+    f1.write(a, 0, &pattern(5000, 10), true, false).unwrap();
+    f1.release(a);
+    let new: Vec<u64> = s
+        .data_chunks()
+        .into_iter()
+        .filter(|c| !chunks.contains(c))
+        .collect();
+    assert_eq!(new.len(), 1);
+    let base = new[0];
+    assert_eq!(base % (1 << FILE_SHIFT), 0);
+    let before = walk(&f1);
+    let data_before = usage(&s).3;
+    let meta = f1.save_meta();
+    // Data a save never describes: past a file's last page (same chunk and
+    // a later one) and in a slot no file owns.
+    let junk = [0x5a; PAGE_SIZE];
+    for at in [
+        base + 2 * p,
+        base + 63 * p,
+        base + (10 << 20),
+        999 << FILE_SHIFT,
+    ] {
+        s.write(at, &junk).unwrap();
+    }
+    // What a loaded file may keep: its last partial page.
+    s.write(base + 6000, &junk[..100]).unwrap();
+    drop(f1);
+    let f2 = Fs::load(s.clone(), cfg(1000), &meta).unwrap();
+    let after = walk(&f2);
+    assert_eq!(after, before);
+    assert_eq!(usage(&s).3, data_before - built.orphan_pages);
+    assert_eq!(f2.getattr(a).unwrap().blocks, 16, "two pages");
+    let mut page = [1; PAGE_SIZE];
+    for at in [base + 2 * p, base + (10 << 20), 999 << FILE_SHIFT] {
+        s.read(at, &mut page).unwrap();
+        assert_eq!(page, [0; PAGE_SIZE], "{at:#x} trimmed");
+    }
+    assert!(!s
+        .data_chunks()
+        .iter()
+        .any(|&c| c >= 999 << FILE_SHIFT || c == base + (10 << 20)));
+}
+
+#[test]
+fn times_before_and_after_the_epoch_round_trip() {
+    let e = UNIX_EPOCH;
+    let ns = |n| Duration::from_nanos(n);
+    let s = Duration::from_secs;
+    for t in [
+        e,
+        e + ns(1),
+        e - ns(1),
+        e - s(1),
+        e - s(1) - ns(1),
+        e - s(1) + ns(1),
+        e + s(1_700_000_000) + ns(999_999_999),
+        e - s(62_135_596_800),
+        e - s(i64::MAX as u64),
+        e + s(i64::MAX as u64) + ns(999_999_999),
+    ] {
+        let saved = save_time(t);
+        assert!(saved.nanos < 1_000_000_000);
+        assert_eq!(load_time(saved), Some(t), "{t:?} as {saved:?}");
+    }
+    assert_eq!(save_time(e - ns(1)).secs, -1);
+    assert_eq!(save_time(e - ns(1)).nanos, 999_999_999);
+}
+
+/// A small tree of each kind of inode, and its saved form.
+fn small() -> (Fs, Vec<u8>) {
+    let f = Fs::new(new_store(DISK), cfg(100)).unwrap();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let a = f.create(ME, d, n("a"), REG).unwrap().ino;
+    f.write(a, 0, b"data", true, false).unwrap();
+    f.link(a, ROOT_INO, n("b")).unwrap();
+    f.create(ME, ROOT_INO, n("c"), REG).unwrap();
+    f.symlink(ME, d, n("l"), n("a")).unwrap();
+    f.mknod(ME, ROOT_INO, n("p"), libc::S_IFIFO | 0o644, 0)
+        .unwrap();
+    f.setxattr(a, n("user.x"), b"y", 0).unwrap();
+    let meta = f.save_meta();
+    (f, meta)
+}
+
+/// Loads `meta` on an empty store: Err, and the store left untouched.
+fn refused(meta: &[u8]) -> String {
+    let s = new_store(DISK);
+    match Fs::load(s.clone(), cfg(100), meta) {
+        Ok(_) => panic!("loaded a bad tree"),
+        Err(e) => {
+            assert_eq!(s.stats().memory_used, 0, "nothing charged: {e}");
+            e
+        }
+    }
+}
+
+fn edit(meta: &[u8], change: impl FnOnce(&mut SavedMeta<'static>)) -> Vec<u8> {
+    let mut m: SavedMeta<'static> = postcard::from_bytes(meta).unwrap();
+    change(&mut m);
+    postcard::to_stdvec(&m).unwrap()
+}
+
+fn inode<'m>(
+    m: &'m mut SavedMeta<'static>,
+    ino: u64,
+) -> &'m mut crate::fs::meta::SavedInode<'static> {
+    m.inodes.iter_mut().find(|i| i.ino == ino).unwrap()
+}
+
+fn entries<'m>(m: &'m mut SavedMeta<'static>, ino: u64) -> &'m mut Vec<(Bytes<'static>, u64)> {
+    match &mut inode(m, ino).data {
+        SavedData::Dir { entries, .. } => entries,
+        _ => panic!("not a dir"),
+    }
+}
+
+#[test]
+fn every_truncation_is_refused() {
+    let (_f, meta) = small();
+    Fs::load(new_store(DISK), cfg(100), &meta).unwrap();
+    for len in 0..meta.len() {
+        refused(&meta[..len]);
+    }
+    let mut long = meta.clone();
+    long.push(0);
+    assert!(refused(&long).contains("after the end"));
+}
+
+#[test]
+fn flipped_bits_never_panic() {
+    let (_f, meta) = small();
+    let (mut ok, mut bad) = (0, 0);
+    let mut store = new_store(DISK);
+    for i in 0..meta.len() {
+        for bit in 0..8 {
+            let mut m = meta.clone();
+            m[i] ^= 1 << bit;
+            match Fs::load(store.clone(), cfg(100), &m) {
+                // A flip the checks cannot see (a time, a mode bit) must
+                // still give a tree that works.
+                Ok(f) => {
+                    ok += 1;
+                    walk(&f);
+                    remove_all(&f, ROOT_INO);
+                    store = new_store(DISK);
+                }
+                Err(_) => {
+                    bad += 1;
+                    assert_eq!(store.stats().memory_used, 0);
+                }
+            }
+        }
+    }
+    eprintln!("{ok} loaded, {bad} refused");
+    assert!(ok > 0 && bad > 0, "{ok} loaded, {bad} refused");
+}
+
+fn name(s: &str) -> Bytes<'static> {
+    std::borrow::Cow::Owned(s.as_bytes().to_vec())
+}
+
+#[test]
+fn inconsistent_trees_are_refused() {
+    let (f, meta) = small();
+    let ino = |path: &[&str]| {
+        let mut i = ROOT_INO;
+        for p in path {
+            i = f.lookup(i, n(p)).unwrap().ino;
+        }
+        i
+    };
+    let (d, a, c, l, p) = (
+        ino(&["d"]),
+        ino(&["d", "a"]),
+        ino(&["c"]),
+        ino(&["d", "l"]),
+        ino(&["p"]),
+    );
+    type Edit = Box<dyn FnOnce(&mut SavedMeta<'static>)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("format version 2", Box::new(|m| m.version = 2)),
+        (
+            "inode 999, which was not saved",
+            Box::new(|m| entries(m, ROOT_INO).push((name("ghost"), 999))),
+        ),
+        (
+            "no root",
+            Box::new(|m| m.inodes.retain(|i| i.ino != ROOT_INO)),
+        ),
+        (
+            "root is not a directory",
+            Box::new(move |m| {
+                let r = inode(m, ROOT_INO);
+                r.kind = SavedKind::Fifo;
+                r.data = SavedData::Special;
+            }),
+        ),
+        (
+            "another kind",
+            Box::new(move |m| inode(m, p).kind = SavedKind::Dir),
+        ),
+        (
+            "owned by another file",
+            Box::new(move |m| {
+                let SavedData::File { slot, .. } = inode(m, a).data else {
+                    panic!()
+                };
+                if let SavedData::File { slot: s, .. } = &mut inode(m, c).data {
+                    *s = slot;
+                }
+            }),
+        ),
+        ("not below next", Box::new(|m| m.next_slot = 1)),
+        ("too high", Box::new(|m| m.next_slot = u64::MAX)),
+        ("too low", Box::new(|m| m.next_ino = 1)),
+        ("number not below next", Box::new(|m| m.next_ino = 3)),
+        (
+            "saved twice",
+            Box::new(move |m| {
+                let copy = inode(m, p).clone();
+                m.inodes.push(copy);
+            }),
+        ),
+        (
+            "bad entry name \"a/b\"",
+            Box::new(|m| entries(m, ROOT_INO)[0].0 = name("a/b")),
+        ),
+        (
+            "bad entry name \"..\"",
+            Box::new(|m| entries(m, ROOT_INO)[0].0 = name("..")),
+        ),
+        (
+            "bad entry name \"\"",
+            Box::new(|m| entries(m, ROOT_INO)[0].0 = name("")),
+        ),
+        (
+            "bad entry name",
+            Box::new(|m| entries(m, ROOT_INO)[0].0 = name(&"n".repeat(256))),
+        ),
+        (
+            "entry \"b\" twice",
+            Box::new(|m| {
+                let e = entries(m, ROOT_INO);
+                let dup = e.iter().find(|(k, _)| &k[..] == b"b").unwrap().clone();
+                e.push(dup);
+            }),
+        ),
+        (
+            "has 1 links but 2 entries",
+            Box::new(move |m| inode(m, a).nlink = 1),
+        ),
+        (
+            "links for 1 subdirectories",
+            Box::new(|m| inode(m, ROOT_INO).nlink = 4),
+        ),
+        ("no links", Box::new(move |m| inode(m, p).nlink = 0)),
+        (
+            "is listed 2 times",
+            Box::new(move |m| {
+                entries(m, ROOT_INO).push((name("again"), d));
+                inode(m, ROOT_INO).nlink += 1;
+            }),
+        ),
+        (
+            "names the root",
+            Box::new(move |m| entries(m, d).push((name("up"), ROOT_INO))),
+        ),
+        (
+            "its parent is",
+            Box::new(move |m| {
+                if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
+                    *parent = d;
+                }
+            }),
+        ),
+        (
+            "cut off from the root",
+            Box::new(move |m| {
+                // d listed in itself instead of the root: counts still add up.
+                entries(m, ROOT_INO).retain(|e| e.1 != d);
+                inode(m, ROOT_INO).nlink -= 1;
+                entries(m, d).push((name("self"), d));
+                inode(m, d).nlink += 1;
+                if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
+                    *parent = d;
+                }
+            }),
+        ),
+        (
+            "bad time",
+            Box::new(move |m| inode(m, a).times[1].nanos = 1_000_000_000),
+        ),
+        (
+            "bad xattr",
+            Box::new(move |m| inode(m, a).xattrs[0].0 = name("nospace.x")),
+        ),
+        (
+            "beyond 07777",
+            Box::new(move |m| inode(m, a).perm = 0o10644),
+        ),
+        (
+            "impossible for a Symlink",
+            Box::new(move |m| inode(m, l).size = 99),
+        ),
+        (
+            "past the largest file",
+            Box::new(move |m| {
+                if let SavedData::File { alloc_end, .. } = &mut inode(m, a).data {
+                    *alloc_end = u64::MAX;
+                }
+            }),
+        ),
+    ];
+    for (want, change) in cases {
+        let e = refused(&edit(&meta, change));
+        assert!(e.contains(want), "{e:?} does not say {want:?}");
+        assert!(e.starts_with("filesystem metadata: "), "{e}");
+    }
+    assert!(refused(&[]).contains("no format version"));
+    // The edits themselves are sound: no change loads.
+    Fs::load(new_store(DISK), cfg(100), &edit(&meta, |_| {})).unwrap();
+    assert_eq!(META_VERSION, 1);
+}
+
+#[test]
+fn limits_lower_than_the_tree_still_load() {
+    let (f, meta) = small();
+    let used = f.stats().inodes;
+    let g = Fs::load(new_store(DISK), cfg(2), &meta).unwrap();
+    assert_eq!(g.stats().inodes, used);
+    assert_eq!(
+        g.mkdir(ME, ROOT_INO, n("more"), 0o755),
+        Err(Errno(libc::ENOSPC))
+    );
+    // Memory is a hard limit: a tree that does not fit is refused.
+    let tiny = Arc::new(
+        Store::new(StoreConfig {
+            max_memory: Some(1 << 20),
+            host_reserve: 0,
+            ..StoreConfig::new(ramd_store::MAX_SIZE)
+        })
+        .unwrap(),
+    );
+    tiny.charge((1 << 20) - 1000).unwrap();
+    let e = Fs::load(tiny, cfg(100), &meta).map(|_| ()).unwrap_err();
+    assert!(e.contains("max_memory"), "{e}");
+}
+
+#[test]
+fn a_partial_last_page_is_freed_too() {
+    let f = fs();
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
+    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    f.setattr(ME, a, trunc).unwrap();
+    assert_eq!(f.getattr(a).unwrap().blocks, 0);
+    assert_eq!(f.store().pages_used().0, 0);
+    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    f.release(a);
+    f.unlink(ROOT_INO, n("a")).unwrap();
+    assert_eq!(f.store().pages_used().0, 0);
+}

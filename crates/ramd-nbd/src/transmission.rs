@@ -188,6 +188,10 @@ impl Conn<'_> {
         let store = &self.session.export.store;
         let (off, len) = (req.offset, req.length as u64);
         let fua = req.flags & CMD_FLAG_FUA != 0;
+        // A change is all in or all out of a save (see `Store::gate`); the
+        // gate is let go before a FUA flush, which waits for a save.
+        let gate =
+            matches!(req.cmd, Cmd::Write | Cmd::Trim | Cmd::WriteZeroes).then(|| store.gate());
         let result: Result<(), Failure> = match req.cmd {
             Cmd::Read => return self.read(&req, out),
             Cmd::BlockStatus => return self.block_status(&req, out),
@@ -203,6 +207,7 @@ impl Conn<'_> {
             Cmd::Cache => Ok(()),
             Cmd::Disc | Cmd::Other(_) => unreachable!("rejected by validate"),
         };
+        drop(gate);
         let result = result.and_then(|()| {
             if fua {
                 store.flush()?;

@@ -35,6 +35,22 @@ pub enum Error {
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
 
+    /// An image file is damaged, truncated or not an image: where and why.
+    #[error("{}: offset {offset}: {reason}", file.display())]
+    Image {
+        file: std::path::PathBuf,
+        offset: u64,
+        reason: String,
+    },
+
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     /// The operating system refused a resource (mmap, madvise...).
     #[error("{what}: {source}")]
     Os {
@@ -53,8 +69,18 @@ impl Error {
             }
             Error::OutOfRange { .. } | Error::Invalid(_) => libc::EINVAL,
             Error::ReadOnly => libc::EPERM,
-            Error::Corrupt(_) => libc::EIO,
-            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt(_) | Error::Image { .. } => libc::EIO,
+            Error::Os { source, .. } | Error::File { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+        }
+    }
+
+    /// `source` happened on `path`.
+    pub fn file(path: impl Into<std::path::PathBuf>, source: io::Error) -> Error {
+        Error::File {
+            path: path.into(),
+            source,
         }
     }
 

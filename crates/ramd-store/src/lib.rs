@@ -8,6 +8,7 @@
 
 mod codec;
 mod error;
+pub mod image;
 mod pool;
 mod scanner;
 mod store;
@@ -18,9 +19,9 @@ pub use error::{Error, Result};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::Scanner;
 pub use store::{
-    default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind, PassGuard,
-    PassReport, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
-    PAGE_META_BYTES,
+    compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
+    PageRef, PassGuard, PassReport, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES,
+    CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
 };
 
 /// The page size of the store: the unit of allocation, sharing and holes.

@@ -27,7 +27,9 @@
 //!   read, write lock to change).
 
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
@@ -39,7 +41,7 @@ use crate::zs::{self, Handle, ZsAlloc};
 use crate::PAGE_SIZE;
 
 const PAGE_SHIFT: u32 = 12;
-const CHUNK_PAGES: usize = 64;
+pub(crate) const CHUNK_PAGES: usize = 64;
 /// Bytes of disk one chunk covers.
 pub const CHUNK_BYTES: u64 = (CHUNK_PAGES * PAGE_SIZE) as u64;
 /// Power of two; 128 locks for 2 cores keeps collisions of 32 in-flight
@@ -56,7 +58,10 @@ pub const CHUNK_META_BYTES: u64 = (std::mem::size_of::<Chunk>() + 48) as u64;
 /// Page-table bytes per 4 KiB page of a fully written chunk.
 pub const PAGE_META_BYTES: f64 = CHUNK_META_BYTES as f64 / CHUNK_PAGES as f64;
 // What ARCHITECTURE.md documents, and never more than zram's 16-byte entry.
-const _: () = assert!(CHUNK_META_BYTES == 696 && CHUNK_META_BYTES <= 16 * CHUNK_PAGES as u64);
+const _: () = assert!(CHUNK_META_BYTES == 720 && CHUNK_META_BYTES <= 16 * CHUNK_PAGES as u64);
+
+mod persist;
+pub use persist::{PageRef, SavePlan};
 
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).
@@ -147,8 +152,18 @@ struct Chunk {
     vals: [u64; CHUNK_PAGES],
     /// Atomic so that readers (under the shared lock) can set ACCESSED.
     meta: [AtomicU16; CHUNK_PAGES],
-    /// Slots that are not `Hole`; the chunk is dropped when this reaches 0.
+    /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
+    /// (and it keeps no pages for a save).
     live: u32,
+    /// Slots changed since the last save's switch (see `persist.rs`).
+    dirty: u64,
+    /// Slots the save under way has still to write; atomic because the
+    /// saver clears them under a shared lock.
+    saving: AtomicU64,
+    /// Contents at the switch of `saving` slots that clients changed since.
+    // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
+    #[allow(clippy::box_collection)]
+    kept: Option<Box<Vec<(u8, persist::Kept)>>>,
 }
 
 impl Chunk {
@@ -157,6 +172,9 @@ impl Chunk {
             vals: [0; CHUNK_PAGES],
             meta: std::array::from_fn(|_| AtomicU16::new(K_HOLE)),
             live: 0,
+            dirty: 0,
+            saving: AtomicU64::new(0),
+            kept: None,
         })
     }
 
@@ -231,6 +249,8 @@ pub struct StoreConfig {
     pub recompress: Codec,
     /// How long a page must go untouched to count as idle.
     pub idle_after: Duration,
+    /// Keep track of changed pages for incremental saves to an image.
+    pub track_changes: bool,
 }
 
 impl StoreConfig {
@@ -245,6 +265,7 @@ impl StoreConfig {
             compress_after: Duration::ZERO,
             recompress: Codec::None,
             idle_after: Duration::from_secs(300),
+            track_changes: false,
         }
     }
 }
@@ -360,6 +381,8 @@ struct Counters {
     decompress_ns: AtomicU64,
     background_ns: AtomicU64,
     compacted: AtomicU64,
+    /// Bytes of pages kept for the save under way (see `persist.rs`).
+    kept: AtomicU64,
 }
 
 /// Proof that a background pass is under way (from [`Store::begin_pass`],
@@ -382,6 +405,9 @@ pub struct PassReport {
     pub starved: bool,
 }
 
+/// What makes a flush durable (a save to the disk's image).
+pub type FlushHook = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
 pub struct Store {
     size: u64,
     max_memory: u64,
@@ -403,6 +429,12 @@ pub struct Store {
     /// a save holds it exclusively for its switch, so every request is all
     /// in or all out of a saved image (see `gate`).
     gate: RwLock<()>,
+    /// Whether changes are tracked for saves (`StoreConfig::track_changes`).
+    track: bool,
+    /// Chunks dropped (emptied) since the last save's switch.
+    gone: Mutex<HashSet<u64>>,
+    /// Called by `flush` (NBD FLUSH and FUA, fsync) once set.
+    flush_hook: OnceLock<FlushHook>,
     // Declared last: dropped after the page table that points into them.
     zs: ZsAlloc,
     pool: PagePool,
@@ -459,6 +491,9 @@ impl Store {
             headroom,
             passing: Mutex::new(()),
             gate: RwLock::new(()),
+            track: cfg.track_changes,
+            gone: Mutex::new(HashSet::new()),
+            flush_hook: OnceLock::new(),
             zs: ZsAlloc::new(),
             pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
         })
@@ -659,13 +694,19 @@ impl Store {
             // Punching a missing chunk is already done.
             self.with_chunk(span.chunk, !punch, pages, |chunk| {
                 for ps in span.pages() {
+                    let old = chunk.get(ps.slot);
                     if ps.len == PAGE_SIZE {
                         let new = if punch { Slot::Hole } else { Slot::Fill(0) };
-                        if chunk.get(ps.slot) == Slot::Hole && new != Slot::Hole {
+                        if old == new {
+                            continue;
+                        }
+                        if old == Slot::Hole {
                             self.claim_page()?;
                         }
+                        self.changing(chunk, ps.slot);
                         self.replace(chunk, ps.slot, new, true);
-                    } else if !matches!(chunk.get(ps.slot), Slot::Hole | Slot::Fill(0)) {
+                    } else if !matches!(old, Slot::Hole | Slot::Fill(0)) {
+                        self.changing(chunk, ps.slot);
                         self.modify_page(chunk, ps.slot, |page| {
                             page[ps.start..ps.start + ps.len].fill(0)
                         })?;
@@ -696,6 +737,7 @@ impl Store {
                 for ps in span.pages() {
                     if chunk.get(ps.slot) == Slot::Hole {
                         self.claim_page()?;
+                        self.changing(chunk, ps.slot);
                         self.replace(chunk, ps.slot, Slot::Fill(0), true);
                         made.push(span.offset + ps.buf_off as u64 - ps.start as u64);
                     }
@@ -712,6 +754,7 @@ impl Store {
                 self.with_chunk(page / CHUNK_BYTES, false, pages, |chunk| {
                     let i = ((page >> PAGE_SHIFT) as usize) % CHUNK_PAGES;
                     if chunk.get(i) == Slot::Fill(0) {
+                        self.changing(chunk, i);
                         self.replace(chunk, i, Slot::Hole, true);
                     }
                     Ok(())
@@ -723,8 +766,19 @@ impl Store {
     }
 
     /// Memory is the medium: nothing is buffered above the page table.
+    /// With a flush hook (`flush = "persist"`), returns once the hook has
+    /// made everything written so far durable. Never call it while holding
+    /// the gate: the save it waits for takes the gate.
     pub fn flush(&self) -> Result<()> {
-        Ok(())
+        match self.flush_hook.get() {
+            Some(hook) => hook(),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets what `flush` does; once only (later calls are ignored).
+    pub fn set_flush_hook(&self, hook: FlushHook) {
+        let _ = self.flush_hook.set(hook);
     }
 
     /// Describes `[offset, offset+length)` as at most `max_extents` runs
@@ -870,15 +924,26 @@ impl Store {
         let before = chunk.live;
         let result = f(chunk);
         *pages += chunk.live as i64 - before as i64;
-        if chunk.live == 0 {
-            map.remove(&idx);
-            self.c.chunks.fetch_sub(1, Relaxed);
-            self.unreserve(CHUNK_META_BYTES);
+        if chunk.live == 0 && chunk.kept.is_none() {
+            self.drop_chunk(&mut map, idx);
         }
         result
     }
 
+    /// Drops an empty chunk, remembering it for the next save.
+    fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
+        if let Some(chunk) = map.remove(&key) {
+            debug_assert!(chunk.live == 0 && chunk.kept.is_none());
+            self.c.chunks.fetch_sub(1, Relaxed);
+            self.unreserve(CHUNK_META_BYTES);
+            if self.track {
+                self.gone.lock().insert(key);
+            }
+        }
+    }
+
     fn write_page(&self, chunk: &mut Chunk, i: usize, start: usize, src: &[u8]) -> Result<()> {
+        self.changing(chunk, i);
         let old = chunk.get(i);
         let tiered = self.compress.is_none() || self.compress_after > 0;
         if src.len() == PAGE_SIZE {
@@ -1186,7 +1251,10 @@ impl Store {
     /// Reserves budget for a client's request: everything but the
     /// background headroom.
     fn reserve(&self, bytes: u64) -> Result<()> {
-        self.reserve_within(bytes, self.max_memory - self.headroom)
+        // Pages kept for a save under way do not count against clients:
+        // saving must never make a write fail.
+        let kept = self.c.kept.load(Relaxed);
+        self.reserve_within(bytes, self.max_memory - self.headroom + kept)
     }
 
     /// Reserves budget for background work (all of `max_memory`), or for a
@@ -1714,6 +1782,21 @@ fn codec_of(id: u8) -> Result<Codec> {
         2 => Ok(Codec::Zstd(0)),
         _ => Err(Error::Corrupt(format!("frame codec id {id}"))),
     }
+}
+
+/// Compresses one page as a store would keep it: `Some((zstd, len))` if
+/// `codec` shrinks it to at most `MAX_PACKED` bytes of `out`, else `None`
+/// (the page stays raw). For tools that build images (`ramd image import`).
+pub fn compress_page(
+    codec: Codec,
+    page: &[u8],
+    out: &mut [u8; PAGE_SIZE],
+) -> Option<(bool, usize)> {
+    if codec.is_none() {
+        return None;
+    }
+    let n = codec::compress(codec, page, &mut out[..MAX_PACKED])?;
+    Some((matches!(codec, Codec::Zstd(_)), n))
 }
 
 /// The scanner's period: a quarter of the shortest delay it must notice,

@@ -1407,3 +1407,191 @@ mod review {
         adds_up(&s, "tiered");
     }
 }
+
+/// Saves: every save, taken while clients write and the scanner works,
+/// must hold the disk exactly as it was at its switch; loading the chain
+/// must give that disk back.
+mod persist {
+    use super::*;
+    use crate::image::{decode_record, Record};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed as R};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const P: usize = PAGE_SIZE;
+
+    fn page(rng: &mut Rng) -> Vec<u8> {
+        match rng.below(5) {
+            0 => rng.bytes(P),
+            1 => vec![rng.next() as u8; P],
+            // Compressible text of a few kinds.
+            _ => format!("page {} of text {} ", rng.below(100), rng.below(7))
+                .into_bytes()
+                .repeat(P)[..P]
+                .to_vec(),
+        }
+    }
+
+    /// One client request, holding the gate as frontends do.
+    fn mutate(s: &Store, rng: &mut Rng) {
+        let size = s.size();
+        let _gate = s.gate();
+        let at = rng.below(size / P as u64) * P as u64;
+        match rng.below(10) {
+            0 => {
+                let n = (rng.below(32 * P as u64) + 1).min(size - at);
+                s.trim(at, n).unwrap();
+            }
+            1 => {
+                let n = (rng.below(8 * P as u64) + 1).min(size - at);
+                let _ = s.zero(
+                    at + rng.below(P as u64).min(size - at - 1),
+                    n.min(size - at - P as u64).max(1),
+                    false,
+                );
+            }
+            2 => {
+                // A partial page write.
+                let off = at + rng.below(P as u64 - 100);
+                let _ = s.write(off, &rng.bytes(100));
+            }
+            _ => {
+                let n = rng.below(4) as usize + 1;
+                let mut d = Vec::new();
+                for _ in 0..n {
+                    d.extend(page(rng));
+                }
+                let n = d.len().min((size - at) as usize);
+                let _ = s.write(at, &d[..n]);
+            }
+        }
+    }
+
+    /// Applies a save's records to a raw model of the disk.
+    fn apply(model: &mut [u8], rec: Record<'_>) {
+        decode_record(&rec, |p, data| {
+            let at = p as usize * P;
+            model[at..at + P].copy_from_slice(data);
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    fn save(s: &Store, full: bool, image: &mut [u8], log: &mut Vec<Vec<u8>>) -> Vec<u8> {
+        let (plan, at_switch) = s.begin_save(full, || read_all(s));
+        if full {
+            // A full save starts a new chain: nothing before it counts.
+            image.fill(0);
+        }
+
+        for &key in &plan.gone {
+            apply(image, Record::Gone(key));
+        }
+        for &(key, mask) in &plan.chunks {
+            s.save_chunk(key, mask, |page, p| {
+                let rec = match p {
+                    PageRef::Frame { mask, data } => Record::Frame {
+                        key: page / 64,
+                        mask,
+                        data,
+                    },
+                    p => Record::Page(page, p),
+                };
+                apply(image, rec);
+            });
+        }
+        s.end_save();
+        log.push(at_switch.clone());
+        at_switch
+    }
+
+    fn config(compress: &str, recompress: &str) -> StoreConfig {
+        StoreConfig {
+            host_reserve: 0,
+            track_changes: true,
+            compress: compress.parse().unwrap(),
+            recompress: recompress.parse().unwrap(),
+            idle_after: Duration::from_millis(1),
+            ..StoreConfig::new(4 << 20)
+        }
+    }
+
+    #[test]
+    fn saves_are_point_in_time_while_clients_write() {
+        for (k, (c, r)) in [("none", "none"), ("lz4", "none"), ("lz4", "zstd")]
+            .into_iter()
+            .enumerate()
+        {
+            let s = Arc::new(Store::new(config(c, r)).unwrap());
+            let mut rng = Rng(42 + k as u64);
+            for _ in 0..400 {
+                mutate(&s, &mut rng);
+            }
+            s.background_pass_all();
+            s.background_pass_all();
+            let stop = Arc::new(AtomicBool::new(false));
+            let workers: Vec<_> = (0..2)
+                .map(|t| {
+                    let (s, stop) = (s.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut rng = Rng(1000 + t);
+                        let mut n = 0;
+                        while !stop.load(R) {
+                            mutate(&s, &mut rng);
+                            if t == 1 && n % 50 == 0 {
+                                s.background_pass_all();
+                            }
+                            n += 1;
+                        }
+                    })
+                })
+                .collect();
+            let mut image = vec![0u8; s.size() as usize];
+            let mut log = Vec::new();
+            for round in 0..12 {
+                let want = save(&s, round == 0 || round == 7, &mut image, &mut log);
+                assert!(
+                    image == want,
+                    "{c}/{r}: save {round} is not the disk at its switch"
+                );
+                if round == 4 {
+                    // A failed save: the next one must be full to be right.
+                    let _ = s.begin_save(false, || ());
+                    s.abort_save();
+                    let want = save(&s, true, &mut image, &mut log);
+                    assert!(image == want, "{c}/{r}: full save after an aborted one");
+                }
+            }
+            stop.store(true, R);
+            for w in workers {
+                w.join().unwrap();
+            }
+            // Quiet now: one more save equals the disk, and so does a
+            // store loaded from a full save.
+            let want = save(&s, false, &mut image, &mut log);
+            assert!(image == want && want == read_all(&s));
+            let fresh = Store::new(config(c, r)).unwrap();
+            let (plan, ()) = s.begin_save(true, || ());
+            for &(key, mask) in &plan.chunks {
+                s.save_chunk(key, mask, |page, p| match p {
+                    PageRef::Frame { mask, data } => {
+                        fresh.restore_frame(page / 64, mask, data).unwrap()
+                    }
+                    p => fresh.restore_page(page, p).unwrap(),
+                });
+            }
+            s.end_save();
+            assert!(read_all(&fresh) == want, "{c}/{r}: loaded store differs");
+            let (a, b) = (s.stats(), fresh.stats());
+            assert_eq!(
+                (a.data_pages, a.zero_pages, a.fill_pages, a.frames),
+                (b.data_pages, b.zero_pages, b.fill_pages, b.frames),
+                "{c}/{r}"
+            );
+            assert_eq!(s.stats().memory_used, {
+                let st = s.stats();
+                st.stored_bytes + st.slack_bytes + st.metadata_bytes
+            });
+        }
+    }
+}

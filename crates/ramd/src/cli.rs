@@ -48,8 +48,65 @@ pub enum Command {
     )]
     #[command(args_override_self = true)]
     Serve(ServeArgs),
-    /// Show every running disk: size, use, memory, pages.
+    /// Show every running disk: size, use, memory, pages, last save.
     Status(StatusArgs),
+    /// Save a running disk to its image now (needs `serve --image`).
+    Snapshot(SnapshotArgs),
+    /// Inspect, check and convert images offline.
+    #[command(subcommand)]
+    Image(ImageCommand),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SnapshotArgs {
+    /// The disk (its --name).
+    pub name: String,
+
+    /// Write every page, starting a new chain, instead of only the pages
+    /// changed since the last save.
+    #[arg(long)]
+    pub full: bool,
+
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCommand {
+    /// What an image holds: kind, size, its chain of saves.
+    Info {
+        /// The image directory (serve's --image).
+        dir: PathBuf,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read every save of an image and check every checksum and every
+    /// compressed page; names the first bad place and exits 1.
+    Verify {
+        /// The image directory.
+        dir: PathBuf,
+    },
+    /// Write a block disk's image out as a raw disk image (sparse), for
+    /// qemu-img, dd, losetup.
+    Export {
+        /// The image directory.
+        dir: PathBuf,
+        /// The raw file to create (refused if it exists).
+        raw: PathBuf,
+    },
+    /// Make a block disk image from a raw disk image: `serve --image DIR`
+    /// then serves its data.
+    Import {
+        /// The raw disk image to read.
+        raw: PathBuf,
+        /// The image directory to create (must not exist, or be empty).
+        dir: PathBuf,
+        /// Store pages compressed with this codec (as `serve --compress`).
+        #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]
+        compress: Codec,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -162,6 +219,25 @@ pub struct ServeArgs {
     /// to the kernel at once (first-touch memory is slow to fault in).
     #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
     pub warm_pool: u64,
+
+    /// Keep the disk in this image directory: loaded at start if it holds
+    /// an image (then --size may be left out), saved at a clean stop
+    /// (SIGINT, SIGTERM, umount), on `ramd snapshot`, and with --autosave.
+    /// Created 0700, its files 0600. See FORMAT.md.
+    #[arg(long, value_name = "DIR")]
+    pub image: Option<PathBuf>,
+
+    /// Save the pages changed since the last save every DURATION (e.g. 30s,
+    /// 5m) in the background while I/O goes on. Needs --image.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
+    pub autosave: Option<std::time::Duration>,
+
+    /// What a flush means. `ignore`: NBD FLUSH/FUA and fsync return at once
+    /// (a crash loses what changed since the last save). `persist`: they
+    /// return once a save holding the data is durable in the image. Needs
+    /// --image for persist.
+    #[arg(long, default_value = "ignore", value_parser = ["ignore", "persist"], value_name = "MODE")]
+    pub flush: String,
 }
 
 #[derive(clap::Args, Debug)]

@@ -1,7 +1,8 @@
 //! The control socket: `RUN_DIR/NAME.ctl` (mode 0600), one per running disk.
 //!
-//! Protocol: the client sends one line (`status`), the daemon answers one
-//! line of JSON and closes. `ramd status` asks every socket in the run dir.
+//! Protocol: the client sends one line (`status`, `snapshot` or `snapshot
+//! full`), the daemon answers one line of JSON and closes. `ramd status`
+//! asks every socket in the run dir; `ramd snapshot NAME` asks NAME's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -19,6 +20,16 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Produces the daemon's status as JSON: a list of disks.
 pub type StatusFn = Arc<dyn Fn() -> Vec<Value> + Send + Sync>;
 
+/// Saves the disk now (`true`: a full save); `None` if it has no image.
+pub type SnapshotFn = Arc<dyn Fn(bool) -> std::result::Result<Value, String> + Send + Sync>;
+
+/// What a control socket answers.
+#[derive(Clone)]
+pub struct Handlers {
+    pub status: StatusFn,
+    pub snapshot: Option<SnapshotFn>,
+}
+
 /// A listening control socket; the file is removed when this is dropped
 /// (if it is still ours).
 pub struct ControlServer {
@@ -26,26 +37,36 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    pub fn start(path: PathBuf, status: StatusFn) -> Result<ControlServer> {
+    pub fn start(path: PathBuf, handlers: Handlers) -> Result<ControlServer> {
         let (listener, file) = ramd_nbd::bind_unix_socket(&path)
             .with_context(|| format!("control socket {}", path.display()))?;
         std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || serve(listener, status))?;
+            .spawn(move || serve(listener, handlers))?;
         Ok(ControlServer { _file: file })
     }
 }
 
-fn serve(listener: UnixListener, status: StatusFn) {
+fn serve(listener: UnixListener, handlers: Handlers) {
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
-        if let Err(e) = answer(&mut conn, &status) {
-            log::warn!("control request failed: {e}");
+        // A snapshot takes as long as the save: answer on its own thread
+        // so that status keeps answering meanwhile.
+        let handlers = handlers.clone();
+        let spawned = std::thread::Builder::new()
+            .name("control-req".into())
+            .spawn(move || {
+                if let Err(e) = answer(&mut conn, &handlers) {
+                    log::warn!("control request failed: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("control request: {e}");
         }
     }
 }
 
-fn answer(conn: &mut UnixStream, status: &StatusFn) -> std::io::Result<()> {
+fn answer(conn: &mut UnixStream, handlers: &Handlers) -> std::io::Result<()> {
     conn.set_read_timeout(Some(IO_TIMEOUT))?;
     conn.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut line = String::new();
@@ -54,8 +75,17 @@ fn answer(conn: &mut UnixStream, status: &StatusFn) -> std::io::Result<()> {
         // A probe (is this name in use?) that connected and left.
         return Ok(());
     }
+    let snapshot = |full: bool| match &handlers.snapshot {
+        None => json!({ "error": "this disk has no image: serve it with --image DIR" }),
+        Some(f) => match f(full) {
+            Ok(v) => json!({ "snapshot": v }),
+            Err(e) => json!({ "error": e }),
+        },
+    };
     let reply = match line.trim() {
-        "status" => json!({ "disks": status() }),
+        "status" => json!({ "disks": (handlers.status)() }),
+        "snapshot" => snapshot(false),
+        "snapshot full" => snapshot(true),
         other => json!({ "error": format!("unknown control request {other:?}") }),
     };
     writeln!(conn, "{reply}")
@@ -75,6 +105,53 @@ fn query(path: &Path) -> Result<Vec<Value>> {
         Some(d) => Ok(d.clone()),
         None => anyhow::bail!("bad reply from {}: {text}", path.display()),
     }
+}
+
+/// `ramd snapshot NAME [--full]`: saves the disk through its socket.
+pub fn snapshot(run_dir: &Path, name: &str, full: bool, as_json: bool) -> Result<()> {
+    let path = run_dir.join(format!("{name}.ctl"));
+    let mut conn = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "no running disk named {name:?} ({} does not answer)",
+            path.display()
+        )
+    })?;
+    // No read timeout: a full save of a large disk takes what it takes.
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    conn.write_all(if full {
+        b"snapshot full\n"
+    } else {
+        b"snapshot\n"
+    })?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    if text.is_empty() {
+        anyhow::bail!("disk {name:?} closed the connection without answering: did ramd exit?");
+    }
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("bad reply from {}: {text:?}", path.display()))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        anyhow::bail!("disk {name:?}: {e}");
+    }
+    let r = &v["snapshot"];
+    if as_json {
+        println!("{r}");
+    } else {
+        println!(
+            "{name}: saved {} save {} to {}: {} pages, {} written in {:.2} s",
+            if r["full"] == true {
+                "full"
+            } else {
+                "incremental"
+            },
+            r["seq"],
+            r["path"].as_str().unwrap_or("?"),
+            r["pages"],
+            human(r["bytes"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
 }
 
 /// `ramd status`: every disk of every daemon in `run_dir`.
@@ -130,6 +207,7 @@ fn table(disks: &[Value]) -> String {
         "IDLE",
         "INODES",
         "CONNS",
+        "SAVED",
         "WHERE",
     ];
     let mut rows = vec![head.map(String::from).to_vec()];
@@ -167,6 +245,7 @@ fn table(disks: &[Value]) -> String {
             n(d, "idle_pages").to_string(),
             opt(d, "inodes"),
             opt(d, "connections"),
+            saved(d),
             d["uri"].as_str().unwrap_or("").to_string(),
         ]);
     }
@@ -192,6 +271,27 @@ fn table(disks: &[Value]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Age of the last good save ("-": none), "FAILED" if the latest failed.
+fn saved(d: &Value) -> String {
+    if d["last_save_error"].is_string() {
+        return "FAILED".into();
+    }
+    match d["last_save"]["unix_time"].as_u64() {
+        None => "-".into(),
+        Some(t) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let age = now.saturating_sub(t);
+            match age {
+                0..=99 => format!("{age}s ago"),
+                100..=5999 => format!("{}m ago", age / 60),
+                _ => format!("{}h ago", age / 3600),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

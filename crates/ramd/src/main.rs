@@ -5,6 +5,8 @@
 mod cli;
 mod config;
 mod control;
+mod image_cmd;
+mod persist;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -15,8 +17,10 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 use cli::{Cli, Command, DiskSize, Listen, ServeArgs};
+use persist::Persister;
 use ramd_fs::{Fs, FsConfig, FuseOptions};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
+use ramd_store::image::{DiskKind, ImageDir};
 use ramd_store::{Scanner, Store, StoreConfig, PAGE_SIZE};
 use units::human;
 
@@ -51,6 +55,8 @@ fn main() {
         Command::Serve(args) if args.mount.is_some() => serve_fs(args, &run_dir),
         Command::Serve(args) => serve_block(args, &run_dir),
         Command::Status(args) => control::status(&run_dir, args.name.as_deref(), args.json),
+        Command::Snapshot(a) => control::snapshot(&run_dir, &a.name, a.full, a.json),
+        Command::Image(cmd) => image_cmd::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("ramd: error: {e:#}");
@@ -111,6 +117,7 @@ fn disk_size(args: &ServeArgs) -> Result<DiskSize> {
 fn store_config(args: &ServeArgs, size: u64) -> StoreConfig {
     StoreConfig {
         warm_pool: args.warm_pool,
+        track_changes: args.image.is_some(),
         compress: args.compress,
         compress_after: args.compress_after,
         recompress: args.recompress,
@@ -144,6 +151,93 @@ fn start_scanner(store: &Arc<Store>, args: &ServeArgs) -> Result<Option<Scanner>
         .context("starting the background compression threads")
 }
 
+/// Checks the persistence flags, and opens and checks the image if there is
+/// one: returns it with the disk's size (the image's, unless new).
+fn open_image(
+    args: &ServeArgs,
+    kind: DiskKind,
+    size: Option<u64>,
+) -> Result<Option<(ImageDir, u64)>> {
+    if args.autosave.is_some_and(|d| d.is_zero()) {
+        bail!("--autosave must be longer than 0s");
+    }
+    let Some(dir) = &args.image else {
+        if args.flush == "persist" {
+            bail!("--flush persist needs --image DIR: a flush has nowhere to persist to");
+        }
+        return Ok(None);
+    };
+    persist::open_image(dir, kind, size).map(Some)
+}
+
+/// Sets up saving: the save thread and, with --flush persist, the store's
+/// flush hook. `meta` serializes a filesystem's tree.
+fn start_persister(
+    args: &ServeArgs,
+    store: &Arc<Store>,
+    image: ImageDir,
+    kind: DiskKind,
+    size: u64,
+    meta: Option<(persist::MetaFn, Option<Vec<u8>>)>,
+) -> Result<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)> {
+    let mut p = Persister::new(
+        store.clone(),
+        image,
+        kind,
+        size,
+        args.autosave,
+        args.flush == "persist",
+    );
+    if let Some((meta, loaded)) = meta {
+        p.set_meta(meta, loaded.as_deref());
+    }
+    let p = Arc::new(p);
+    if args.flush == "persist" {
+        // Weak: the store must not keep its own persister alive.
+        let weak = Arc::downgrade(&p);
+        store.set_flush_hook(Box::new(move || match weak.upgrade() {
+            Some(p) => p.flush(),
+            None => Ok(()),
+        }));
+    }
+    let thread = p.start().context("starting the save thread")?;
+    Ok((p, thread))
+}
+
+/// The clean stop's save; an error is reported but the old image stays.
+fn final_save(
+    persister: Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>,
+) -> Result<()> {
+    let Some((p, thread)) = persister else {
+        return Ok(());
+    };
+    p.stop(thread);
+    p.save(false)
+        .map(|_| ())
+        .context("saving at stop (the image keeps its previous save)")
+}
+
+fn snapshot_fn(
+    p: &Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>,
+) -> Option<control::SnapshotFn> {
+    let (p, _) = p.as_ref()?;
+    let p = p.clone();
+    Some(Arc::new(move |full| {
+        p.save(full)
+            .map(|r| {
+                let mut v = serde_json::to_value(r).expect("report serializes");
+                v["path"] = p.status()["image"].clone();
+                v
+            })
+            .map_err(|e| format!("{e:#}"))
+    }))
+}
+
+fn persist_status(p: &Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>) -> Value {
+    p.as_ref()
+        .map_or_else(persist::no_image_status, |(p, _)| p.status())
+}
+
 /// The status row of a disk: the store's figures plus `extra`.
 fn status_row(store: &Store, extra: Value) -> Value {
     let mut v = serde_json::to_value(store.stats()).expect("stats serialize");
@@ -154,8 +248,20 @@ fn status_row(store: &Store, extra: Value) -> Value {
 }
 
 fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
-    let DiskSize::Bytes(size) = disk_size(&args)? else {
-        bail!("a block disk needs a size in bytes: `unlimited` is for filesystem disks (--mount)");
+    let size = match args.size {
+        Some(DiskSize::Unlimited) => bail!(
+            "a block disk needs a size in bytes: `unlimited` is for filesystem disks (--mount)"
+        ),
+        Some(DiskSize::Bytes(n)) => Some(n),
+        None => None,
+    };
+    let image = open_image(&args, DiskKind::Block, size)?;
+    let size = match &image {
+        Some((_, n)) => *n,
+        None => match disk_size(&args)? {
+            DiskSize::Bytes(n) => n,
+            DiskSize::Unlimited => unreachable!("refused above"),
+        },
     };
     // Everything that can fail is set up before the first client is accepted.
     make_run_dir(run_dir)?;
@@ -166,6 +272,22 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
         })
         .with_context(|| format!("disk {:?}", args.name))?,
     );
+    let persister = match image {
+        Some((image, size)) => {
+            if image.manifest().is_some() {
+                persist::load(&image, &store)?;
+            }
+            Some(start_persister(
+                &args,
+                &store,
+                image,
+                DiskKind::Block,
+                size,
+                None,
+            )?)
+        }
+        None => None,
+    };
     warn_if_overcommitted(&store);
     let _scanner = start_scanner(&store, &args)?;
 
@@ -199,18 +321,24 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
             uri.clone(),
         );
         let read_only = args.read_only;
+        let persister = persister.as_ref().map(|(p, _)| (p.clone(), None));
         Arc::new(move || {
-            vec![status_row(
-                &store,
-                json!({
-                    "name": name, "kind": "block", "uri": uri, "read_only": read_only,
-                    "connections": server.connections(),
-                }),
-            )]
+            let mut extra = json!({
+                "name": name, "kind": "block", "uri": uri, "read_only": read_only,
+                "connections": server.connections(),
+            });
+            extend(&mut extra, persist_status(&persister));
+            vec![status_row(&store, extra)]
         })
     };
     let control_path = run_dir.join(format!("{}.ctl", args.name));
-    let _control = control::ControlServer::start(control_path, status_fn)?;
+    let _control = control::ControlServer::start(
+        control_path,
+        control::Handlers {
+            status: status_fn,
+            snapshot: snapshot_fn(&persister),
+        },
+    )?;
     {
         let server = server.clone();
         on_stop_signals(move |_| server.stop())?;
@@ -228,8 +356,15 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
     println!("{uri}");
 
     server.run(&listener).context("serving NBD")?;
+    final_save(persister)?;
     log::info!("stopped");
     Ok(())
+}
+
+fn extend(obj: &mut Value, more: Value) {
+    if let (Some(o), Value::Object(m)) = (obj.as_object_mut(), more) {
+        o.extend(m);
+    }
 }
 
 /// Checks a mount point before anything is allocated.
@@ -252,9 +387,19 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     let dir = check_mount_point(args.mount.as_deref().expect("serve_fs needs --mount"))?;
     make_run_dir(run_dir)?;
     let mem_total = ramd_store::mem_total().unwrap_or(1 << 30);
-    let size = match disk_size(&args)? {
-        DiskSize::Bytes(n) => Some(n),
-        DiskSize::Unlimited => None,
+    // An image records an unlimited fs disk's size as 0.
+    let given = args.size.map(|s| match s {
+        DiskSize::Bytes(n) => n,
+        DiskSize::Unlimited => 0,
+    });
+    let image = open_image(&args, DiskKind::Fs, given)?;
+    let size = match &image {
+        Some((_, 0)) => None,
+        Some((_, n)) => Some(*n),
+        None => match disk_size(&args)? {
+            DiskSize::Bytes(n) => Some(n),
+            DiskSize::Unlimited => None,
+        },
     };
     // Default budget: every page of `size`, plus room for the page tables
     // of many small files and for inodes and names (1/8 of size, ≥ 64 MiB).
@@ -275,30 +420,55 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
         })
         .with_context(|| format!("disk {:?}", args.name))?,
     );
+    let fs_config = FsConfig {
+        size,
+        nr_inodes,
+        mode: args.mode,
+        uid: args.uid,
+        gid: args.gid,
+        noatime: args.noatime,
+    };
+    let (fs, image, loaded) = match image {
+        Some((image, _)) if image.manifest().is_some() => {
+            let meta = persist::load(&image, &store)?.expect("fs images have a tree");
+            let fs = Fs::load(store.clone(), fs_config, &meta).map_err(|e| {
+                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
+            })?;
+            (fs, Some(image), Some(meta))
+        }
+        image => (
+            Fs::new(store.clone(), fs_config)
+                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
+            image.map(|(i, _)| i),
+            None,
+        ),
+    };
+    let fs = Arc::new(fs);
+    let persister = match image {
+        Some(image) => {
+            let f = fs.clone();
+            let meta: persist::MetaFn = Box::new(move || f.save_meta());
+            Some(start_persister(
+                &args,
+                &store,
+                image,
+                DiskKind::Fs,
+                size.unwrap_or(0),
+                Some((meta, loaded)),
+            )?)
+        }
+        None => None,
+    };
     warn_if_overcommitted(&store);
     let _scanner = start_scanner(&store, &args)?;
-    let fs = Arc::new(
-        Fs::new(
-            store.clone(),
-            FsConfig {
-                size,
-                nr_inodes,
-                mode: args.mode,
-                uid: args.uid,
-                gid: args.gid,
-                noatime: args.noatime,
-            },
-        )
-        .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
-    );
     let status_fn: control::StatusFn = {
         let (fs, store, name) = (fs.clone(), store.clone(), args.name.clone());
         let mount = dir.display().to_string();
+        let persister = persister.as_ref().map(|(p, _)| (p.clone(), None));
         Arc::new(move || {
-            let mut row = status_row(
-                &store,
-                json!({ "name": name, "kind": "fs", "mount": mount, "uri": mount }),
-            );
+            let mut extra = json!({ "name": name, "kind": "fs", "mount": mount, "uri": mount });
+            extend(&mut extra, persist_status(&persister));
+            let mut row = status_row(&store, extra);
             let obj = row.as_object_mut().expect("object");
             // A filesystem's size is its capacity, not the store's address space.
             let (used, limit) = store.pages_used();
@@ -313,13 +483,25 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     };
     // The control socket first: a name already in use fails before mounting.
     let control_path = run_dir.join(format!("{}.ctl", args.name));
-    let _control = control::ControlServer::start(control_path, status_fn)?;
+    let _control = control::ControlServer::start(
+        control_path,
+        control::Handlers {
+            status: status_fn,
+            snapshot: snapshot_fn(&persister),
+        },
+    )?;
+    let sync: Option<ramd_fs::fuse::SyncFn> = (args.flush == "persist").then(|| {
+        let store = store.clone();
+        let f: ramd_fs::fuse::SyncFn = Arc::new(move || store.flush().map_err(|e| e.errno()));
+        f
+    });
     let session = ramd_fs::mount(
         fs.clone(),
         &dir,
         args.threads as usize,
         FuseOptions {
             writeback_cache: args.writeback_cache,
+            sync,
         },
     )
     .with_context(|| format!("mounting {}", dir.display()))?;
@@ -360,6 +542,7 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
                 && stopping.load(std::sync::atomic::Ordering::SeqCst) => {}
         r => r.context("serving FUSE")?,
     }
+    final_save(persister)?;
     log::info!("unmounted; stopped");
     Ok(())
 }

@@ -1,0 +1,560 @@
+//! Saving and loading the tree (file data is the store's to save):
+//! [`Fs::save_meta`] and [`Fs::load`].
+//!
+//! The format is postcard over the mirror structs below, the version first.
+//! They mirror rather than reuse the live structs so that the format changes
+//! only on purpose: never reorder their fields or variants; bump
+//! [`META_VERSION`] instead.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use ramd_store::CHUNK_BYTES;
+
+pub(crate) const META_VERSION: u32 = 1;
+
+/// A name, value or target: borrowed when saving, owned when loaded.
+pub(crate) type Bytes<'a> = Cow<'a, [u8]>;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SavedMeta<'a> {
+    pub version: u32,
+    pub next_ino: u64,
+    pub next_slot: u64,
+    /// Linked inodes only (`nlink > 0`), by inode number.
+    pub inodes: Vec<SavedInode<'a>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SavedInode<'a> {
+    pub ino: u64,
+    pub kind: SavedKind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    /// atime, mtime, ctime, btime.
+    pub times: [SavedTime; 4],
+    pub xattrs: Vec<(Bytes<'a>, Bytes<'a>)>,
+    pub data: SavedData<'a>,
+}
+
+/// Seconds and nanoseconds since the epoch; `nanos` always counts forward,
+/// so 1969-12-31 23:59:59.5 is `(-1, 500_000_000)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedTime {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum SavedKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum SavedData<'a> {
+    File {
+        slot: u64,
+        pages: u64,
+        alloc_end: u64,
+    },
+    Dir {
+        parent: u64,
+        entries: Vec<(Bytes<'a>, u64)>,
+    },
+    Symlink(Bytes<'a>),
+    Special,
+}
+
+impl From<Kind> for SavedKind {
+    fn from(k: Kind) -> SavedKind {
+        match k {
+            Kind::File => SavedKind::File,
+            Kind::Dir => SavedKind::Dir,
+            Kind::Symlink => SavedKind::Symlink,
+            Kind::Fifo => SavedKind::Fifo,
+            Kind::Socket => SavedKind::Socket,
+            Kind::CharDev => SavedKind::CharDev,
+            Kind::BlockDev => SavedKind::BlockDev,
+        }
+    }
+}
+
+impl From<SavedKind> for Kind {
+    fn from(k: SavedKind) -> Kind {
+        match k {
+            SavedKind::File => Kind::File,
+            SavedKind::Dir => Kind::Dir,
+            SavedKind::Symlink => Kind::Symlink,
+            SavedKind::Fifo => Kind::Fifo,
+            SavedKind::Socket => Kind::Socket,
+            SavedKind::CharDev => Kind::CharDev,
+            SavedKind::BlockDev => Kind::BlockDev,
+        }
+    }
+}
+
+pub(crate) fn save_time(t: SystemTime) -> SavedTime {
+    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i128, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            match d.subsec_nanos() {
+                0 => (-(d.as_secs() as i128), 0),
+                n => (-(d.as_secs() as i128) - 1, 1_000_000_000 - n),
+            }
+        }
+    };
+    // SystemTime is a timespec (i64 seconds) on Linux: the clamp never bites.
+    let secs = secs.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+    SavedTime { secs, nanos }
+}
+
+pub(crate) fn load_time(t: SavedTime) -> Option<SystemTime> {
+    if t.nanos >= 1_000_000_000 {
+        return None;
+    }
+    if t.secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::new(t.secs as u64, t.nanos))
+    } else {
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(t.secs.unsigned_abs()))?
+            .checked_add(Duration::from_nanos(t.nanos.into()))
+    }
+}
+
+fn bytes(s: &OsStr) -> Cow<'_, [u8]> {
+    Cow::Borrowed(s.as_bytes())
+}
+
+fn os(b: &[u8]) -> OsString {
+    OsStr::from_bytes(b).to_owned()
+}
+
+/// An error about the saved tree, as load returns it.
+fn bad<T>(msg: impl std::fmt::Display) -> std::result::Result<T, String> {
+    Err(format!("filesystem metadata: {msg}"))
+}
+
+impl Fs {
+    /// The whole tree (every linked inode; never lookups, opens or handles)
+    /// for [`Fs::load`]. The caller holds the store's gate exclusively, so
+    /// no change is half done.
+    pub fn save_meta(&self) -> Vec<u8> {
+        let st = self.state.read();
+        let mut inos: Vec<u64> = st
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.nlink > 0)
+            .map(|(&ino, _)| ino)
+            .collect();
+        inos.sort_unstable();
+        let inodes = inos
+            .iter()
+            .map(|ino| {
+                let i = &st.inodes[ino];
+                SavedInode {
+                    ino: *ino,
+                    kind: i.kind.into(),
+                    perm: i.perm,
+                    nlink: i.nlink,
+                    uid: i.uid,
+                    gid: i.gid,
+                    rdev: i.rdev,
+                    size: i.size,
+                    times: [i.atime, i.mtime, i.ctime, i.btime].map(save_time),
+                    xattrs: i
+                        .xattrs
+                        .iter()
+                        .map(|(k, v)| (bytes(k), Cow::Borrowed(&v[..])))
+                        .collect(),
+                    data: match &i.data {
+                        &Data::File {
+                            slot,
+                            pages,
+                            alloc_end,
+                        } => SavedData::File {
+                            slot,
+                            pages,
+                            alloc_end,
+                        },
+                        Data::Dir { entries, parent } => SavedData::Dir {
+                            parent: *parent,
+                            entries: entries.iter().map(|(k, &v)| (bytes(k), v)).collect(),
+                        },
+                        Data::Symlink(t) => SavedData::Symlink(bytes(t)),
+                        Data::Special => SavedData::Special,
+                    },
+                }
+            })
+            .collect();
+        let meta = SavedMeta {
+            version: META_VERSION,
+            next_ino: st.next_ino,
+            next_slot: st.next_slot,
+            inodes,
+        };
+        postcard::to_stdvec(&meta).expect("serializing to a Vec cannot fail")
+    }
+
+    /// Rebuilds a filesystem from [`Fs::save_meta`]'s bytes on `store`,
+    /// which already holds the file data. Checks everything first and
+    /// changes nothing when it refuses. Then charges the tree's memory as
+    /// creating it did, and trims data no file owns: files that were
+    /// unlinked but open at the save, and anything past a file's end.
+    /// Limits (`nr_inodes`, size) are not enforced on what was saved.
+    pub fn load(store: Arc<Store>, cfg: FsConfig, meta: &[u8]) -> std::result::Result<Fs, String> {
+        // The version alone first, so that a newer format is named as such.
+        match postcard::take_from_bytes::<u32>(meta) {
+            Ok((META_VERSION, _)) => {}
+            Ok((v, _)) => {
+                return bad(format!(
+                    "format version {v}, this ramd reads {META_VERSION}"
+                ))
+            }
+            Err(e) => return bad(format!("no format version: {e}")),
+        }
+        let saved = match postcard::take_from_bytes::<SavedMeta>(meta) {
+            Ok((m, [])) => m,
+            Ok((_, rest)) => return bad(format!("{} bytes after the end", rest.len())),
+            Err(e) => return bad(format!("cannot decode: {e}")),
+        };
+        let (mut st, cost) = rebuild(saved)?;
+        if let Err(e) = store.charge(cost) {
+            return bad(format!(
+                "the tree needs {cost} bytes of memory, more than the disk's max_memory leaves: {e}"
+            ));
+        }
+        if let Err(e) = settle_data(&store, &mut st) {
+            store.uncharge(cost);
+            return Err(e);
+        }
+        let inodes = st.inodes.len() as u64;
+        if inodes > cfg.nr_inodes {
+            log::warn!(
+                "the loaded filesystem has {inodes} inodes, more than nr_inodes ({}): \
+                 creating more gives ENOSPC",
+                cfg.nr_inodes
+            );
+        }
+        let (used, limit) = store.pages_used();
+        if used > limit {
+            log::warn!(
+                "the loaded filesystem holds {used} pages, more than its size allows ({limit}): \
+                 writes that need pages give ENOSPC"
+            );
+        }
+        Ok(Fs {
+            store,
+            cfg,
+            state: RwLock::new(st),
+        })
+    }
+}
+
+/// The live state a saved tree describes, and the memory it costs, or why
+/// the tree is not one that `Fs` could have built.
+fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
+    if saved.next_ino <= ROOT_INO {
+        return bad(format!("next inode number {} is too low", saved.next_ino));
+    }
+    if saved.next_slot > MAX_SLOTS {
+        return bad(format!("next file slot {} is too high", saved.next_slot));
+    }
+    let mut inodes: HashMap<u64, Inode> = HashMap::with_capacity(saved.inodes.len());
+    let mut slots = HashSet::new();
+    let mut cost = 0u64;
+    for s in saved.inodes {
+        let ino = s.ino;
+        let fail = |msg: String| format!("filesystem metadata: inode {ino}: {msg}");
+        if ino == 0 || ino >= saved.next_ino {
+            return Err(fail(format!("number not below next ({})", saved.next_ino)));
+        }
+        if inodes.contains_key(&ino) {
+            return Err(fail("saved twice".into()));
+        }
+        let kind = Kind::from(s.kind);
+        if s.perm & !0o7777 != 0 {
+            return Err(fail(format!("mode bits {:o} beyond 07777", s.perm)));
+        }
+        if s.nlink == 0 {
+            return Err(fail("no links".into()));
+        }
+        let mut times = [UNIX_EPOCH; 4];
+        for (t, st) in times.iter_mut().zip(s.times) {
+            *t = load_time(st).ok_or_else(|| fail(format!("bad time {st:?}")))?;
+        }
+        let mut xattrs = BTreeMap::new();
+        for (name, value) in s.xattrs {
+            let name = os(&name);
+            if check_xattr_name(&name).is_err() || value.len() > XATTR_SIZE_MAX {
+                return Err(fail(format!("bad xattr {name:?} ({} bytes)", value.len())));
+            }
+            cost += xattr_cost(&name, &value);
+            if xattrs.insert(name.clone(), value.into_owned()).is_some() {
+                return Err(fail(format!("xattr {name:?} twice")));
+            }
+        }
+        let size_ok = match (&s.data, kind) {
+            (SavedData::File { .. }, Kind::File) => s.size <= MAX_FILE_SIZE + 1,
+            (SavedData::Dir { .. }, Kind::Dir) => s.size == 0,
+            (SavedData::Symlink(t), Kind::Symlink) => s.size == t.len() as u64,
+            (SavedData::Special, Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev) => {
+                s.size == 0
+            }
+            _ => return Err(fail(format!("kind {kind:?} with data of another kind"))),
+        };
+        if !size_ok {
+            return Err(fail(format!("size {} impossible for a {kind:?}", s.size)));
+        }
+        let data = match s.data {
+            SavedData::File {
+                slot,
+                pages,
+                alloc_end,
+            } => {
+                if slot >= saved.next_slot {
+                    return Err(fail(format!(
+                        "slot {slot} not below next ({})",
+                        saved.next_slot
+                    )));
+                }
+                if !slots.insert(slot) {
+                    return Err(fail(format!("slot {slot} owned by another file too")));
+                }
+                if alloc_end > MAX_FILE_SIZE + 1 {
+                    return Err(fail(format!(
+                        "allocated up to {alloc_end}, past the largest file"
+                    )));
+                }
+                Data::File {
+                    slot,
+                    pages,
+                    alloc_end,
+                }
+            }
+            SavedData::Dir { parent, entries } => {
+                let mut map = BTreeMap::new();
+                for (name, child) in entries {
+                    let name = os(&name);
+                    if check_name(&name).is_err() {
+                        return Err(fail(format!("bad entry name {name:?}")));
+                    }
+                    cost += name_cost(&name);
+                    if map.insert(name.clone(), child).is_some() {
+                        return Err(fail(format!("entry {name:?} twice")));
+                    }
+                }
+                Data::Dir {
+                    entries: map,
+                    parent,
+                }
+            }
+            SavedData::Symlink(t) => {
+                if t.len() >= libc::PATH_MAX as usize {
+                    return Err(fail(format!("symlink target of {} bytes", t.len())));
+                }
+                cost += t.len() as u64;
+                Data::Symlink(os(&t))
+            }
+            SavedData::Special => Data::Special,
+        };
+        cost += INODE_COST;
+        let [atime, mtime, ctime, btime] = times;
+        inodes.insert(
+            ino,
+            Inode {
+                kind,
+                perm: s.perm,
+                nlink: s.nlink,
+                uid: s.uid,
+                gid: s.gid,
+                rdev: s.rdev,
+                size: s.size,
+                atime,
+                mtime,
+                ctime,
+                btime,
+                xattrs,
+                // The kernel holds the root without a lookup (as `Fs::new`);
+                // it knows nothing else of a new mount.
+                lookups: u64::from(ino == ROOT_INO),
+                opens: 0,
+                data,
+            },
+        );
+    }
+    check_tree(&inodes)?;
+    // Slots past the highest in use are free anyway: no need to list them.
+    let next_slot = slots.iter().max().map_or(0, |s| s + 1);
+    let free_slots = (0..next_slot)
+        .rev()
+        .filter(|s| !slots.contains(s))
+        .collect();
+    let st = State {
+        inodes,
+        next_ino: saved.next_ino,
+        free_slots,
+        next_slot,
+        dir_handles: HashMap::new(),
+        next_fh: 1,
+    };
+    Ok((st, cost))
+}
+
+/// That the inodes form one tree under the root with the link counts `Fs`
+/// keeps: every entry names an inode, a directory is listed once (in its
+/// parent) and has 2 + subdirectories links, anything else one link per
+/// entry, and everything is reachable from the root.
+fn check_tree(inodes: &HashMap<u64, Inode>) -> std::result::Result<(), String> {
+    match inodes.get(&ROOT_INO).map(|r| &r.data) {
+        None => return bad("no root directory"),
+        Some(Data::Dir { parent, .. }) if *parent == ROOT_INO => {}
+        Some(Data::Dir { parent, .. }) => return bad(format!("the root's parent is {parent}")),
+        Some(_) => return bad("the root is not a directory"),
+    }
+    let mut refs: HashMap<u64, u64> = HashMap::new();
+    for (&ino, inode) in inodes {
+        let Data::Dir { entries, .. } = &inode.data else {
+            continue;
+        };
+        let mut subdirs = 0u64;
+        for (name, &child) in entries {
+            let Some(c) = inodes.get(&child) else {
+                return bad(format!(
+                    "directory {ino}: entry {name:?} names inode {child}, which was not saved"
+                ));
+            };
+            if child == ROOT_INO {
+                return bad(format!("directory {ino}: entry {name:?} names the root"));
+            }
+            *refs.entry(child).or_default() += 1;
+            if let Data::Dir { parent, .. } = c.data {
+                if parent != ino {
+                    return bad(format!(
+                        "directory {child} is listed in {ino} as {name:?} but its parent is {parent}"
+                    ));
+                }
+                subdirs += 1;
+            }
+        }
+        if u64::from(inode.nlink) != 2 + subdirs {
+            return bad(format!(
+                "directory {ino} has {} links for {subdirs} subdirectories",
+                inode.nlink
+            ));
+        }
+    }
+    for (&ino, inode) in inodes {
+        let n = refs.get(&ino).copied().unwrap_or(0);
+        match inode.kind {
+            Kind::Dir if ino == ROOT_INO => {}
+            Kind::Dir if n != 1 => return bad(format!("directory {ino} is listed {n} times")),
+            Kind::Dir => {}
+            _ if u64::from(inode.nlink) != n => {
+                return bad(format!(
+                    "inode {ino} has {} links but {n} entries",
+                    inode.nlink
+                ))
+            }
+            _ => {}
+        }
+    }
+    // Each directory has one parent, so only a cycle can be cut off.
+    let mut seen = HashSet::from([ROOT_INO]);
+    let mut todo = VecDeque::from([ROOT_INO]);
+    while let Some(ino) = todo.pop_front() {
+        if let Data::Dir { entries, .. } = &inodes[&ino].data {
+            for &child in entries.values() {
+                if seen.insert(child) {
+                    todo.push_back(child);
+                }
+            }
+        }
+    }
+    if seen.len() != inodes.len() {
+        let mut lost: Vec<_> = inodes.keys().filter(|i| !seen.contains(i)).collect();
+        lost.sort_unstable();
+        return bad(format!(
+            "directories cut off from the root (a cycle): {:?}",
+            &lost[..lost.len().min(8)]
+        ));
+    }
+    Ok(())
+}
+
+/// Trims store data that no loaded file owns, and recounts each file's
+/// pages from what is left (the store's data is the truth for st_blocks).
+fn settle_data(store: &Store, st: &mut State) -> std::result::Result<(), String> {
+    // Per slot: where the file's data may end (relative), and its pages.
+    let mut files: HashMap<u64, (u64, u64)> = HashMap::new();
+    for inode in st.inodes.values() {
+        if let Data::File {
+            slot, alloc_end, ..
+        } = inode.data
+        {
+            files.insert(slot, (round_up(alloc_end).max(round_up(inode.size)), 0));
+        }
+    }
+    let per_chunk = (CHUNK_BYTES / PAGE_SIZE as u64) as usize;
+    let trim_failed = |at, len, e| bad(format!("trimming {len} bytes at {at}: {e}"));
+    for off in store.data_chunks() {
+        let end = off + CHUNK_BYTES.min(store.size().saturating_sub(off));
+        let slot = off >> FILE_SHIFT;
+        // Data below `keep` is the file's; the rest of the chunk goes.
+        let keep = match files.get_mut(&slot) {
+            None => off,
+            Some((file_end, pages)) => {
+                let keep = (base(slot) + *file_end).clamp(off, end);
+                if keep > off {
+                    let extents = store
+                        .extents(off, keep - off, per_chunk)
+                        .or_else(|e| bad(format!("mapping {off}: {e}")))?;
+                    *pages += extents
+                        .iter()
+                        .filter(|e| e.kind != ExtentKind::Hole)
+                        .map(|e| e.length / PAGE_SIZE as u64)
+                        .sum::<u64>();
+                }
+                keep
+            }
+        };
+        if keep < end {
+            store
+                .trim(keep, end - keep)
+                .or_else(|e| trim_failed(keep, end - keep, e))?;
+        }
+    }
+    let mut differ = 0;
+    for inode in st.inodes.values_mut() {
+        if let Data::File {
+            slot,
+            ref mut pages,
+            ..
+        } = inode.data
+        {
+            let counted = files[&slot].1;
+            if *pages != counted {
+                differ += 1;
+                *pages = counted;
+            }
+        }
+    }
+    if differ > 0 {
+        log::warn!("{differ} loaded files had a block count other than their data's: recounted");
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! `ramd image info|verify|export|import`: images offline, without a
+//! running disk.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use ramd_store::image::{self, DiskKind, ImageDir, Record};
+use ramd_store::{Codec, PageRef, PAGE_SIZE};
+
+use crate::cli::ImageCommand;
+use crate::units::human;
+
+pub fn run(cmd: ImageCommand) -> Result<()> {
+    match cmd {
+        ImageCommand::Info { dir, json } => info(&dir, json),
+        ImageCommand::Verify { dir } => verify(&dir),
+        ImageCommand::Export { dir, raw } => export(&dir, &raw),
+        ImageCommand::Import { raw, dir, compress } => import(&raw, &dir, compress),
+    }
+}
+
+fn info(dir: &Path, as_json: bool) -> Result<()> {
+    let image = ImageDir::open_existing(dir)?;
+    let m = image.manifest().expect("open_existing has a manifest");
+    if as_json {
+        println!("{}", serde_json::to_string(m)?);
+        return Ok(());
+    }
+    println!("image:  {}", dir.display());
+    println!("kind:   {}", m.kind.name());
+    match (m.kind, m.size) {
+        (DiskKind::Fs, 0) => println!("size:   unlimited"),
+        (_, n) => println!("size:   {} ({n} bytes)", human(n)),
+    }
+    println!("saves:  {} ({} in all)", m.chain.len(), human(m.bytes()));
+    println!(
+        "{:>8}  {:<11}  {:>10}  {:>10}  TIME",
+        "SEQ", "TYPE", "PAGES", "BYTES"
+    );
+    for s in &m.chain {
+        println!(
+            "{:>8}  {:<11}  {:>10}  {:>10}  {}",
+            s.seq,
+            if s.full { "full" } else { "incremental" },
+            s.pages,
+            human(s.bytes),
+            time_text(s.time_ns)
+        );
+    }
+    Ok(())
+}
+
+/// A UTC time as `date -u` would print it, without a date crate.
+fn time_text(ns: u64) -> String {
+    let secs = (ns / 1_000_000_000) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn verify(dir: &Path) -> Result<()> {
+    let image = ImageDir::open_existing(dir)?;
+    let m = image.manifest().expect("open_existing has a manifest");
+    let (mut pages, mut records) = (0u64, 0u64);
+    let mut meta = false;
+    image.read_chain(
+        |rec| {
+            records += 1;
+            meta |= matches!(rec, Record::Meta(_));
+            // Every compressed page must decompress, not just match its sum.
+            image::decode_record(&rec, |_, _| {
+                pages += 1;
+                Ok(())
+            })
+        },
+        |_, _| {},
+    )?;
+    if m.kind == DiskKind::Fs && !meta {
+        bail!(
+            "{}: an fs image without its tree (no META record)",
+            dir.display()
+        );
+    }
+    println!(
+        "{}: ok: {} {} disk, {} save(s), {records} records, {} of pages checked",
+        dir.display(),
+        m.kind.name(),
+        human(m.size),
+        m.chain.len(),
+        human(pages * PAGE_SIZE as u64)
+    );
+    Ok(())
+}
+
+fn export(dir: &Path, raw: &Path) -> Result<()> {
+    let image = ImageDir::open_existing(dir)?;
+    let m = image.manifest().expect("open_existing has a manifest");
+    if m.kind != DiskKind::Block {
+        bail!(
+            "{} is an fs image: only block images have a raw form (copy the files out of \
+             a mounted disk instead)",
+            dir.display()
+        );
+    }
+    let out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(raw)
+        .with_context(|| format!("creating {}", raw.display()))?;
+    out.set_len(m.size)
+        .with_context(|| format!("sizing {}", raw.display()))?;
+    let zero = [0u8; PAGE_SIZE];
+    let size = m.size;
+    let result = image.read_chain(
+        |rec| {
+            image::decode_record(&rec, |page, data| {
+                let at = page * PAGE_SIZE as u64;
+                let data = &data[..(size.saturating_sub(at) as usize).min(PAGE_SIZE)];
+                // Zeros over what an earlier save wrote; a fresh file is
+                // already zero (and stays sparse).
+                let r = if data == &zero[..data.len()] {
+                    punch(&out, at, data.len() as u64)
+                } else {
+                    out.write_all_at(data, at)
+                };
+                r.map_err(|e| ramd_store::Error::file(raw, e))
+            })
+        },
+        |_, _| {},
+    );
+    if let Err(e) = result.map_err(anyhow::Error::from).and_then(|()| {
+        out.sync_all()
+            .with_context(|| format!("syncing {}", raw.display()))
+    }) {
+        let _ = std::fs::remove_file(raw);
+        return Err(e);
+    }
+    println!(
+        "{}: wrote {} to {}",
+        dir.display(),
+        human(size),
+        raw.display()
+    );
+    Ok(())
+}
+
+fn punch(f: &File, at: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on our own descriptor.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            at as i64,
+            len as i64,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn import(raw: &Path, dir: &Path, compress: Codec) -> Result<()> {
+    let mut input = File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
+    let len = input
+        .metadata()
+        .with_context(|| format!("{}", raw.display()))?
+        .len();
+    if len == 0 {
+        bail!("{} is empty: a disk needs at least one byte", raw.display());
+    }
+    let size = len.next_multiple_of(PAGE_SIZE as u64);
+    let busy = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
+    if busy {
+        bail!(
+            "{} is not empty: import makes a new image (remove it, or pick another directory)",
+            dir.display()
+        );
+    }
+    let mut image = ImageDir::open(dir)?;
+    let mut w = image.begin_segment(1, true, DiskKind::Block, size)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut packed = [0u8; PAGE_SIZE];
+    let mut page = 0u64;
+    let mut at = 0u64;
+    while at < len {
+        let want = ((len - at) as usize).min(buf.len());
+        let got = &mut buf[..want.next_multiple_of(PAGE_SIZE)];
+        got.fill(0);
+        input
+            .read_exact(&mut got[..want])
+            .with_context(|| format!("reading {} at offset {at}", raw.display()))?;
+        for data in got.chunks_exact(PAGE_SIZE) {
+            let first = u64::from_ne_bytes(data[..8].try_into().expect("8 bytes"));
+            let same = data.chunks_exact(8).all(|c| c == &data[..8]);
+            match () {
+                // Holes cost nothing: not even a record.
+                _ if same && first == 0 => {}
+                _ if same => w.page(page, PageRef::Fill(first)),
+                _ => match ramd_store::compress_page(compress, data, &mut packed) {
+                    Some((zstd, n)) => w.page(
+                        page,
+                        PageRef::Packed {
+                            zstd,
+                            data: &packed[..n],
+                        },
+                    ),
+                    None => w.page(
+                        page,
+                        PageRef::Raw {
+                            data,
+                            hot: compress.is_none(),
+                        },
+                    ),
+                },
+            }
+            page += 1;
+        }
+        w.write_out()?;
+        at += want as u64;
+    }
+    let entry = w.finish()?;
+    let pages = entry.pages;
+    image.commit(DiskKind::Block, size, entry)?;
+    println!(
+        "{}: imported {} ({} data pages) from {}; serve it with `ramd serve --image {}`",
+        dir.display(),
+        human(size),
+        pages,
+        raw.display(),
+        dir.display()
+    );
+    Ok(())
+}

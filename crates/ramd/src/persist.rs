@@ -1,0 +1,454 @@
+//! A disk's persistence: loading its image at start, saving it (on demand,
+//! every --autosave, at a clean stop, and for flushes with --flush persist),
+//! and what `ramd status` says of it.
+//!
+//! One save runs at a time (`image` lock). Flushes share saves: a flush
+//! waits for the first save that *starts* after it was asked for (its data
+//! is then in the switch), and many flushes ride on one save.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use parking_lot::{Condvar, Mutex};
+use serde_json::{json, Value};
+
+use ramd_store::image::{DiskKind, ImageDir, Record};
+use ramd_store::Store;
+
+use crate::units::human;
+
+/// An incremental chain is replaced by a full save once it has this many
+/// saves, or once its incremental saves add up to the full save's size:
+/// loading then reads at most about twice the disk's data.
+const MAX_CHAIN: usize = 16;
+
+/// What a save did, for `ramd snapshot` and status.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SaveReport {
+    pub seq: u64,
+    pub full: bool,
+    pub pages: u64,
+    /// Bytes written to the image (the segment file).
+    pub bytes: u64,
+    pub seconds: f64,
+    pub unix_time: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Saves started and finished (tickets), and the last that succeeded.
+    started: u64,
+    finished: u64,
+    last_ok_ticket: u64,
+    /// Highest ticket a flush waits for.
+    wanted: u64,
+    saves: u64,
+    last: Option<SaveReport>,
+    last_error: Option<String>,
+    /// A save failed after its switch: what it skipped is no longer marked
+    /// changed, so only a full save is complete again.
+    need_full: bool,
+    stop: bool,
+}
+
+/// Serializes a filesystem's tree while no request is in flight.
+pub type MetaFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+
+pub struct Persister {
+    store: Arc<Store>,
+    kind: DiskKind,
+    size: u64,
+    meta: Option<MetaFn>,
+    /// The image directory (also inside `image`, which a save holds).
+    path: PathBuf,
+    image: Mutex<ImageDir>,
+    /// Checksum of the tree in the image's last save (fs disks).
+    meta_sum: Mutex<Option<u32>>,
+    state: Mutex<State>,
+    changed: Condvar,
+    autosave: Option<Duration>,
+    flush_persist: bool,
+}
+
+impl Persister {
+    pub fn new(
+        store: Arc<Store>,
+        image: ImageDir,
+        kind: DiskKind,
+        size: u64,
+        autosave: Option<Duration>,
+        flush_persist: bool,
+    ) -> Persister {
+        // Status shows the image's last save until this process saves.
+        let last = image.manifest().and_then(|m| m.chain.last());
+        let state = State {
+            last: last.map(|s| SaveReport {
+                seq: s.seq,
+                full: s.full,
+                pages: s.pages,
+                bytes: s.bytes,
+                seconds: 0.0,
+                unix_time: s.time_ns / 1_000_000_000,
+            }),
+            ..State::default()
+        };
+        Persister {
+            store,
+            kind,
+            size,
+            meta: None,
+            path: image.path().to_path_buf(),
+            image: Mutex::new(image),
+            meta_sum: Mutex::new(None),
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            autosave,
+            flush_persist,
+        }
+    }
+
+    /// `f` serializes the tree; `loaded` is the tree the image holds.
+    pub fn set_meta(&mut self, f: MetaFn, loaded: Option<&[u8]>) {
+        self.meta = Some(f);
+        *self.meta_sum.get_mut() = loaded.map(crc32c::crc32c);
+    }
+
+    /// Saves now: only what changed since the last save unless `full` (or
+    /// the chain is long, or no complete save exists).
+    pub fn save(&self, full: bool) -> Result<SaveReport> {
+        let mut image = self.image.lock();
+        let ticket = {
+            let mut st = self.state.lock();
+            st.started += 1;
+            st.started
+        };
+        let (full, reason) = match image.manifest() {
+            _ if full => (true, "asked for"),
+            None => (true, "first save"),
+            Some(_) if self.state.lock().need_full => (true, "the last save failed"),
+            Some(m) if m.chain.len() >= MAX_CHAIN => (true, "chain is long"),
+            Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large"),
+            Some(_) => (false, ""),
+        };
+        let result = self.save_locked(&mut image, full);
+        let mut st = self.state.lock();
+        st.finished = ticket;
+        match &result {
+            Ok(r) => {
+                st.last_ok_ticket = ticket;
+                st.saves += 1;
+                st.last = Some(r.clone());
+                st.last_error = None;
+                st.need_full = false;
+                log::info!(
+                    "saved {} save {} ({}): {} pages, {} written in {:.2} s",
+                    if r.full { "full" } else { "incremental" },
+                    r.seq,
+                    if full { reason } else { "changes" },
+                    r.pages,
+                    human(r.bytes),
+                    r.seconds
+                );
+            }
+            Err(e) => {
+                st.last_error = Some(format!("{e:#}"));
+                st.need_full = true;
+                log::error!(
+                    "save to {} failed (the previous image is intact): {e:#}",
+                    image.path().display()
+                );
+            }
+        }
+        self.changed.notify_all();
+        result
+    }
+
+    fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
+        let t0 = Instant::now();
+        let seq = image
+            .manifest()
+            .and_then(|m| m.chain.last())
+            .map_or(1, |s| s.seq + 1);
+        let (plan, meta) = self
+            .store
+            .begin_save(full, || self.meta.as_ref().map(|f| f()));
+        let meta_sum = meta.as_deref().map(crc32c::crc32c);
+        let unchanged =
+            !full && plan.pages == 0 && plan.gone.is_empty() && meta_sum == *self.meta_sum.lock();
+        if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
+            // Nothing to write: an empty save would only lengthen the chain.
+            self.store.end_save();
+            return Ok(SaveReport {
+                seq: last.seq,
+                full: false,
+                pages: 0,
+                bytes: 0,
+                seconds: t0.elapsed().as_secs_f64(),
+                unix_time: now_secs(),
+            });
+        }
+        let mut w = match image.begin_segment(seq, full, self.kind, self.size) {
+            Ok(w) => w,
+            Err(e) => {
+                self.store.abort_save();
+                return Err(e.into());
+            }
+        };
+        if let Some(meta) = &meta {
+            w.meta(meta);
+        }
+        for &key in &plan.gone {
+            w.gone(key);
+        }
+        let mut failed = w.write_out().err();
+        for &(key, mask) in &plan.chunks {
+            if failed.is_some() {
+                break;
+            }
+            self.store.save_chunk(key, mask, |page, p| w.page(page, p));
+            failed = w.write_out().err();
+        }
+        if let Some(e) = failed {
+            self.store.abort_save();
+            w.discard();
+            return Err(e.into());
+        }
+        self.store.end_save();
+        let entry = w.finish()?;
+        let report = SaveReport {
+            seq,
+            full,
+            pages: entry.pages,
+            bytes: entry.bytes,
+            seconds: 0.0,
+            unix_time: entry.time_ns / 1_000_000_000,
+        };
+        image.commit(self.kind, self.size, entry)?;
+        *self.meta_sum.lock() = meta_sum;
+        Ok(SaveReport {
+            seconds: t0.elapsed().as_secs_f64(),
+            ..report
+        })
+    }
+
+    /// `--flush persist`: returns once a save that began after this call
+    /// is durable.
+    pub fn flush(&self) -> ramd_store::Result<()> {
+        let mut st = self.state.lock();
+        let target = st.started + 1;
+        st.wanted = st.wanted.max(target);
+        self.changed.notify_all();
+        while st.finished < target && !st.stop {
+            self.changed.wait(&mut st);
+        }
+        if st.last_ok_ticket >= target {
+            Ok(())
+        } else {
+            let why = st
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "ramd is stopping".into());
+            Err(ramd_store::Error::file(
+                &self.path,
+                std::io::Error::other(why),
+            ))
+        }
+    }
+
+    /// Starts the thread that saves every --autosave and for flushes.
+    pub fn start(self: &Arc<Self>) -> Result<Option<JoinHandle<()>>> {
+        if self.autosave.is_none() && !self.flush_persist {
+            return Ok(None);
+        }
+        let me = self.clone();
+        let t = std::thread::Builder::new()
+            .name("ramd-save".into())
+            .spawn(move || me.run())?;
+        Ok(Some(t))
+    }
+
+    fn run(&self) {
+        let mut next = self.autosave.map(|d| Instant::now() + d);
+        loop {
+            {
+                let mut st = self.state.lock();
+                loop {
+                    if st.stop {
+                        return;
+                    }
+                    if st.wanted > st.finished || next.is_some_and(|t| Instant::now() >= t) {
+                        break;
+                    }
+                    match next {
+                        Some(t) => {
+                            self.changed.wait_until(&mut st, t);
+                        }
+                        None => self.changed.wait(&mut st),
+                    }
+                }
+            }
+            // Errors are logged and shown by status; the disk keeps serving.
+            let _ = self.save(false);
+            next = self.autosave.map(|d| Instant::now() + d);
+        }
+    }
+
+    /// Stops the save thread (flushes still waiting fail).
+    pub fn stop(&self, thread: Option<JoinHandle<()>>) {
+        self.state.lock().stop = true;
+        self.changed.notify_all();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// The status fields of this disk's persistence.
+    pub fn status(&self) -> Value {
+        let st = self.state.lock();
+        json!({
+            "image": self.image_path(),
+            "flush": if self.flush_persist { "persist" } else { "ignore" },
+            "autosave_secs": self.autosave.map(|d| d.as_secs_f64()),
+            "saves": st.saves,
+            "last_save": st.last,
+            "last_save_error": st.last_error,
+        })
+    }
+
+    fn image_path(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Status fields of a disk without an image.
+pub fn no_image_status() -> Value {
+    json!({
+        "image": null, "flush": "ignore", "autosave_secs": null, "saves": 0,
+        "last_save": null, "last_save_error": null,
+    })
+}
+
+/// Loads the image into `store`; returns the filesystem tree if it is an
+/// fs image. Progress goes to a bar on a terminal, else to log lines.
+pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
+    let m = image.manifest().expect("load needs an image");
+    let t0 = Instant::now();
+    log::info!(
+        "loading image {}: {} disk of {}, {} save(s), {}",
+        image.path().display(),
+        m.kind.name(),
+        human(m.size),
+        m.chain.len(),
+        human(m.bytes())
+    );
+    let bar = progress_bar(m.bytes());
+    let mut meta = None;
+    let mut logged = 0;
+    image
+        .read_chain(
+            |rec| match rec {
+                Record::Page(page, p) => store.restore_page(page, p),
+                Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
+                Record::Gone(key) => store.restore_gone(key),
+                Record::Meta(m) => {
+                    meta = Some(m.to_vec());
+                    Ok(())
+                }
+            },
+            |done, total| match &bar {
+                Some(b) => b.set_position(done),
+                None => {
+                    let quarter = done * 4 / total.max(1);
+                    if quarter > logged && quarter < 4 {
+                        logged = quarter;
+                        log::info!("loading: {}%", quarter * 25);
+                    }
+                }
+            },
+        )
+        .with_context(|| format!("loading image {}", image.path().display()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let st = store.stats();
+    log::info!(
+        "loaded image {}: {} pages ({} of data in {} of memory) in {secs:.2} s ({}/s)",
+        image.path().display(),
+        st.data_pages + st.zero_pages + st.fill_pages,
+        human(st.data_bytes),
+        human(st.memory_used),
+        human((m.bytes() as f64 / secs.max(1e-9)) as u64)
+    );
+    if m.kind == DiskKind::Fs && meta.is_none() {
+        bail!(
+            "image {}: an fs image without its tree (no META record)",
+            image.path().display()
+        );
+    }
+    Ok(meta)
+}
+
+fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(total);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    Some(b)
+}
+
+/// Opens `--image DIR` and checks it against the disk's settings: the
+/// size to use (the image's when `size` is None) and the image, loaded or
+/// new.
+pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
+    let image = ImageDir::open(dir).with_context(|| format!("image {}", dir.display()))?;
+    let Some(m) = image.manifest() else {
+        let size = size.with_context(|| {
+            format!(
+                "image {} is empty (a new image): give --size for the new disk",
+                dir.display()
+            )
+        })?;
+        return Ok((image, size));
+    };
+    if m.kind != kind {
+        bail!(
+            "image {} holds a {} disk, not a{} {} disk: {}",
+            dir.display(),
+            m.kind.name(),
+            if kind == DiskKind::Fs { "n" } else { "" },
+            kind.name(),
+            if kind == DiskKind::Fs {
+                "serve it without --mount"
+            } else {
+                "serve it with --mount DIR"
+            }
+        );
+    }
+    if let Some(s) = size.filter(|&s| s != m.size) {
+        bail!(
+            "--size {s} differs from the size of the disk in image {}: {} bytes; leave --size \
+             out to use the image's",
+            dir.display(),
+            m.size
+        );
+    }
+    let size = m.size;
+    Ok((image, size))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
