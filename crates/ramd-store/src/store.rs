@@ -11,7 +11,7 @@
 //!
 //! A slot is a 64-bit value plus 16 bits of metadata (kind, accessed bit,
 //! settled bit, age); see [`Slot`] for the kinds. With the chunk's share
-//! that is 10.9 bytes of page table per 4 KiB page on a dense disk (zram's
+//! that is 11.25 bytes of page table per 4 KiB page on a dense disk (zram's
 //! table entry is 16), see `PAGE_META_BYTES`.
 //!
 //! Invariants:
