@@ -718,13 +718,8 @@ fn read_segment(
             _ => 0,
         };
         apply(rec).map_err(|e| match e {
-            e @ (Error::NoSpace { .. } | Error::DiskFull { .. } | Error::HostMemoryLow { .. }) => {
-                Error::Invalid(format!(
-                    "{}: offset {at}: loading {}: {e}",
-                    path.display(),
-                    what()
-                ))
-            }
+            // Not damage: the disk's settings leave no room for the image.
+            e @ (Error::NoSpace { .. } | Error::DiskFull { .. } | Error::HostMemoryLow { .. }) => e,
             e => bad(at, format!("{}: {e}", what())),
         })?;
         if records % 4096 == 0 {

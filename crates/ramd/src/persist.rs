@@ -369,7 +369,18 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
                 }
             },
         )
-        .with_context(|| format!("loading image {}", image.path().display()))?;
+        .map_err(|e| {
+            let hint = match e {
+                ramd_store::Error::NoSpace { .. } => {
+                    ": the image holds more than --max-memory allows; give a larger --max-memory"
+                }
+                ramd_store::Error::DiskFull { .. } => {
+                    ": the image holds more than --size allows; give a larger --size"
+                }
+                _ => "",
+            };
+            anyhow::anyhow!("loading image {}: {e}{hint}", image.path().display())
+        })?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }

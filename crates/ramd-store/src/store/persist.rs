@@ -318,6 +318,9 @@ impl Store {
         );
         self.check_range(page << PAGE_SHIFT, PAGE_SIZE as u64)?;
         self.with_chunk(key, p != PageRef::Hole, &mut 0, |chunk| {
+            // What an earlier save put here goes first: a full disk has
+            // no room for both.
+            self.replace(chunk, i, Slot::Hole, true);
             let new = match p {
                 PageRef::Hole => Slot::Hole,
                 PageRef::Fill(pat) => Slot::Fill(pat),
@@ -378,6 +381,9 @@ impl Store {
             return bad(format!("unknown codec {}", header[2]));
         }
         self.with_chunk(key, true, &mut 0, |chunk| {
+            for i in (0..CHUNK_PAGES).filter(|&i| mask & 1 << i != 0) {
+                self.replace(chunk, i, Slot::Hole, true);
+            }
             let h = self.alloc_object(data.len(), false)?;
             // SAFETY: fresh object, not yet published.
             unsafe { self.zs.write(h, data) };
