@@ -576,6 +576,10 @@ fn read_segment(
             ),
         ));
     }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    advise(fd, 0, READ_AHEAD, libc::POSIX_FADV_SEQUENTIAL);
+    advise(fd, 0, READ_AHEAD, libc::POSIX_FADV_WILLNEED);
+    let mut advised = 0u64;
     let mut r = BufReader::with_capacity(WRITE_BATCH, file);
     let mut h = [0u8; SEG_HEADER];
     r.read_exact(&mut h)
@@ -725,7 +729,34 @@ fn read_segment(
         if records % 4096 == 0 {
             progress(offset);
         }
+        if offset >= advised + READ_STEP {
+            // Keep the disk busy ahead of us, and drop what we have read:
+            // the data now lives in the store, not the page cache.
+            advise(
+                fd,
+                offset + READ_AHEAD - READ_STEP,
+                READ_STEP,
+                libc::POSIX_FADV_WILLNEED,
+            );
+            advise(
+                fd,
+                advised.saturating_sub(READ_STEP),
+                READ_STEP,
+                libc::POSIX_FADV_DONTNEED,
+            );
+            advised += READ_STEP;
+        }
     }
+}
+
+/// How far ahead of the reader a load asks the kernel to read, and in what
+/// steps: the disk reads while ramd checks and places pages.
+const READ_AHEAD: u64 = 64 << 20;
+const READ_STEP: u64 = 16 << 20;
+
+fn advise(fd: i32, offset: u64, len: u64, advice: i32) {
+    // SAFETY: advice only; errors cost speed, not correctness.
+    unsafe { libc::posix_fadvise(fd, offset as i64, len as i64, advice) };
 }
 
 /// Decompresses what a record holds, to check it fully (`ramd image verify`)
