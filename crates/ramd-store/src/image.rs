@@ -620,6 +620,12 @@ fn read_segment(
             u64_at(32) == m.size,
             "disk size differs from the MANIFEST's",
         ),
+        // Tells apart same-numbered segments of two images.
+        (
+            40,
+            u64_at(40) == seg.time_ns,
+            "save time differs from the MANIFEST's (a segment of another image?)",
+        ),
         (
             48,
             u32::from_le_bytes(h[48..52].try_into().unwrap()) == PAGE_SIZE as u32,

@@ -133,8 +133,9 @@ pub fn snapshot(run_dir: &Path, name: &str, full: bool, as_json: bool) -> Result
     if let Some(e) = v.get("error").and_then(Value::as_str) {
         anyhow::bail!("disk {name:?}: {e}");
     }
-    let r = &v["snapshot"];
+    let mut r = v["snapshot"].clone();
     if as_json {
+        r["name"] = name.into();
         println!("{r}");
     } else {
         println!(

@@ -265,9 +265,15 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
     };
     // Everything that can fail is set up before the first client is accepted.
     make_run_dir(run_dir)?;
+    // An image may hold compressed pages whatever --compress says now:
+    // leave room for their allocator's slack, as a compressed disk does.
+    let loading = image.as_ref().is_some_and(|(i, _)| i.manifest().is_some());
+    let max_memory = args
+        .max_memory
+        .or(loading.then(|| ramd_store::default_max_memory(size, true)));
     let store = Arc::new(
         Store::new(StoreConfig {
-            max_memory: args.max_memory,
+            max_memory,
             ..store_config(&args, size)
         })
         .with_context(|| format!("disk {:?}", args.name))?,
@@ -404,7 +410,8 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
     // Default budget: every page of `size`, plus room for the page tables
     // of many small files and for inodes and names (1/8 of size, ≥ 64 MiB).
     // ramfs mode: the host's memory, still guarded by the host reserve.
-    let compressed = !args.compress.is_none() || !args.recompress.is_none();
+    let loading = image.as_ref().is_some_and(|(i, _)| i.manifest().is_some());
+    let compressed = !args.compress.is_none() || !args.recompress.is_none() || loading;
     let max_memory = args.max_memory.unwrap_or(match size {
         Some(n) => {
             ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20))

@@ -1020,3 +1020,136 @@ impl Drop for Mount {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Daemons with a chosen environment, and daemons that end by themselves
+// (persistence tests: the crash hook, SIGKILL, failed saves at stop).
+
+impl Ramd {
+    /// Like [`Ramd::try_start_in`], with extra environment variables for the
+    /// daemon (e.g. `RAMD_TEST_CRASH`) and, if given, the umask it starts
+    /// with.
+    pub fn try_start_in_with(
+        run_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Ramd, (String, String)> {
+        let logs = tempfile::Builder::new()
+            .prefix("ramd-log.")
+            .tempdir()
+            .expect("tempdir");
+        let stderr_path = logs.path().join("stderr");
+        let stderr_file = File::create(&stderr_path).expect("create stderr log");
+        let name = args
+            .iter()
+            .position(|a| *a == "--name")
+            .map(|i| args[i + 1].to_string())
+            .unwrap_or_else(|| "ram0".to_string());
+        let mut c = Command::new(ramd_bin());
+        c.arg("--run-dir").arg(run_dir).env_remove("RAMD_RUN_DIR");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        if let Some(mask) = umask {
+            // SAFETY: umask(2) is async-signal-safe and touches nothing but
+            // the new process's own file-creation mask.
+            unsafe {
+                c.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = c
+            .arg("serve")
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr_file)
+            .spawn()
+            .expect("spawn ramd");
+
+        let (tx, rx) = mpsc::channel();
+        let extra_stdout = Arc::new(Mutex::new(Vec::new()));
+        let extra = extra_stdout.clone();
+        let stdout = child.stdout.take().unwrap();
+        let stdout_reader = thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = tx.send(first);
+            }
+            drop(tx);
+            for line in lines.map_while(Result::ok) {
+                extra.lock().unwrap().push(line);
+            }
+        });
+
+        let uri = match rx.recv_timeout(START_DEADLINE) {
+            Ok(line) => line,
+            Err(e) => {
+                let status = match wait_child(&mut child, Duration::from_secs(5)) {
+                    Some(s) => format!("exited: {s}"),
+                    None => {
+                        kill_group(&mut child);
+                        format!("no URI line after {START_DEADLINE:?} ({e}); killed")
+                    }
+                };
+                let _ = stdout_reader.join();
+                let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
+                return Err((status, stderr));
+            }
+        };
+
+        Ok(Ramd {
+            child: Some(child),
+            run_dir: run_dir.to_path_buf(),
+            name,
+            uri,
+            stderr_path,
+            extra_stdout,
+            stdout_reader: Some(stdout_reader),
+            _logs: logs,
+            _own_run_dir: None,
+        })
+    }
+
+    /// Waits up to `timeout` for the daemon to exit by itself (no signal
+    /// sent) and returns how it ended; past the deadline it is killed and
+    /// the test fails. Also checks that stdout carried nothing but the URI.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon already stopped");
+        let status = match wait_child(&mut child, timeout) {
+            Some(s) => s,
+            None => {
+                kill_group(&mut child);
+                panic!(
+                    "ramd did not exit by itself within {timeout:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+        };
+        if let Some(h) = self.stdout_reader.take() {
+            h.join().expect("stdout reader");
+        }
+        let extra = self.extra_stdout.lock().unwrap().clone();
+        assert!(
+            extra.is_empty(),
+            "ramd printed more than the URI line on stdout: {extra:?}"
+        );
+        status
+    }
+}
+
+/// True once process `pid` has exited (a zombie not yet reaped counts) or
+/// is gone altogether.
+pub fn process_exited(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
