@@ -370,8 +370,39 @@ impl ImageDir {
         h[60..64].copy_from_slice(&crc.to_le_bytes());
         let mut buf = Vec::with_capacity(WRITE_BATCH + (128 << 10));
         buf.extend_from_slice(&h);
+        // Encoding (copies and checksums, under store locks) and writing
+        // (the kernel's copy into the page cache) overlap on two threads.
+        let (to_disk, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        let (back, empties) = std::sync::mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("ramd-seg-write".into())
+            .spawn(move || {
+                let mut file = file;
+                let mut at = 0u64;
+                for mut b in rx {
+                    file.write_all(&b)?;
+                    // Start writeback now, so the disk works while we
+                    // encode and the closing fsync has little left to do.
+                    // SAFETY: a hint on our own descriptor.
+                    unsafe {
+                        libc::sync_file_range(
+                            std::os::fd::AsRawFd::as_raw_fd(&file),
+                            at as i64,
+                            b.len() as i64,
+                            libc::SYNC_FILE_RANGE_WRITE,
+                        )
+                    };
+                    at += b.len() as u64;
+                    b.clear();
+                    let _ = back.send(b);
+                }
+                Ok(file)
+            })
+            .map_err(|e| Error::file(&tmp, e))?;
         Ok(SegWriter {
-            file,
+            to_disk: Some(to_disk),
+            empties,
+            writer: Some(writer),
             tmp,
             path,
             dir: self.path.clone(),
@@ -445,7 +476,12 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Writes one segment; records are buffered and sent in large batches by
 /// [`SegWriter::write_out`], never while the caller holds a store lock.
 pub struct SegWriter {
-    file: File,
+    /// Full buffers go to the writer thread; it sends them back empty.
+    to_disk: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    empties: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Writes buffers in order; returns the file for the fsync, or the
+    /// first error.
+    writer: Option<std::thread::JoinHandle<io::Result<File>>>,
     tmp: PathBuf,
     path: PathBuf,
     dir: PathBuf,
@@ -512,21 +548,43 @@ impl SegWriter {
             self.send()?;
         }
         if let Some(Crash::Pages(n)) = self.crash {
-            if self.entry.pages >= n {
+            if self.entry.pages >= n && self.writer.is_some() {
                 self.send()?;
+                self.drain()?;
                 crash_if(Crash::Pages(n));
             }
         }
         Ok(())
     }
 
+    /// Hands the buffer to the writer thread (waiting if two are queued).
     fn send(&mut self) -> Result<()> {
-        self.file
-            .write_all(&self.buf)
-            .map_err(|e| Error::file(&self.tmp, e))?;
-        self.written += self.buf.len() as u64;
-        self.buf.clear();
+        let next = self
+            .empties
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(WRITE_BATCH + (128 << 10)));
+        let full = std::mem::replace(&mut self.buf, next);
+        self.written += full.len() as u64;
+        let sent = self.to_disk.as_ref().expect("writer running").send(full);
+        if sent.is_err() {
+            // The writer stopped on an error: collect it.
+            return self.drain().map(|_| ());
+        }
         Ok(())
+    }
+
+    /// Waits until everything sent is written; returns the file.
+    fn drain(&mut self) -> Result<File> {
+        drop(self.to_disk.take());
+        let result = self.writer.take().expect("drained once").join();
+        match result {
+            Ok(Ok(file)) => Ok(file),
+            Ok(Err(e)) => Err(Error::file(&self.tmp, e)),
+            Err(_) => Err(Error::file(
+                &self.tmp,
+                io::Error::other("writer thread panicked"),
+            )),
+        }
     }
 
     /// Ends the segment: END record, fsync, rename to its final name.
@@ -534,10 +592,18 @@ impl SegWriter {
     pub fn finish(mut self) -> Result<SegEntry> {
         let (records, pages) = (self.entry.records, self.entry.pages);
         self.record(R_END, 0, records, pages, &[]);
-        self.send()?;
-        self.file
-            .sync_all()
-            .map_err(|e| Error::file(&self.tmp, e))?;
+        let sent = self.send().and_then(|()| self.drain());
+        let file = match sent {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&self.tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = file.sync_all() {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(Error::file(&self.tmp, e));
+        }
         crash_if(Crash::SegmentSynced);
         fs::rename(&self.tmp, &self.path).map_err(|e| Error::file(&self.path, e))?;
         sync_dir(&self.dir)?;
@@ -547,7 +613,10 @@ impl SegWriter {
     }
 
     /// Gives up: the partial file goes.
-    pub fn discard(self) {
+    pub fn discard(mut self) {
+        if self.writer.is_some() {
+            let _ = self.drain();
+        }
         let _ = fs::remove_file(&self.tmp);
     }
 }
