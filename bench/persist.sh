@@ -284,6 +284,19 @@ snapshot() {
     record "${key}_full" "$(jq .full "$file")"
 }
 disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
+# pretouch BYTES: touches and frees BYTES of memory, printing GiB/s. Memory
+# the VM has never backed faults in much slower than memory it handed out
+# before, and page cache counts too: both sides of a comparison get this.
+pretouch() {
+    python3 -c '
+import sys, time
+n = int(sys.argv[1])
+t = time.perf_counter()
+b = b"\1" * n
+dt = time.perf_counter() - t
+del b
+print(f"{n / dt / 2**30:.2f}")' "$1"
+}
 
 # --- 1. full save ---------------------------------------------------------------
 start_ramd A --size "$size" --image "$image"
@@ -293,10 +306,12 @@ nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk A failed"
 record fill_rss_kib "$(proc_kib "$ramd_pid" VmRSS)"
 
 note "full save: ramd snapshot --full"
+pretouch $((size_bytes + (256 << 20))) >/dev/null
 snapshot full_save "$work/raw/full-save.json" --full
 [[ $(jq .full "$work/raw/full-save.json") == true ]] || die "ramd snapshot --full did not make a full save"
 
 note "full save: cp of the data from the tmpfs to $work, then sync of the copy"
+pretouch $((size_bytes + (256 << 20))) >/dev/null
 step_begin ""
 cp "$tmpfs/data" "$work/copy"
 sync "$work/copy" "$work" # fsync the file and its directory entry
@@ -321,14 +336,7 @@ record image_bytes "$(du -sb "$image" | cut -f1)"
 # Memory the VM has never backed faults in much slower than memory it has
 # handed out before: touch and free what both loads need, and report the speed.
 note "pre-touching $(((2 * size_bytes + (256 << 20)) >> 20)) MiB so both loads get the same kind of fresh memory"
-record pretouch_gibs "$(python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' $((2 * size_bytes + (256 << 20))))"
+record pretouch_gibs "$(pretouch $((2 * size_bytes + (256 << 20))))"
 
 note "load: ramd serve --image (time to the URI line)"
 step_begin ""
