@@ -271,16 +271,6 @@ impl Persister {
     }
 
     fn run(&self) {
-        if !self.flush_persist {
-            // Autosaves yield to I/O (and its writer thread, spawned from
-            // here, inherits this). With flush = persist clients wait for
-            // these saves, so they keep the normal priority.
-            // SAFETY: plain syscalls on this thread's own id.
-            unsafe {
-                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-            }
-        }
         let mut next = self.autosave.map(|d| Instant::now() + d);
         loop {
             {
