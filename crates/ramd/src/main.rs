@@ -204,10 +204,27 @@ fn start_persister(
     Ok((p, thread))
 }
 
+/// A disk's persister and its save thread, if it has an image.
+type Saving = Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>;
+
+/// The disk's control socket, `RUN_DIR/NAME.ctl`.
+fn start_control(
+    run_dir: &Path,
+    name: &str,
+    status: control::StatusFn,
+    persister: &Saving,
+) -> Result<control::ControlServer> {
+    control::ControlServer::start(
+        run_dir.join(format!("{name}.ctl")),
+        control::Handlers {
+            status,
+            snapshot: snapshot_fn(persister),
+        },
+    )
+}
+
 /// The clean stop's save; an error is reported but the old image stays.
-fn final_save(
-    persister: Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>,
-) -> Result<()> {
+fn final_save(persister: Saving) -> Result<()> {
     let Some((p, thread)) = persister else {
         return Ok(());
     };
@@ -217,9 +234,7 @@ fn final_save(
         .context("saving at stop (the image keeps its previous save)")
 }
 
-fn snapshot_fn(
-    p: &Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>,
-) -> Option<control::SnapshotFn> {
+fn snapshot_fn(p: &Saving) -> Option<control::SnapshotFn> {
     let (p, _) = p.as_ref()?;
     let p = p.clone();
     Some(Arc::new(move |full| {
@@ -233,7 +248,7 @@ fn snapshot_fn(
     }))
 }
 
-fn persist_status(p: &Option<(Arc<Persister>, Option<std::thread::JoinHandle<()>>)>) -> Value {
+fn persist_status(p: &Saving) -> Value {
     p.as_ref()
         .map_or_else(persist::no_image_status, |(p, _)| p.status())
 }
@@ -337,14 +352,7 @@ fn serve_block(args: ServeArgs, run_dir: &Path) -> Result<()> {
             vec![status_row(&store, extra)]
         })
     };
-    let control_path = run_dir.join(format!("{}.ctl", args.name));
-    let _control = control::ControlServer::start(
-        control_path,
-        control::Handlers {
-            status: status_fn,
-            snapshot: snapshot_fn(&persister),
-        },
-    )?;
+    let _control = start_control(run_dir, &args.name, status_fn, &persister)?;
     {
         let server = server.clone();
         on_stop_signals(move |_| server.stop())?;
@@ -489,14 +497,7 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
         })
     };
     // The control socket first: a name already in use fails before mounting.
-    let control_path = run_dir.join(format!("{}.ctl", args.name));
-    let _control = control::ControlServer::start(
-        control_path,
-        control::Handlers {
-            status: status_fn,
-            snapshot: snapshot_fn(&persister),
-        },
-    )?;
+    let _control = start_control(run_dir, &args.name, status_fn, &persister)?;
     let sync: Option<ramd_fs::fuse::SyncFn> = (args.flush == "persist").then(|| {
         let store = store.clone();
         let f: ramd_fs::fuse::SyncFn = Arc::new(move || store.flush().map_err(|e| e.errno()));

@@ -437,18 +437,24 @@ impl Ramd {
     /// description and stderr instead. A daemon that neither exits nor prints
     /// within [`START_DEADLINE`] fails the test.
     pub fn try_start_in(run_dir: &Path, args: &[&str]) -> Result<Ramd, (String, String)> {
-        Ramd::spawn(run_dir, args, false)
+        Ramd::spawn(run_dir, args, false, &[], None)
     }
 
     /// Like [`Ramd::start_in`], naming the run dir with `RAMD_RUN_DIR`
     /// instead of `--run-dir`.
     pub fn start_with_env_run_dir(run_dir: &Path, args: &[&str]) -> Ramd {
-        Ramd::spawn(run_dir, args, true).unwrap_or_else(|(status, stderr)| {
+        Ramd::spawn(run_dir, args, true, &[], None).unwrap_or_else(|(status, stderr)| {
             panic!("ramd serve {args:?} did not become ready ({status}); stderr:\n{stderr}")
         })
     }
 
-    fn spawn(run_dir: &Path, args: &[&str], via_env: bool) -> Result<Ramd, (String, String)> {
+    fn spawn(
+        run_dir: &Path,
+        args: &[&str],
+        via_env: bool,
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Ramd, (String, String)> {
         let logs = tempfile::Builder::new()
             .prefix("ramd-log.")
             .tempdir()
@@ -465,6 +471,19 @@ impl Ramd {
             c.env("RAMD_RUN_DIR", run_dir);
         } else {
             c.arg("--run-dir").arg(run_dir).env_remove("RAMD_RUN_DIR");
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        if let Some(mask) = umask {
+            // SAFETY: umask(2) is async-signal-safe and touches nothing but
+            // the new process's own file-creation mask.
+            unsafe {
+                c.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
         }
         let mut child = c
             .arg("serve")
@@ -1035,84 +1054,7 @@ impl Ramd {
         env: &[(&str, &str)],
         umask: Option<u32>,
     ) -> Result<Ramd, (String, String)> {
-        let logs = tempfile::Builder::new()
-            .prefix("ramd-log.")
-            .tempdir()
-            .expect("tempdir");
-        let stderr_path = logs.path().join("stderr");
-        let stderr_file = File::create(&stderr_path).expect("create stderr log");
-        let name = args
-            .iter()
-            .position(|a| *a == "--name")
-            .map(|i| args[i + 1].to_string())
-            .unwrap_or_else(|| "ram0".to_string());
-        let mut c = Command::new(ramd_bin());
-        c.arg("--run-dir").arg(run_dir).env_remove("RAMD_RUN_DIR");
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        if let Some(mask) = umask {
-            // SAFETY: umask(2) is async-signal-safe and touches nothing but
-            // the new process's own file-creation mask.
-            unsafe {
-                c.pre_exec(move || {
-                    libc::umask(mask as libc::mode_t);
-                    Ok(())
-                });
-            }
-        }
-        let mut child = c
-            .arg("serve")
-            .args(args)
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr_file)
-            .spawn()
-            .expect("spawn ramd");
-
-        let (tx, rx) = mpsc::channel();
-        let extra_stdout = Arc::new(Mutex::new(Vec::new()));
-        let extra = extra_stdout.clone();
-        let stdout = child.stdout.take().unwrap();
-        let stdout_reader = thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(first)) = lines.next() {
-                let _ = tx.send(first);
-            }
-            drop(tx);
-            for line in lines.map_while(Result::ok) {
-                extra.lock().unwrap().push(line);
-            }
-        });
-
-        let uri = match rx.recv_timeout(START_DEADLINE) {
-            Ok(line) => line,
-            Err(e) => {
-                let status = match wait_child(&mut child, Duration::from_secs(5)) {
-                    Some(s) => format!("exited: {s}"),
-                    None => {
-                        kill_group(&mut child);
-                        format!("no URI line after {START_DEADLINE:?} ({e}); killed")
-                    }
-                };
-                let _ = stdout_reader.join();
-                let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
-                return Err((status, stderr));
-            }
-        };
-
-        Ok(Ramd {
-            child: Some(child),
-            run_dir: run_dir.to_path_buf(),
-            name,
-            uri,
-            stderr_path,
-            extra_stdout,
-            stdout_reader: Some(stdout_reader),
-            _logs: logs,
-            _own_run_dir: None,
-        })
+        Ramd::spawn(run_dir, args, false, env, umask)
     }
 
     /// Waits up to `timeout` for the daemon to exit by itself (no signal
