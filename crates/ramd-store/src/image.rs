@@ -233,6 +233,9 @@ fn crash_if(at: Crash) {
 pub struct ImageDir {
     path: PathBuf,
     manifest: Option<Manifest>,
+    /// Highest sequence number a segment was begun with: never reused, even
+    /// when a commit failed after its MANIFEST was already renamed.
+    last_seq: u64,
 }
 
 impl ImageDir {
@@ -248,9 +251,14 @@ impl ImageDir {
                 .map_err(|e| Error::file(path, e))?;
         }
         let manifest = read_manifest(path)?;
+        let last_seq = manifest
+            .as_ref()
+            .and_then(|m| m.chain.last())
+            .map_or(0, |s| s.seq);
         let dir = ImageDir {
             path: path.to_path_buf(),
             manifest,
+            last_seq,
         };
         dir.remove_debris();
         Ok(dir)
@@ -261,6 +269,7 @@ impl ImageDir {
         match read_manifest(path)? {
             Some(m) => Ok(ImageDir {
                 path: path.to_path_buf(),
+                last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
             }),
             None => Err(Error::file(
@@ -276,6 +285,11 @@ impl ImageDir {
 
     pub fn manifest(&self) -> Option<&Manifest> {
         self.manifest.as_ref()
+    }
+
+    /// The sequence number for the next save.
+    pub fn next_seq(&self) -> u64 {
+        self.last_seq + 1
     }
 
     pub fn seg_path(&self, seq: u64) -> PathBuf {
@@ -329,12 +343,17 @@ impl ImageDir {
 
     /// Starts the segment of save `seq`.
     pub fn begin_segment(
-        &self,
+        &mut self,
         seq: u64,
         full: bool,
         kind: DiskKind,
         size: u64,
     ) -> Result<SegWriter> {
+        assert!(
+            seq > self.last_seq,
+            "segment {seq} reuses a sequence number"
+        );
+        self.last_seq = seq;
         let path = self.seg_path(seq);
         let tmp = path.with_extension("tmp");
         let file = OpenOptions::new()
@@ -532,9 +551,17 @@ impl SegWriter {
         self.record(R_GONE, 0, key, 0, &[]);
     }
 
-    /// A filesystem's tree.
-    pub fn meta(&mut self, bytes: &[u8]) {
+    /// A filesystem's tree; refused if larger than a record may be (a
+    /// reader would refuse it, so the save must fail and keep the old image).
+    pub fn meta(&mut self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > MAX_PAYLOAD {
+            return Err(Error::Invalid(format!(
+                "the filesystem's tree takes {} bytes; an image record holds at most {MAX_PAYLOAD}",
+                bytes.len()
+            )));
+        }
         self.record(R_META, 0, 0, 0, bytes);
+        Ok(())
     }
 
     /// Page records so far.
@@ -719,7 +746,11 @@ fn read_segment(
         let b = u64::from_le_bytes(rh[24..32].try_into().unwrap());
         let what = || match ty {
             R_RAW | R_PACKED | R_FILL | R_HOLE => format!("page {a}"),
-            R_FRAME | R_GONE => format!("pages {}..{}", a * 64, a * 64 + 64),
+            R_FRAME | R_GONE => format!(
+                "pages {}..{}",
+                a.saturating_mul(64),
+                a.saturating_mul(64).saturating_add(64)
+            ),
             _ => format!("record type {ty}"),
         };
         if plen > MAX_PAYLOAD || at + (REC_HEADER + plen) as u64 > len {
@@ -730,7 +761,7 @@ fn read_segment(
         }
         payload.resize(plen.next_multiple_of(8), 0);
         r.read_exact(&mut payload)
-            .map_err(|e| Error::file(path, e))?;
+            .map_err(|_| bad(at, format!("{}: record runs past the end", what())))?;
         let mut crc = crc32c::crc32c(&rh[4..]);
         crc = crc32c::crc32c_append(crc, &payload);
         if crc != u32::from_le_bytes(rh[..4].try_into().unwrap()) {
@@ -764,7 +795,7 @@ fn read_segment(
                     hot: sub == 0,
                 },
             ),
-            (R_PACKED, 1 | 2) if plen > 0 && plen < PAGE_SIZE => Record::Page(
+            (R_PACKED, 1 | 2) if plen > 0 && plen <= crate::store::MAX_PACKED => Record::Page(
                 a,
                 PageRef::Packed {
                     zstd: sub == 2,
@@ -876,7 +907,7 @@ pub fn decode_record(
                     )));
                 }
                 out(
-                    key * 64 + i as u64,
+                    key.saturating_mul(64).saturating_add(i as u64),
                     &plain[(i - start) * PAGE_SIZE..][..PAGE_SIZE],
                 )?;
             }
@@ -884,7 +915,7 @@ pub fn decode_record(
         }
         Record::Gone(key) => {
             for i in 0..64 {
-                out(key * 64 + i, &[0u8; PAGE_SIZE])?;
+                out(key.saturating_mul(64).saturating_add(i), &[0u8; PAGE_SIZE])?;
             }
             Ok(())
         }

@@ -65,7 +65,7 @@ pub use persist::{PageRef, SavePlan};
 
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).
-const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
+pub(crate) const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
 /// Budget kept for the background scanner: a disk filled to `max_memory`
 /// with raw (hot) pages could otherwise never compress them, since a
 /// compressed copy needs memory before the raw page is freed. Enough for a

@@ -1635,4 +1635,74 @@ mod persist {
         s.write(0, &saves[1][0].1).unwrap();
         assert!(a == read_all(&s));
     }
+
+    /// A load that empties a chunk and fills it again (a trim then a write
+    /// in later saves) is no change to save: the next save must not drop
+    /// the chunk's pages.
+    #[test]
+    fn a_load_leaves_nothing_to_save() {
+        let cfg = StoreConfig {
+            track_changes: true,
+            ..config("none", "none")
+        };
+        let s = Store::new(cfg.clone()).unwrap();
+        let page1 = vec![7u8; P];
+        s.restore_page(
+            0,
+            PageRef::Raw {
+                data: &page1,
+                hot: true,
+            },
+        )
+        .unwrap();
+        s.restore_page(0, PageRef::Hole).unwrap();
+        s.restore_page(
+            1,
+            PageRef::Raw {
+                data: &page1,
+                hot: true,
+            },
+        )
+        .unwrap();
+        s.restore_gone(5).unwrap();
+        s.end_restore();
+        let (plan, ()) = s.begin_save(false, || ());
+        s.end_save();
+        assert!(plan.gone.is_empty() && plan.pages == 0, "{plan:?}");
+    }
+
+    /// Sizes need not be page multiples; page numbers from an image must
+    /// name pages of the disk, without overflow.
+    #[test]
+    fn restore_checks_page_numbers() {
+        let s = Store::new(StoreConfig {
+            track_changes: true,
+            ..StoreConfig::new(10_000)
+        })
+        .unwrap();
+        let page = vec![1u8; P];
+        let raw = PageRef::Raw {
+            data: &page,
+            hot: true,
+        };
+        s.restore_page(2, raw).unwrap();
+        assert!(s.restore_page(3, raw).is_err());
+        assert!(s.restore_page(1 << 52, raw).is_err());
+        assert!(s.restore_page(u64::MAX, raw).is_err());
+        assert!(s.restore_gone(1 << 58).is_err());
+        // A frame of two zero pages: header (first page 0, 2 pages, lz4,
+        // length), then the compressed pages.
+        let mut body = vec![0u8; 2 * P];
+        let n = crate::codec::compress(Codec::Lz4, &[0u8; 2 * P], &mut body).unwrap();
+        let mut frame = vec![0u8, 2, 1, 0];
+        frame.extend_from_slice(&(n as u32).to_le_bytes());
+        frame.extend_from_slice(&body[..n]);
+        // Pages 0 and 1 exist; 2 (still in the disk) and 3 (past it) as members.
+        assert!(s.restore_frame(0, 0b11, &frame).is_ok());
+        assert!(s.restore_frame(u64::MAX, 0b11, &frame).is_err());
+        assert!(s.restore_frame(0, 0, &frame).is_err());
+        let mut far = frame.clone();
+        far[0] = 2;
+        assert!(s.restore_frame(0, 0b1100, &far).is_err());
+    }
 }

@@ -81,12 +81,19 @@ fn verify(dir: &Path) -> Result<()> {
     let m = image.manifest().expect("open_existing has a manifest");
     let (mut pages, mut records) = (0u64, 0u64);
     let mut meta = false;
+    // An fs disk's files live across the store's whole address space.
+    let limit = match m.kind {
+        DiskKind::Block => m.size,
+        DiskKind::Fs => ramd_store::MAX_SIZE,
+    };
     image.read_chain(
         |rec| {
             records += 1;
             meta |= matches!(rec, Record::Meta(_));
-            // Every compressed page must decompress, not just match its sum.
-            image::decode_record(&rec, |_, _| {
+            // Every compressed page must decompress, not just match its sum,
+            // and name a page of the disk.
+            image::decode_record(&rec, |page, _| {
+                in_disk(page, limit)?;
                 pages += 1;
                 Ok(())
             })
@@ -133,7 +140,7 @@ fn export(dir: &Path, raw: &Path) -> Result<()> {
     let result = image.read_chain(
         |rec| {
             image::decode_record(&rec, |page, data| {
-                let at = page * PAGE_SIZE as u64;
+                let at = in_disk(page, size)?;
                 let data = &data[..(size.saturating_sub(at) as usize).min(PAGE_SIZE)];
                 // Zeros over what an earlier save wrote; a fresh file is
                 // already zero (and stays sparse).
@@ -161,6 +168,15 @@ fn export(dir: &Path, raw: &Path) -> Result<()> {
         raw.display()
     );
     Ok(())
+}
+
+/// The byte offset of `page`, if the disk has that page.
+fn in_disk(page: u64, size: u64) -> ramd_store::Result<u64> {
+    page.checked_mul(PAGE_SIZE as u64)
+        .filter(|&at| at < size.max(1))
+        .ok_or_else(|| {
+            ramd_store::Error::Invalid(format!("page {page} is outside the disk of {size} bytes"))
+        })
 }
 
 fn punch(f: &File, at: u64, len: u64) -> std::io::Result<()> {

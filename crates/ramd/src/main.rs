@@ -229,7 +229,9 @@ fn final_save(persister: Saving) -> Result<()> {
         return Ok(());
     };
     p.stop(thread);
-    p.save(false)
+    let saved = p.save(false);
+    p.close();
+    saved
         .map(|_| ())
         .context("saving at stop (the image keeps its previous save)")
 }

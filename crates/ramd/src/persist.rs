@@ -51,7 +51,10 @@ struct State {
     /// A save failed after its switch: what it skipped is no longer marked
     /// changed, so only a full save is complete again.
     need_full: bool,
+    /// The save thread is to end (saves on demand still run).
     stop: bool,
+    /// No save will come any more: flushes fail at once.
+    closed: bool,
 }
 
 /// Serializes a filesystem's tree while no request is in flight.
@@ -168,10 +171,7 @@ impl Persister {
 
     fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
         let t0 = Instant::now();
-        let seq = image
-            .manifest()
-            .and_then(|m| m.chain.last())
-            .map_or(1, |s| s.seq + 1);
+        let seq = image.next_seq();
         let (plan, meta) = self
             .store
             .begin_save(full, || self.meta.as_ref().map(|f| f()));
@@ -197,13 +197,13 @@ impl Persister {
                 return Err(e.into());
             }
         };
-        if let Some(meta) = &meta {
-            w.meta(meta);
-        }
         for &key in &plan.gone {
             w.gone(key);
         }
-        let mut failed = w.write_out().err();
+        let mut failed = meta.as_ref().and_then(|m| w.meta(m).err());
+        if failed.is_none() {
+            failed = w.write_out().err();
+        }
         for &(key, mask) in &plan.chunks {
             if failed.is_some() {
                 break;
@@ -241,7 +241,7 @@ impl Persister {
         let target = st.started + 1;
         st.wanted = st.wanted.max(target);
         self.changed.notify_all();
-        while st.finished < target && !st.stop {
+        while st.finished < target && !st.closed {
             self.changed.wait(&mut st);
         }
         if st.last_ok_ticket >= target {
@@ -271,6 +271,16 @@ impl Persister {
     }
 
     fn run(&self) {
+        // A panicking save thread must not leave flushes waiting forever.
+        struct CloseOnPanic<'a>(&'a Persister);
+        impl Drop for CloseOnPanic<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.close();
+                }
+            }
+        }
+        let _guard = CloseOnPanic(self);
         let mut next = self.autosave.map(|d| Instant::now() + d);
         loop {
             {
@@ -296,13 +306,20 @@ impl Persister {
         }
     }
 
-    /// Stops the save thread (flushes still waiting fail).
+    /// Stops the save thread; flushes still waiting are answered by the
+    /// next save (the one at stop).
     pub fn stop(&self, thread: Option<JoinHandle<()>>) {
         self.state.lock().stop = true;
         self.changed.notify_all();
         if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+
+    /// No more saves: flushes waiting or to come fail.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.changed.notify_all();
     }
 
     /// The status fields of this disk's persistence.
@@ -384,6 +401,7 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    store.end_restore();
     let secs = t0.elapsed().as_secs_f64();
     let st = store.stats();
     log::info!(

@@ -316,7 +316,7 @@ impl Store {
             page / CHUNK_PAGES as u64,
             (page % CHUNK_PAGES as u64) as usize,
         );
-        self.check_range(page << PAGE_SHIFT, PAGE_SIZE as u64)?;
+        self.check_pages(page, 1)?;
         self.with_chunk(key, p != PageRef::Hole, &mut 0, |chunk| {
             // What an earlier save put here goes first: a full disk has
             // no room for both.
@@ -357,7 +357,9 @@ impl Store {
 
     /// Load: makes the slots of chunk `key` in `mask` pages of this frame.
     pub fn restore_frame(&self, key: u64, mask: u64, data: &[u8]) -> Result<()> {
-        self.check_range(key * CHUNK_BYTES, PAGE_SIZE as u64)?;
+        // Up to the highest page the mask names.
+        let span = (64 - mask.leading_zeros() as u64).max(1);
+        self.check_pages(key.saturating_mul(CHUNK_PAGES as u64), span)?;
         let bad = |why: String| Err(Error::Invalid(format!("frame: {why}")));
         if data.len() < FRAME_HEADER || data.len() > zs::MAX_OBJECT {
             return bad(format!("{} bytes", data.len()));
@@ -414,13 +416,32 @@ impl Store {
 
     /// Load: every page of chunk `key` becomes a hole.
     pub fn restore_gone(&self, key: u64) -> Result<()> {
-        self.check_range(key * CHUNK_BYTES, PAGE_SIZE as u64)?;
+        self.check_pages(key.saturating_mul(CHUNK_PAGES as u64), 1)?;
         self.with_chunk(key, false, &mut 0, |chunk| {
             for i in 0..CHUNK_PAGES {
                 self.replace(chunk, i, Slot::Hole, true);
             }
             Ok(())
         })
+    }
+
+    /// Load: a record for pages `page..page + n` must name pages of this
+    /// disk (the last may be partial on a disk whose size is not a
+    /// multiple of the page size).
+    fn check_pages(&self, page: u64, n: u64) -> Result<()> {
+        let pages = self.size.div_ceil(PAGE_SIZE as u64);
+        match page.checked_add(n) {
+            Some(end) if end <= pages => Ok(()),
+            _ => Err(Error::Invalid(format!(
+                "page {page} (+{n}) is outside the disk's {pages} pages"
+            ))),
+        }
+    }
+
+    /// Ends a load: what the load emptied is not a change to save (the
+    /// image has it already).
+    pub fn end_restore(&self) {
+        self.gone.lock().clear();
     }
 
     fn restore_slot(&self, chunk: &mut Chunk, i: usize, new: Slot) -> Result<()> {
