@@ -24,6 +24,8 @@ use crate::units::{parse_duration, parse_size};
         ramd serve --size 4G --listen tcp:10809    # TCP on 127.0.0.1:10809\n  \
         ramd serve --size 1G --mount /mnt/ram      # a tmpfs-like directory\n  \
         ramd serve --size 8G --max-memory 2G --compress lz4   # zram-like\n  \
+        ramd serve --size 4G --image /var/lib/ramd/db --autosave 5m   # persistent\n  \
+        ramd snapshot ram0\n  \
         ramd status"
 )]
 pub struct Cli {
