@@ -210,6 +210,11 @@ impl PagePool {
         Ok(())
     }
 
+    /// Whether the host is above its reserve (for memory not from the pool).
+    pub(crate) fn host_has_room(&self) -> bool {
+        self.check_host().is_ok()
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         PoolStats {
             mapped_bytes: self.counters.mapped.load(Relaxed),

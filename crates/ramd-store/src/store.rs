@@ -383,6 +383,8 @@ struct Counters {
     compacted: AtomicU64,
     /// Bytes of pages kept for the save under way (see `persist.rs`).
     kept: AtomicU64,
+    /// The save under way could not keep a page it needed.
+    save_broken: std::sync::atomic::AtomicBool,
 }
 
 /// Proof that a background pass is under way (from [`Store::begin_pass`],

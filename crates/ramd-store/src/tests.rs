@@ -1500,6 +1500,10 @@ mod persist {
                 apply(image, rec);
             });
         }
+        assert!(
+            !s.save_broken(),
+            "clients outran the save's memory for kept pages"
+        );
         s.end_save();
         log.push(at_switch.clone());
         at_switch
@@ -1704,5 +1708,35 @@ mod persist {
         let mut far = frame.clone();
         far[0] = 2;
         assert!(s.restore_frame(0, 0b1100, &far).is_err());
+    }
+
+    /// Kept copies are bounded: a save whose pages are all rewritten before
+    /// it writes them, on a disk whose budget is full, gives up instead of
+    /// doubling memory without limit.
+    #[test]
+    fn a_save_that_cannot_keep_its_pages_is_abandoned() {
+        let s = Store::new(StoreConfig {
+            host_reserve: 0,
+            track_changes: true,
+            ..StoreConfig::new(1 << 20)
+        })
+        .unwrap();
+        let mut rng = Rng(9);
+        s.write(0, &rng.bytes(1 << 20)).unwrap();
+        let (plan, ()) = s.begin_save(true, || ());
+        for _ in 0..2 {
+            let _gate = s.gate();
+            s.write(0, &rng.bytes(1 << 20)).unwrap();
+        }
+        assert!(s.save_broken());
+        s.abort_save();
+        assert_eq!(s.stats().memory_used, {
+            let st = s.stats();
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes
+        });
+        // The next save starts clean.
+        let (plan2, ()) = s.begin_save(true, || ());
+        assert!(!s.save_broken() && plan2.pages == plan.pages);
+        s.abort_save();
     }
 }

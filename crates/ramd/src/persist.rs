@@ -210,6 +210,13 @@ impl Persister {
             }
             self.store.save_chunk(key, mask, |page, p| w.page(page, p));
             failed = w.write_out().err();
+            if failed.is_none() && self.store.save_broken() {
+                failed = Some(ramd_store::Error::Invalid(
+                    "clients changed more during the save than memory allows keeping for it \
+                     (max_memory, or the host's reserve); the next save is a full one"
+                        .into(),
+                ));
+            }
         }
         if let Some(e) = failed {
             self.store.abort_save();

@@ -102,6 +102,13 @@ impl Store {
         }
         let kept = self.capture(chunk, i);
         let cost = kept.cost();
+        if !self.room_to_keep(cost) {
+            // The save can no longer be the disk at its switch: it fails
+            // (the saver checks `save_broken`) and the next one is full.
+            self.c.save_broken.store(true, Relaxed);
+            chunk.saving.fetch_and(!bit, Relaxed);
+            return;
+        }
         // Never refused: the client's own budget grows by the same amount
         // (see `reserve`), so a save never makes a write fail.
         self.c.memory_used.fetch_add(cost, Relaxed);
@@ -111,6 +118,26 @@ impl Store {
             .kept
             .get_or_insert_with(Default::default)
             .push((i as u8, kept));
+    }
+
+    /// Kept copies may take as much memory again as the disk's budget,
+    /// and never the host's reserve (checked every 64 MiB of them).
+    fn room_to_keep(&self, cost: u64) -> bool {
+        let before = self.c.kept.load(Relaxed);
+        if self.c.save_broken.load(Relaxed) || before + cost > self.max_memory {
+            return false;
+        }
+        const STEP: u64 = 64 << 20;
+        if (before + cost) / STEP == before / STEP {
+            return true;
+        }
+        self.pool.host_has_room()
+    }
+
+    /// Whether clients changed more during the save under way than could
+    /// be kept for it: the save must be abandoned.
+    pub fn save_broken(&self) -> bool {
+        self.c.save_broken.load(Relaxed)
     }
 
     fn capture(&self, chunk: &Chunk, i: usize) -> Kept {
@@ -156,6 +183,7 @@ impl Store {
             "begin_save on a store that does not track changes"
         );
         let _gate = self.gate.write();
+        self.c.save_broken.store(false, Relaxed);
         let extra = under_gate();
         let mut plan = SavePlan {
             full,
