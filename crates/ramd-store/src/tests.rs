@@ -1150,6 +1150,20 @@ mod review {
                 })
             })
             .collect();
+        settle(name, s, &m, &stop, threads, scanner);
+    }
+
+    /// Ends a stress run: joins the clients, stops the scanner, checks the
+    /// disk against the model (again after more passes) and the accounting,
+    /// and drops the store (whose Drop checks its counters in debug builds).
+    fn settle(
+        name: &str,
+        s: Arc<Store>,
+        m: &Model,
+        stop: &AtomicBool,
+        threads: Vec<std::thread::JoinHandle<()>>,
+        scanner: std::thread::JoinHandle<u64>,
+    ) -> StoreStats {
         for t in threads {
             t.join().unwrap();
         }
@@ -1173,9 +1187,10 @@ mod review {
         }
         check("after more passes");
         adds_up(&s, name);
-        eprintln!("{name}: {passes} passes, {:?}", s.stats());
-        // Store's Drop checks its counters (debug builds).
+        let st = s.stats();
+        eprintln!("{name}: {passes} passes, {st:?}");
         drop(Arc::try_unwrap(s).ok().expect("last reference"));
+        st
     }
 
     /// A page that compresses to about `k` bytes, `k` from a few sizes: the
@@ -1263,33 +1278,7 @@ mod review {
                 })
             })
             .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        stop.store(true, R);
-        let passes = scanner.join().unwrap();
-        let expect: Vec<u8> = m.0.iter().flat_map(|p| p.lock().unwrap().clone()).collect();
-        let check = |when: &str| {
-            let all = read_all(&s);
-            if all != expect {
-                let bad = (0..all.len()).find(|&k| all[k] != expect[k]).unwrap();
-                panic!(
-                    "{name}: {when}: first wrong byte at {bad} (page {})",
-                    bad / P
-                );
-            }
-        };
-        check("after the run");
-        adds_up(&s, name);
-        for _ in 0..3 {
-            s.background_pass_all();
-        }
-        check("after more passes");
-        adds_up(&s, name);
-        let st = s.stats();
-        eprintln!("{name}: {passes} passes, {st:?}");
-        drop(Arc::try_unwrap(s).ok().expect("last reference"));
-        st
+        settle(name, s, &m, &stop, threads, scanner)
     }
 
     #[test]

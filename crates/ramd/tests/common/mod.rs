@@ -604,14 +604,24 @@ impl Ramd {
     /// Sends `sig` and waits for the exit; SIGKILL past [`STOP_DEADLINE`]
     /// fails the test. Also checks that stdout carried nothing but the URI.
     pub fn stop_with(&mut self, sig: i32) -> ExitStatus {
+        self.end(Some(sig), STOP_DEADLINE)
+    }
+
+    /// Sends `sig` (if any) and waits up to `timeout` for the daemon to
+    /// exit; past the deadline it is killed and the test fails. Then checks
+    /// that stdout carried nothing but the URI.
+    fn end(&mut self, sig: Option<i32>, timeout: Duration) -> ExitStatus {
         let mut child = self.child.take().expect("daemon already stopped");
-        signal(&child, sig);
-        let status = match wait_child(&mut child, STOP_DEADLINE) {
+        if let Some(sig) = sig {
+            signal(&child, sig);
+        }
+        let status = match wait_child(&mut child, timeout) {
             Some(s) => s,
             None => {
                 kill_group(&mut child);
+                let how = sig.map_or("by itself".to_string(), |s| format!("after signal {s}"));
                 panic!(
-                    "ramd did not exit within {STOP_DEADLINE:?} of signal {sig}; stderr:\n{}",
+                    "ramd did not exit {how} within {timeout:?}; stderr:\n{}",
                     self.stderr()
                 );
             }
@@ -1061,26 +1071,7 @@ impl Ramd {
     /// sent) and returns how it ended; past the deadline it is killed and
     /// the test fails. Also checks that stdout carried nothing but the URI.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let mut child = self.child.take().expect("daemon already stopped");
-        let status = match wait_child(&mut child, timeout) {
-            Some(s) => s,
-            None => {
-                kill_group(&mut child);
-                panic!(
-                    "ramd did not exit by itself within {timeout:?}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-        };
-        if let Some(h) = self.stdout_reader.take() {
-            h.join().expect("stdout reader");
-        }
-        let extra = self.extra_stdout.lock().unwrap().clone();
-        assert!(
-            extra.is_empty(),
-            "ramd printed more than the URI line on stdout: {extra:?}"
-        );
-        status
+        self.end(None, timeout)
     }
 }
 
