@@ -564,11 +564,6 @@ impl SegWriter {
         Ok(())
     }
 
-    /// Page records so far.
-    pub fn pages(&self) -> u64 {
-        self.entry.pages
-    }
-
     /// Sends the buffer to the file once it holds a batch.
     pub fn write_out(&mut self) -> Result<()> {
         if self.buf.len() >= WRITE_BATCH {

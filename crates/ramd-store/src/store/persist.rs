@@ -83,11 +83,6 @@ pub struct SavePlan {
 }
 
 impl Store {
-    /// Whether this store keeps track of changes for saves.
-    pub fn tracks_changes(&self) -> bool {
-        self.track
-    }
-
     /// A client is about to change slot `i`: remember it for the next save,
     /// and if the save under way still has to write it, keep its contents
     /// as they were at the switch. Call under the shard's write lock.
