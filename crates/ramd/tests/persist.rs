@@ -501,33 +501,6 @@ fn block_round_trip(extra: &[&str], compressible: bool, wait_frames: bool) {
     assert_accounting_identities(&d.stats());
 }
 
-/// assert_accounting without its rule for disks started uncompressed.
-fn assert_accounting_identities(disk: &Value) {
-    let used = field(disk, "memory_used");
-    let data = field(disk, "data_pages");
-    assert_eq!(
-        used,
-        field(disk, "stored_bytes") + field(disk, "slack_bytes") + field(disk, "metadata_bytes"),
-        "memory_used != stored_bytes + slack_bytes + metadata_bytes in {disk}"
-    );
-    let kinds = [
-        "hot_pages",
-        "incompressible_pages",
-        "compressed_pages",
-        "frame_pages",
-    ];
-    assert_eq!(
-        data,
-        kinds.iter().map(|k| field(disk, k)).sum::<u64>(),
-        "data_pages != hot + incompressible + compressed + frame pages in {disk}"
-    );
-    assert_eq!(field(disk, "data_bytes"), data * PAGE, "{disk}");
-    assert!(
-        used <= field(disk, "max_memory"),
-        "memory_used above max_memory in {disk}"
-    );
-}
-
 fn wait_for(d: &Ramd, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
     wait_until(SCANNER_DEADLINE, what, || {
