@@ -299,7 +299,11 @@ pub fn default_max_memory(size: u64, compressed: bool) -> u64 {
 
 /// A snapshot of the store's accounting, for `ramd status`.
 ///
-/// `memory_used = stored_bytes + slack_bytes + metadata_bytes`.
+/// `memory_used = stored_bytes + slack_bytes + metadata_bytes + kept_bytes`.
+///
+/// Each counter is read on its own, so a snapshot taken while pages move
+/// (a client request, a scanner pass) may straddle a move; the identity
+/// holds whenever the store is quiet.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StoreStats {
     pub size: u64,
@@ -321,6 +325,11 @@ pub struct StoreStats {
     /// Page-table and allocator metadata plus what frontends charged
     /// (inodes, names...).
     pub metadata_bytes: u64,
+    /// Old copies of pages that clients changed while a save was under way,
+    /// held until the save has written them. They raise the clients'
+    /// budget by their own size, so `memory_used` may pass `max_memory` by
+    /// this much.
+    pub kept_bytes: u64,
     /// Same-filled pages other than zero, stored as their 8-byte pattern.
     pub fill_pages: u64,
     /// Pages written or zeroed to all-zero, stored as nothing.
@@ -844,6 +853,7 @@ impl Store {
             metadata_bytes: chunks * CHUNK_META_BYTES
                 + self.zs.meta_bytes()
                 + c.charged.load(Relaxed),
+            kept_bytes: c.kept.load(Relaxed),
             fill_pages: fill,
             zero_pages: zero,
             hot_pages: hot,

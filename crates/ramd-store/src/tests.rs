@@ -480,7 +480,7 @@ mod compressed {
         let st = s.stats();
         assert_eq!(
             st.memory_used,
-            st.stored_bytes + st.slack_bytes + st.metadata_bytes,
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes + st.kept_bytes,
             "{st:?}"
         );
         assert_eq!(
@@ -980,7 +980,7 @@ mod review {
         let st = s.stats();
         assert_eq!(
             st.memory_used,
-            st.stored_bytes + st.slack_bytes + st.metadata_bytes,
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes + st.kept_bytes,
             "{name}: {st:?}"
         );
         assert_eq!(
@@ -1583,7 +1583,7 @@ mod persist {
             );
             assert_eq!(s.stats().memory_used, {
                 let st = s.stats();
-                st.stored_bytes + st.slack_bytes + st.metadata_bytes
+                st.stored_bytes + st.slack_bytes + st.metadata_bytes + st.kept_bytes
             });
         }
     }
@@ -1721,7 +1721,7 @@ mod persist {
         s.abort_save();
         assert_eq!(s.stats().memory_used, {
             let st = s.stats();
-            st.stored_bytes + st.slack_bytes + st.metadata_bytes
+            st.stored_bytes + st.slack_bytes + st.metadata_bytes + st.kept_bytes
         });
         // The next save starts clean.
         let (plan2, ()) = s.begin_save(true, || ());

@@ -30,6 +30,8 @@ pub mod wire;
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
 /// How long a daemon may take to exit after SIGTERM before it gets SIGKILL.
 pub const STOP_DEADLINE: Duration = Duration::from_secs(20);
+/// How long [`Ramd::stats`] waits for a reading whose accounting adds up.
+pub const STATS_DEADLINE: Duration = Duration::from_secs(20);
 /// Default limit for one client command (nbdinfo, qemu-io, a python script…).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(180);
 /// Limit for heavy commands (fio, copies of a few hundred MiB, mkfs).
@@ -589,11 +591,9 @@ impl Ramd {
     }
 
     /// This disk's entry in `ramd status --json`.
+    /// This disk's `status --json` entry (see [`accounted_status`]).
     pub fn stats(&self) -> Value {
-        let status = status_json(&self.run_dir);
-        disk_entry(&status, &self.name)
-            .unwrap_or_else(|| panic!("disk {} missing from status: {status}", self.name))
-            .clone()
+        accounted_status(&self.run_dir, &self.name)
     }
 
     /// VmRSS of the daemon, in bytes.
@@ -701,6 +701,27 @@ pub fn status_json(run_dir: &Path) -> Value {
         .unwrap_or_else(|e| panic!("`ramd status --json` printed invalid JSON ({e}):\n{out}"))
 }
 
+/// Disk `name`'s `status --json` entry, read until its accounting
+/// identities hold. Status reads each counter on its own, so a reading taken
+/// while the scanner moves a page can straddle the move; a leak never
+/// settles, and fails here at the deadline.
+pub fn accounted_status(run_dir: &Path, name: &str) -> Value {
+    let deadline = Instant::now() + STATS_DEADLINE;
+    loop {
+        let status = status_json(run_dir);
+        let disk = disk_entry(&status, name)
+            .unwrap_or_else(|| panic!("disk {name} missing from status: {status}"))
+            .clone();
+        match accounting_error(&disk) {
+            None => return disk,
+            Some(e) if Instant::now() >= deadline => {
+                panic!("accounting did not add up within {STATS_DEADLINE:?}: {e} in {disk}")
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
 /// The entry for disk `name` in a `status --json` document.
 pub fn disk_entry<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
     status["disks"]
@@ -737,29 +758,44 @@ pub fn assert_accounting(disk: &Value) {
 /// [`assert_accounting`] without its rule for uncompressed disks (which a
 /// disk loaded from an image holding compressed pages does not keep).
 pub fn assert_accounting_identities(disk: &Value) {
+    if let Some(e) = accounting_error(disk) {
+        panic!("{e} in {disk}");
+    }
+}
+
+/// Which accounting identity of a status entry fails, if any.
+fn accounting_error(disk: &Value) -> Option<String> {
     let used = field(disk, "memory_used");
+    let parts = [
+        "stored_bytes",
+        "slack_bytes",
+        "metadata_bytes",
+        "kept_bytes",
+    ];
+    let sum: u64 = parts.iter().map(|k| field(disk, k)).sum();
+    if used != sum {
+        return Some(format!(
+            "memory_used {used} != stored + slack + metadata + kept bytes {sum}"
+        ));
+    }
     let data = field(disk, "data_pages");
-    assert_eq!(
-        used,
-        field(disk, "stored_bytes") + field(disk, "slack_bytes") + field(disk, "metadata_bytes"),
-        "memory_used != stored_bytes + slack_bytes + metadata_bytes in {disk}"
-    );
     let kinds = [
         "hot_pages",
         "incompressible_pages",
         "compressed_pages",
         "frame_pages",
     ];
-    assert_eq!(
-        data,
-        kinds.iter().map(|k| field(disk, k)).sum::<u64>(),
-        "data_pages != hot + incompressible + compressed + frame pages in {disk}"
-    );
-    assert_eq!(field(disk, "data_bytes"), data * PAGE, "{disk}");
-    assert!(
-        used <= field(disk, "max_memory"),
-        "memory_used above max_memory in {disk}"
-    );
+    let pages: u64 = kinds.iter().map(|k| field(disk, k)).sum();
+    if data != pages {
+        return Some(format!(
+            "data_pages {data} != hot + incompressible + compressed + frame pages {pages}"
+        ));
+    }
+    if field(disk, "data_bytes") != data * PAGE {
+        return Some(format!("data_bytes != data_pages {data} * {PAGE}"));
+    }
+    let limit = field(disk, "max_memory") + field(disk, "kept_bytes");
+    (used > limit).then(|| format!("memory_used {used} above max_memory + kept bytes {limit}"))
 }
 
 /// VmRSS of a process, in bytes.

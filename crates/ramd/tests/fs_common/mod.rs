@@ -29,8 +29,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::common::{
-    disk_entry, ramd_bin, require_tool, run, status_json, wait_child, wait_until, Output,
-    CMD_TIMEOUT, START_DEADLINE, STOP_DEADLINE,
+    accounted_status, ramd_bin, require_tool, run, wait_child, wait_until, Output, CMD_TIMEOUT,
+    START_DEADLINE, STOP_DEADLINE,
 };
 
 /// How long an unmount (or the daemon's exit after one) may take.
@@ -416,12 +416,9 @@ impl FsDisk {
         fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    /// This disk's entry in `ramd status --json`.
+    /// This disk's entry in `ramd status --json` (see [`accounted_status`]).
     pub fn status(&self) -> Value {
-        let all = status_json(self.run_dir.path());
-        disk_entry(&all, &self.name)
-            .unwrap_or_else(|| panic!("disk {} missing from status: {all}", self.name))
-            .clone()
+        accounted_status(self.run_dir.path(), &self.name)
     }
 
     /// Panics (with stderr) unless the daemon is still running.
