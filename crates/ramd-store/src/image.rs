@@ -9,7 +9,7 @@
 //! moment a save exists. Anything not named by the MANIFEST is debris.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -372,22 +372,15 @@ impl ImageDir {
         // copy into the page cache (on these VMs the copy alone took half a
         // core during autosaves under load) and the cache itself, which a
         // save would otherwise fill with gigabytes nobody reads back.
-        let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.write(true).create(true).truncate(true).mode(0o600);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            o.open(&tmp)
-        };
-        let (file, direct) = match open(true) {
-            Ok(f) => (f, true),
-            // A filesystem without O_DIRECT: through the page cache.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                (open(false).map_err(|e| Error::file(&tmp, e))?, false)
-            }
-            Err(e) => return Err(Error::file(&tmp, e)),
-        };
+        let (file, direct) = open_direct(
+            &tmp,
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600),
+        )
+        .map_err(|e| Error::file(&tmp, e))?;
         let time_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -687,19 +680,150 @@ impl SegWriter {
 fn write_block(file: &mut File, direct: &mut bool, b: &[u8]) -> io::Result<()> {
     match file.write_all(b) {
         Err(e) if *direct && e.raw_os_error() == Some(libc::EINVAL) => {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-            // SAFETY: flag changes on our own descriptor.
-            let cleared = unsafe {
-                let flags = libc::fcntl(fd, libc::F_GETFL);
-                flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) == 0
-            };
-            if !cleared {
-                return Err(io::Error::last_os_error());
-            }
-            *direct = false;
+            clear_direct(file, direct)?;
             file.write_all(b)
         }
         r => r,
+    }
+}
+
+/// Opens with O_DIRECT, or without it on a filesystem that refuses it
+/// (EINVAL); says which.
+fn open_direct(path: &Path, o: &mut OpenOptions) -> io::Result<(File, bool)> {
+    match o.clone().custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((o.open(path)?, false)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Turns O_DIRECT off for the rest of a file's use.
+fn clear_direct(file: &File, direct: &mut bool) -> io::Result<()> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    // SAFETY: flag changes on our own descriptor.
+    let cleared = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) == 0
+    };
+    if !cleared {
+        return Err(io::Error::last_os_error());
+    }
+    *direct = false;
+    Ok(())
+}
+
+/// Reads a file from start to end on its own thread, a few blocks ahead of
+/// the caller, with O_DIRECT where the filesystem allows it: a load then
+/// neither copies through the page cache nor fills it with an image that
+/// now lives in the store. Without O_DIRECT, what was read is dropped from
+/// the cache.
+struct AheadReader {
+    blocks: Option<std::sync::mpsc::Receiver<io::Result<Buf>>>,
+    empties: std::sync::mpsc::Sender<Buf>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    cur: Buf,
+    pos: usize,
+}
+
+/// What one read of [`AheadReader`] asks for.
+const READ_BLOCK: usize = 4 << 20;
+
+impl AheadReader {
+    fn start(file: File, direct: bool) -> io::Result<Self> {
+        let (to_parser, blocks) = std::sync::mpsc::sync_channel(2);
+        let (empties, back) = std::sync::mpsc::channel::<Buf>();
+        let reader = std::thread::Builder::new()
+            .name("ramd-seg-read".into())
+            .spawn(move || {
+                let (file, mut direct) = (file, direct);
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+                if !direct {
+                    advise(fd, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+                }
+                let mut at = 0u64;
+                loop {
+                    let mut b = back
+                        .try_recv()
+                        .unwrap_or_else(|_| Buf::with_capacity(DIO_ALIGN, READ_BLOCK));
+                    b.resize(READ_BLOCK, 0);
+                    let n = match read_block(&file, &mut direct, &mut b, at) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            let _ = to_parser.send(Err(e));
+                            return;
+                        }
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    if !direct {
+                        // The data now lives in the store.
+                        advise(fd, at, n as u64, libc::POSIX_FADV_DONTNEED);
+                    }
+                    b.truncate(n);
+                    at += n as u64;
+                    // A short block is the file's last (the parser stops
+                    // at END anyway; a file that grows is not ours).
+                    if to_parser.send(Ok(b)).is_err() || n < READ_BLOCK {
+                        return;
+                    }
+                }
+            })?;
+        Ok(AheadReader {
+            blocks: Some(blocks),
+            empties,
+            reader: Some(reader),
+            cur: Buf::new(DIO_ALIGN),
+            pos: 0,
+        })
+    }
+}
+
+/// Fills `b` from offset `at` (less only at the end of the file).
+fn read_block(file: &File, direct: &mut bool, b: &mut [u8], at: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < b.len() {
+        match file.read_at(&mut b[n..], at + n as u64) {
+            Ok(0) => break,
+            // A direct read is short only at the end of the file (and the
+            // next one would start unaligned).
+            Ok(k) if *direct && k < b.len() - n => return Ok(n + k),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if *direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                clear_direct(file, direct)?
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+impl Read for AheadReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos == self.cur.len() {
+            let Some(next) = self.blocks.as_ref().and_then(|b| b.recv().ok()) else {
+                return Ok(0); // end of file
+            };
+            let old = std::mem::replace(&mut self.cur, next?);
+            let _ = self.empties.send(old);
+            self.pos = 0;
+        }
+        let n = out.len().min(self.cur.len() - self.pos);
+        out[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl Drop for AheadReader {
+    fn drop(&mut self) {
+        // Unblocks the reader if it waits to hand over a block.
+        drop(self.blocks.take());
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
     }
 }
 
@@ -716,7 +840,8 @@ fn read_segment(
         offset,
         reason,
     };
-    let file = File::open(path).map_err(|e| Error::file(path, e))?;
+    let (file, direct) =
+        open_direct(path, OpenOptions::new().read(true)).map_err(|e| Error::file(path, e))?;
     let len = file.metadata().map_err(|e| Error::file(path, e))?.len();
     if len != seg.bytes {
         return Err(bad(
@@ -727,11 +852,7 @@ fn read_segment(
             ),
         ));
     }
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-    advise(fd, 0, READ_AHEAD, libc::POSIX_FADV_SEQUENTIAL);
-    advise(fd, 0, READ_AHEAD, libc::POSIX_FADV_WILLNEED);
-    let mut advised = 0u64;
-    let mut r = BufReader::with_capacity(WRITE_BATCH, file);
+    let mut r = AheadReader::start(file, direct).map_err(|e| Error::file(path, e))?;
     let mut h = [0u8; SEG_HEADER];
     r.read_exact(&mut h)
         .map_err(|_| bad(0, "too short for a segment header".into()))?;
@@ -890,30 +1011,8 @@ fn read_segment(
         if records % 4096 == 0 {
             progress(offset);
         }
-        if offset >= advised + READ_STEP {
-            // Keep the disk busy ahead of us, and drop what we have read:
-            // the data now lives in the store, not the page cache.
-            advise(
-                fd,
-                offset + READ_AHEAD - READ_STEP,
-                READ_STEP,
-                libc::POSIX_FADV_WILLNEED,
-            );
-            advise(
-                fd,
-                advised.saturating_sub(READ_STEP),
-                READ_STEP,
-                libc::POSIX_FADV_DONTNEED,
-            );
-            advised += READ_STEP;
-        }
     }
 }
-
-/// How far ahead of the reader a load asks the kernel to read, and in what
-/// steps: the disk reads while ramd checks and places pages.
-const READ_AHEAD: u64 = 64 << 20;
-const READ_STEP: u64 = 16 << 20;
 
 fn advise(fd: i32, offset: u64, len: u64, advice: i32) {
     // SAFETY: advice only; errors cost speed, not correctness.
@@ -1010,5 +1109,42 @@ mod tests {
         assert_eq!(got.len(), DIO_ALIGN + 5);
         assert!(got[..DIO_ALIGN].iter().all(|&b| b == 7));
         assert_eq!(&got[DIO_ALIGN..], b"abcde");
+    }
+
+    /// The reader hands over a file exactly, across block boundaries and
+    /// with a length that is not a multiple of a block, and stops cleanly
+    /// when dropped part way.
+    #[test]
+    fn ahead_reader_reads_files_exactly() {
+        let path = std::env::temp_dir().join(format!("ramd-ahead-test-{}", std::process::id()));
+        let data: Vec<u8> = (0..READ_BLOCK * 2 + 12345)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        fs::write(&path, &data).unwrap();
+        let reader = || {
+            let (f, direct) = open_direct(&path, OpenOptions::new().read(true)).unwrap();
+            AheadReader::start(f, direct).unwrap()
+        };
+        let mut got = Vec::new();
+        let mut r = reader();
+        let mut piece = vec![0u8; 100_003];
+        loop {
+            let n = r.read(&mut piece).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&piece[..n]);
+        }
+        assert!(
+            got == data,
+            "read {} bytes, not the file's {}",
+            got.len(),
+            data.len()
+        );
+        let mut r = reader();
+        r.read_exact(&mut piece).unwrap();
+        assert!(piece[..] == data[..piece.len()]);
+        drop(r);
+        fs::remove_file(&path).unwrap();
     }
 }
