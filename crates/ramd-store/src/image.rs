@@ -29,18 +29,19 @@ pub const SEG_HEADER: usize = 64;
 pub const REC_HEADER: usize = 32;
 /// Buffered bytes a writer sends to the file at once.
 const WRITE_BATCH: usize = 1 << 20;
-/// Segments are written with O_DIRECT, which wants buffers, file offsets and
-/// lengths aligned to the device's logical block: 4 KiB covers the usual ones.
+/// Largest record payload: a frame object or a filesystem's tree.
+const MAX_PAYLOAD: usize = 1 << 30;
+/// Segments are written and read with O_DIRECT, which wants buffers, file
+/// offsets and lengths aligned to the device's logical block: 4 KiB covers
+/// the usual ones.
 const DIO_ALIGN: usize = 4096;
 
-/// A write buffer O_DIRECT accepts.
+/// A buffer O_DIRECT accepts.
 type Buf = AVec<u8, ConstAlign<DIO_ALIGN>>;
 
 fn new_buf() -> Buf {
     Buf::with_capacity(DIO_ALIGN, WRITE_BATCH + (128 << 10))
 }
-/// Largest record payload: a frame object or a filesystem's tree.
-const MAX_PAYLOAD: usize = 1 << 30;
 
 // Record types.
 const R_RAW: u8 = 1;
@@ -414,7 +415,7 @@ impl ImageDir {
         let writer = std::thread::Builder::new()
             .name("ramd-seg-write".into())
             .spawn(move || {
-                let (file, mut direct) = (file, direct);
+                let mut direct = direct;
                 let mut at = 0u64;
                 for mut b in rx {
                     write_block(&file, &mut direct, &b, at)?;
@@ -738,7 +739,7 @@ impl AheadReader {
         let reader = std::thread::Builder::new()
             .name("ramd-seg-read".into())
             .spawn(move || {
-                let (file, mut direct) = (file, direct);
+                let mut direct = direct;
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
                 if !direct {
                     advise(fd, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
@@ -824,7 +825,9 @@ impl Read for AheadReader {
                 return Ok(0); // end of file
             };
             let old = std::mem::replace(&mut self.cur, next?);
-            let _ = self.empties.send(old);
+            if old.capacity() > 0 {
+                let _ = self.empties.send(old);
+            }
             self.pos = 0;
         }
         let n = out.len().min(self.cur.len() - self.pos);
