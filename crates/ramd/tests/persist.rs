@@ -1412,22 +1412,24 @@ fn assert_refused(img: &Path, dmg: &Damage) {
         Some(1),
         "serving an image with a damaged {file}: exit {code:?}, expected 1; stderr:\n{stderr}"
     );
-    assert!(
-        stderr.contains("ramd: error") && names_one(&stderr),
-        "the refusal does not name {names:?}:\n{stderr}"
-    );
-    if dmg.offset {
-        assert!(
-            stderr.contains("offset"),
-            "the refusal does not give the offset in {file}:\n{stderr}"
-        );
-    }
-    for t in &dmg.also {
-        assert!(
-            stderr.contains(t.as_str()),
-            "the refusal does not say {t:?}:\n{stderr}"
-        );
-    }
+    // Both `serve` and `image verify` must name the damage.
+    let names_damage = |who: &str, text: &str| {
+        assert!(names_one(text), "{who} does not name {names:?}:\n{text}");
+        if dmg.offset {
+            assert!(
+                text.contains("offset"),
+                "{who} does not give the offset in {file}:\n{text}"
+            );
+        }
+        for t in &dmg.also {
+            assert!(
+                text.contains(t.as_str()),
+                "{who} does not say {t:?}:\n{text}"
+            );
+        }
+    };
+    assert!(stderr.contains("ramd: error"), "no error line:\n{stderr}");
+    names_damage("the refusal", &stderr);
     let out = ramd(&["image", "verify", p(img)]);
     let text = all_output(&out);
     assert_eq!(
@@ -1436,22 +1438,7 @@ fn assert_refused(img: &Path, dmg: &Damage) {
         "ramd image verify of an image with a damaged {file}: {}\n{text}",
         out.status
     );
-    assert!(
-        names_one(&text),
-        "ramd image verify does not name {names:?}:\n{text}"
-    );
-    if dmg.offset {
-        assert!(
-            text.contains("offset"),
-            "ramd image verify does not give the offset in {file}:\n{text}"
-        );
-    }
-    for t in &dmg.also {
-        assert!(
-            text.contains(t.as_str()),
-            "ramd image verify does not say {t:?}:\n{text}"
-        );
-    }
+    names_damage("ramd image verify", &text);
     assert_eq!(
         fs::read(&damaged).ok(),
         before,
