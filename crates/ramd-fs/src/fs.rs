@@ -212,7 +212,7 @@ struct State {
 }
 
 /// Filesystem counters for `ramd status`.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct FsStats {
     pub inodes: u64,
     pub max_inodes: u64,

@@ -10,6 +10,11 @@ pub enum Error {
     #[error("no space left: {needed} more bytes would exceed max_memory of {limit} bytes")]
     NoSpace { needed: u64, limit: u64 },
 
+    /// The budget the disk shares with the other disks of its daemon
+    /// (`[daemon] max_memory`) would be exceeded.
+    #[error("no space left: {needed} more bytes would exceed the daemon's shared max_memory of {limit} bytes")]
+    SharedNoSpace { needed: u64, limit: u64 },
+
     /// Every page the disk's size allows is in use (filesystem disks).
     #[error("no space left: all {limit} bytes of the disk are in use")]
     DiskFull { limit: u64 },
@@ -64,9 +69,10 @@ impl Error {
     /// The Linux errno this error means for a client.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::NoSpace { .. } | Error::DiskFull { .. } | Error::HostMemoryLow { .. } => {
-                libc::ENOSPC
-            }
+            Error::NoSpace { .. }
+            | Error::SharedNoSpace { .. }
+            | Error::DiskFull { .. }
+            | Error::HostMemoryLow { .. } => libc::ENOSPC,
             Error::OutOfRange { .. } | Error::Invalid(_) => libc::EINVAL,
             Error::ReadOnly => libc::EPERM,
             Error::Corrupt(_) | Error::Image { .. } => libc::EIO,

@@ -1030,7 +1030,10 @@ fn read_segment(
         };
         apply(rec).map_err(|e| match e {
             // Not damage: the disk's settings leave no room for the image.
-            e @ (Error::NoSpace { .. } | Error::DiskFull { .. } | Error::HostMemoryLow { .. }) => e,
+            e @ (Error::NoSpace { .. }
+            | Error::SharedNoSpace { .. }
+            | Error::DiskFull { .. }
+            | Error::HostMemoryLow { .. }) => e,
             e => bad(at, format!("{}: {e}", what())),
         })?;
         if records % 4096 == 0 {

@@ -6,6 +6,7 @@
 //! checks ranges once more and returns [`Error`], whose [`Error::errno`] is
 //! what a client should see.
 
+mod budget;
 mod codec;
 mod error;
 pub mod image;
@@ -14,10 +15,11 @@ mod scanner;
 mod store;
 mod zs;
 
+pub use budget::Budget;
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Error, Result};
 pub use pool::{mem_available, mem_total, PoolStats};
-pub use scanner::Scanner;
+pub use scanner::{ScanHandle, Scanner, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
     PageRef, PassGuard, PassReport, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES,

@@ -81,7 +81,7 @@ pub(crate) struct PagePool {
 }
 
 /// Pool figures for `ramd status`, in bytes.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     /// Virtual memory mapped for pages (not all of it resident).
     pub mapped_bytes: u64,

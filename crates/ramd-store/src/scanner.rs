@@ -1,54 +1,174 @@
-//! The background scanner: runs [`Store::background_pass`] every
-//! [`Store::scanner_period`] on `threads` threads at the lowest CPU
-//! priority (nice 19), so compression work yields to I/O and is bounded to
-//! `threads` cores. Dropping the [`Scanner`] stops it and waits.
+//! The background scanner: runs [`Store::background_pass`] for each store
+//! every [`Store::scanner_period`], at the lowest CPU priority (nice 19),
+//! so compression work yields to I/O.
+//!
+//! A [`ScannerPool`] serves any number of stores (the disks of one daemon)
+//! with one leader thread; a pass of one store is split over `threads`
+//! threads, and passes of different stores take turns, so background work
+//! never takes more than `threads` cores whatever the number of disks.
+//! [`Scanner`] is a pool of one store.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::store::Store;
 
-pub struct Scanner {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+struct Entry {
+    id: u64,
+    store: Arc<Store>,
+    period: Duration,
+    next: Instant,
+    /// A pass of this store is running (its handle waits for it on drop).
+    busy: bool,
+}
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    next_id: u64,
+    stop: bool,
+}
+
+struct Shared {
+    threads: usize,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// Background threads shared by stores; dropping it stops them (after
+/// every [`ScanHandle`] is gone or not).
+pub struct ScannerPool {
+    shared: Arc<Shared>,
     leader: Option<JoinHandle<()>>,
+}
+
+/// A store's place in a [`ScannerPool`]; dropping it takes the store out,
+/// waiting for a pass of it that is under way.
+pub struct ScanHandle {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl ScannerPool {
+    /// A pool whose passes use `threads` threads (at least one).
+    pub fn new(threads: usize) -> std::io::Result<ScannerPool> {
+        let shared = Arc::new(Shared {
+            threads: threads.max(1),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let leader = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("ramd-scan".into())
+                .spawn(move || {
+                    lower_priority();
+                    leader(&shared)
+                })?
+        };
+        Ok(ScannerPool {
+            shared,
+            leader: Some(leader),
+        })
+    }
+
+    /// Adds a store; `None` if it has no background work.
+    pub fn add(&self, store: Arc<Store>) -> Option<ScanHandle> {
+        let period = store.scanner_period()?;
+        let mut st = self.shared.state.lock();
+        let id = st.next_id;
+        st.next_id += 1;
+        st.entries.push(Entry {
+            id,
+            store,
+            period,
+            next: Instant::now() + period,
+            busy: false,
+        });
+        self.shared.changed.notify_all();
+        Some(ScanHandle {
+            shared: self.shared.clone(),
+            id,
+        })
+    }
+}
+
+fn leader(shared: &Shared) {
+    let mut st = shared.state.lock();
+    loop {
+        if st.stop {
+            return;
+        }
+        let now = Instant::now();
+        let due = st
+            .entries
+            .iter_mut()
+            .filter(|e| !e.busy)
+            .min_by_key(|e| e.next);
+        match due {
+            Some(e) if e.next <= now => {
+                e.busy = true;
+                let (id, store) = (e.id, e.store.clone());
+                drop(st);
+                run_pass(&store, shared.threads);
+                st = shared.state.lock();
+                if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
+                    e.busy = false;
+                    e.next = Instant::now() + e.period;
+                }
+                shared.changed.notify_all();
+            }
+            Some(e) => {
+                let until = e.next;
+                shared.changed.wait_until(&mut st, until);
+            }
+            None => shared.changed.wait(&mut st),
+        }
+    }
+}
+
+impl Drop for ScanHandle {
+    fn drop(&mut self) {
+        let mut st = self.shared.state.lock();
+        while st.entries.iter().any(|e| e.id == self.id && e.busy) {
+            self.shared.changed.wait(&mut st);
+        }
+        st.entries.retain(|e| e.id != self.id);
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for ScannerPool {
+    fn drop(&mut self) {
+        self.shared.state.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.leader.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One store's own background threads: a pool of one.
+pub struct Scanner {
+    // Declared first: the store leaves the pool before the pool stops.
+    _handle: ScanHandle,
+    _pool: ScannerPool,
 }
 
 impl Scanner {
     /// Starts the scanner if the store has background work (`None` if not).
     pub fn start(store: Arc<Store>, threads: usize) -> std::io::Result<Option<Scanner>> {
-        let Some(period) = store.scanner_period() else {
+        if store.scanner_period().is_none() {
             return Ok(None);
-        };
-        let threads = threads.max(1);
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let leader = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("ramd-scan".into())
-                .spawn(move || {
-                    lower_priority();
-                    let mut next = Instant::now() + period;
-                    loop {
-                        {
-                            let mut stopped = stop.0.lock();
-                            while !*stopped && Instant::now() < next {
-                                stop.1.wait_until(&mut stopped, next);
-                            }
-                            if *stopped {
-                                return;
-                            }
-                        }
-                        next = Instant::now() + period;
-                        run_pass(&store, threads);
-                    }
-                })?
-        };
+        }
+        let pool = ScannerPool::new(threads)?;
+        let handle = pool.add(store).expect("the store has background work");
         Ok(Some(Scanner {
-            stop,
-            leader: Some(leader),
+            _handle: handle,
+            _pool: pool,
         }))
     }
 }
@@ -89,15 +209,5 @@ fn lower_priority() {
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 19);
-    }
-}
-
-impl Drop for Scanner {
-    fn drop(&mut self) {
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
-        if let Some(t) = self.leader.take() {
-            let _ = t.join();
-        }
     }
 }

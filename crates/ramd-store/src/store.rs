@@ -29,11 +29,12 @@
 use std::collections::hash_map::{Entry, HashMap};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
 
+use crate::budget::Budget;
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::pool::{PagePool, PagePtr, PoolStats};
@@ -251,6 +252,9 @@ pub struct StoreConfig {
     pub idle_after: Duration,
     /// Keep track of changed pages for incremental saves to an image.
     pub track_changes: bool,
+    /// A budget shared with other stores (a daemon's), on top of
+    /// `max_memory`.
+    pub shared_budget: Option<Arc<Budget>>,
 }
 
 impl StoreConfig {
@@ -266,6 +270,7 @@ impl StoreConfig {
             recompress: Codec::None,
             idle_after: Duration::from_secs(300),
             track_changes: false,
+            shared_budget: None,
         }
     }
 }
@@ -304,7 +309,7 @@ pub fn default_max_memory(size: u64, compressed: bool) -> u64 {
 /// Each counter is read on its own, so a snapshot taken while pages move
 /// (a client request, a scanner pass) may straddle a move; the identity
 /// holds whenever the store is quiet.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StoreStats {
     pub size: u64,
     pub max_memory: u64,
@@ -442,6 +447,8 @@ pub struct Store {
     gate: RwLock<()>,
     /// Whether changes are tracked for saves (`StoreConfig::track_changes`).
     track: bool,
+    /// The daemon's budget, shared with its other disks.
+    shared: Option<Arc<Budget>>,
     /// Chunks dropped (emptied) since the last save's switch.
     gone: Mutex<HashSet<u64>>,
     /// Called by `flush` (NBD FLUSH and FUA, fsync) once set.
@@ -503,6 +510,7 @@ impl Store {
             passing: Mutex::new(()),
             gate: RwLock::new(()),
             track: cfg.track_changes,
+            shared: cfg.shared_budget.clone(),
             gone: Mutex::new(HashSet::new()),
             flush_hook: OnceLock::new(),
             zs: ZsAlloc::new(),
@@ -658,7 +666,7 @@ impl Store {
             // with its last one, so a disk that held compressed pages can
             // be out of budget while holding whole zspages of free space:
             // compact now rather than at the scanner's next pass.
-            Err(Error::NoSpace { .. }) if self.compact_now() => {
+            Err(Error::NoSpace { .. } | Error::SharedNoSpace { .. }) if self.compact_now() => {
                 let (more, r) = self.write_spans(offset + done as u64, &data[done..], pages);
                 (done + more, r)
             }
@@ -1040,7 +1048,8 @@ impl Store {
                     return Ok(());
                 }
                 // Short of memory for a raw page: a compressed one may fit.
-                Err(Error::NoSpace { .. }) if !self.compress.is_none() => {}
+                Err(Error::NoSpace { .. } | Error::SharedNoSpace { .. })
+                    if !self.compress.is_none() => {}
                 Err(e) => return Err(e),
             }
         }
@@ -1080,7 +1089,7 @@ impl Store {
                 // A new zspage does not fit: a raw page may, better than
                 // ENOSPC (the old slot's own frame, if it has one). It is
                 // left hot, for the scanner to compress when memory allows.
-                Err(Error::NoSpace { .. }) => {
+                Err(Error::NoSpace { .. } | Error::SharedNoSpace { .. }) => {
                     let p = match old {
                         Slot::Raw { p, .. } => p,
                         _ => self.alloc_page(bg)?,
@@ -1284,16 +1293,28 @@ impl Store {
             .fetch_update(Relaxed, Relaxed, |used| {
                 used.checked_add(bytes).filter(|&n| n <= limit)
             })
-            .map(|_| ())
             .map_err(|_| Error::NoSpace {
                 needed: bytes,
                 limit: self.max_memory,
-            })
+            })?;
+        match &self.shared {
+            Some(b) if !b.try_take(bytes) => {
+                self.c.memory_used.fetch_sub(bytes, Relaxed);
+                Err(Error::SharedNoSpace {
+                    needed: bytes,
+                    limit: b.limit(),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     fn unreserve(&self, bytes: u64) {
         let before = self.c.memory_used.fetch_sub(bytes, Relaxed);
         debug_assert!(before >= bytes, "memory accounting went negative");
+        if let Some(b) = &self.shared {
+            b.give_back(bytes);
+        }
     }
 
     /// Whether memory is tight enough that hot pages are compressed
@@ -1519,7 +1540,9 @@ impl Store {
             Ok(()) => {}
             // Even the headroom is used up (by zspages of other classes):
             // this pass stops compressing; the next one tries again.
-            Err(Error::NoSpace { .. } | Error::HostMemoryLow { .. }) => report.starved = true,
+            Err(
+                Error::NoSpace { .. } | Error::SharedNoSpace { .. } | Error::HostMemoryLow { .. },
+            ) => report.starved = true,
             // Data failed to decode: the page keeps what it held.
             Err(e) => log::warn!("background work on chunk {key}: {e}"),
         }
@@ -1849,6 +1872,10 @@ fn thread_cpu_ns() -> u64 {
 impl Drop for Store {
     fn drop(&mut self) {
         let c = &self.c;
+        // Whatever it holds goes back to the daemon's budget with it.
+        if let Some(b) = &self.shared {
+            b.give_back(c.memory_used.load(Relaxed));
+        }
         debug_assert_eq!(
             c.memory_used.load(Relaxed),
             (c.hot.load(Relaxed) + c.huge.load(Relaxed) + self.zs.stats().pages) * PAGE_SIZE as u64

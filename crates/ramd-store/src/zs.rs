@@ -245,7 +245,9 @@ impl ZsAlloc {
                 // needs still lets compression go on (and free raw pages):
                 // it packs worse, and compaction later moves its objects.
                 let zp = match self.new_zspage(c, zspage_pages(size), pool, &reserve, &unreserve) {
-                    Err(Error::NoSpace { .. }) if zspage_pages(size) > size.div_ceil(PAGE_SIZE) => {
+                    Err(Error::NoSpace { .. } | Error::SharedNoSpace { .. })
+                        if zspage_pages(size) > size.div_ceil(PAGE_SIZE) =>
+                    {
                         self.new_zspage(c, size.div_ceil(PAGE_SIZE), pool, &reserve, &unreserve)?
                     }
                     r => r?,

@@ -1,13 +1,11 @@
 //! Command-line interface: every option parsed and checked here, at the edge.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use ramd_daemon::args::{parse_codec, DiskArgs};
 use ramd_store::Codec;
-
-use crate::units::{parse_duration, parse_size};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,7 +24,9 @@ use crate::units::{parse_duration, parse_size};
         ramd serve --size 8G --max-memory 2G --compress lz4   # zram-like\n  \
         ramd serve --size 4G --image /var/lib/ramd/db --autosave 5m   # persistent\n  \
         ramd snapshot ram0\n  \
-        ramd status"
+        ramd up -c /etc/ramd/ramd.toml             # every disk of a config file\n  \
+        ramd status\n  \
+        ramd down ram0                             # stop (and save) one disk"
 )]
 pub struct Cli {
     /// Directory for control sockets and default NBD sockets.
@@ -50,6 +50,27 @@ pub enum Command {
     )]
     #[command(args_override_self = true)]
     Serve(ServeArgs),
+    /// Run every disk of a config file in one process, sharing one memory
+    /// budget and one set of background threads, until SIGINT/SIGTERM or
+    /// `ramd down`. SIGHUP (or `ramd reload`) re-reads the file.
+    #[command(
+        after_help = "When every disk serves, ramd prints `NAME WHERE` for each on stdout. \
+                      Example file:\n\n  \
+                      [daemon]\n  max_memory = \"8G\"          # all disks together\n\n  \
+                      [disk.scratch]\n  kind = \"fs\"\n  size = \"2G\"\n  \
+                      mount = \"/mnt/scratch\"\n\n  \
+                      [disk.vm]\n  size = \"20G\"\n  compress = \"lz4\"\n  \
+                      listen = [\"unix:/run/ramd/vm.sock\", \"tcp:10809\"]\n  \
+                      image = \"/var/lib/ramd/vm\"\n  autosave = \"5m\""
+    )]
+    Up(UpArgs),
+    /// Stop one disk, or every disk of the run directory; each is saved
+    /// first if it has an image. Returns once they are gone.
+    Down(DownArgs),
+    /// Make a running `ramd up` match its config file: start the disks it
+    /// adds, stop (and save) those it removes, leave the others alone. A
+    /// file that does not parse changes nothing.
+    Reload(ReloadArgs),
     /// Show every running disk: size, use, memory, pages, last save.
     Status(StatusArgs),
     /// Save a running disk to its image now (needs `serve --image`).
@@ -113,12 +134,6 @@ pub enum ImageCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Logical capacity, e.g. 512M, 1G, 1.5T (powers of 1024). A filesystem
-    /// disk also takes `unlimited` (ramfs mode: bounded by --max-memory and
-    /// the host's available memory only). Required, here or in the config.
-    #[arg(long, value_parser = parse_disk_size, value_name = "SIZE")]
-    pub size: Option<DiskSize>,
-
     /// Take this disk's settings from a TOML config file: a `[disk.NAME]`
     /// table whose keys are these flags with underscores (`max_memory =
     /// "2G"`, `compress = "zstd"`, `noatime = true`) and `kind = "block" |
@@ -127,119 +142,47 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
 
     /// The disk of --config to serve (default: its only disk).
-    #[arg(long, value_name = "NAME", requires = "config")]
-    pub disk: Option<String>,
+    #[arg(long = "disk", value_name = "NAME", requires = "config")]
+    pub disk_name: Option<String>,
 
-    /// Disk name: the NBD export name and the status row.
-    #[arg(long, default_value = "ram0", value_parser = parse_name, value_name = "NAME")]
-    pub name: String,
+    #[command(flatten)]
+    pub disk: DiskArgs,
+}
 
-    /// Where clients connect: unix:PATH, or tcp:[HOST:]PORT (HOST defaults
-    /// to 127.0.0.1; give 0.0.0.0 or an address to listen beyond loopback).
-    /// Default: unix:RUN_DIR/NAME.sock.
-    #[arg(long, value_parser = parse_listen, value_name = "ADDR", conflicts_with = "mount")]
-    pub listen: Option<Listen>,
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// The config file: a `[disk.NAME]` table per disk and an optional
+    /// `[daemon]` table (run_dir, max_memory shared by all disks,
+    /// host_reserve, compress_threads).
+    #[arg(
+        short,
+        long,
+        value_name = "FILE",
+        default_value = "/etc/ramd/ramd.toml"
+    )]
+    pub config: PathBuf,
+}
 
-    /// Mount a filesystem disk at DIR (an existing directory that is not
-    /// already a mount point) instead of serving a block disk.
-    #[arg(long, value_name = "DIR")]
-    pub mount: Option<PathBuf>,
+#[derive(clap::Args, Debug)]
+pub struct DownArgs {
+    /// The disk to stop (default: every disk in the run directory).
+    pub name: Option<String>,
 
-    /// Filesystem disk: most inodes (files, directories, links...).
-    /// Default: like tmpfs, half the host's RAM pages.
-    #[arg(long, value_name = "N", requires = "mount", value_parser = clap::value_parser!(u64).range(2..))]
-    pub nr_inodes: Option<u64>,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
 
-    /// Filesystem disk: root directory permissions, in octal.
-    #[arg(long, value_name = "OCTAL", requires = "mount", default_value = "1777", value_parser = parse_mode)]
-    pub mode: u16,
+#[derive(clap::Args, Debug)]
+pub struct ReloadArgs {
+    /// Read this config file instead of the one `ramd up` was started with
+    /// (it becomes the daemon's file).
+    #[arg(short, long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 
-    /// Filesystem disk: owner of the root directory.
-    #[arg(long, value_name = "UID", requires = "mount", default_value_t = 0)]
-    pub uid: u32,
-
-    /// Filesystem disk: group of the root directory.
-    #[arg(long, value_name = "GID", requires = "mount", default_value_t = 0)]
-    pub gid: u32,
-
-    /// Filesystem disk: never update access times.
-    #[arg(long, requires = "mount")]
-    pub noatime: bool,
-
-    /// Filesystem disk: let the kernel cache writes and send them in large
-    /// batches (faster small writes; fsync still reaches ramd).
-    #[arg(long, requires = "mount")]
-    pub writeback_cache: bool,
-
-    /// Cap on RAM used for pages, compressed objects and page tables;
-    /// writes beyond it get ENOSPC. Default: enough for every page of SIZE
-    /// uncompressed (with compression, plus allocator slack).
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
-    pub max_memory: Option<u64>,
-
-    /// Refuse writes, trims and zeroing (EPERM).
-    #[arg(long, conflicts_with = "mount")]
-    pub read_only: bool,
-
-    /// Requests served at once per NBD connection, or FUSE worker threads.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub threads: u16,
-
-    /// Clients connected at once; more are turned away.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
-    pub max_connections: u16,
-
-    /// Page compression: none, lz4, or zstd[:LEVEL] (LEVEL 1..=19, default
-    /// 3). Pages that do not shrink below 15/16 of a page stay raw; same-filled
-    /// pages cost nothing either way.
-    #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]
-    pub compress: Codec,
-
-    /// Hot/cold tiering: written pages stay raw (memory-speed reads and
-    /// writes) and are compressed in the background once untouched for this
-    /// long; compressed pages read whole turn raw again. 0: compress as pages
-    /// are written, like zram. Durations like 500ms, 30s, 5m.
-    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
-    pub compress_after: std::time::Duration,
-
-    /// Re-pack idle pages (see --idle-after) with this codec, up to 16
-    /// neighbouring pages per frame: denser than page by page. none: off.
-    #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]
-    pub recompress: Codec,
-
-    /// How long a page goes untouched before it counts as idle (status's
-    /// IDLE column, and --recompress).
-    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub idle_after: std::time::Duration,
-
-    /// Threads for background compression and compaction, at the lowest CPU
-    /// priority: background work never uses more than this many cores.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub compress_threads: u16,
-
-    /// Freed page memory kept resident for reuse instead of being returned
-    /// to the kernel at once (first-touch memory is slow to fault in).
-    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
-    pub warm_pool: u64,
-
-    /// Keep the disk in this image directory: loaded at start if it holds
-    /// an image (then --size may be left out), saved at a clean stop
-    /// (SIGINT, SIGTERM, umount), on `ramd snapshot`, and with --autosave.
-    /// Created 0700, its files 0600. See FORMAT.md.
-    #[arg(long, value_name = "DIR")]
-    pub image: Option<PathBuf>,
-
-    /// Save the pages changed since the last save every DURATION (e.g. 30s,
-    /// 5m) in the background while I/O goes on. Needs --image.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
-    pub autosave: Option<std::time::Duration>,
-
-    /// What a flush means. `ignore`: NBD FLUSH/FUA and fsync return at once
-    /// (a crash loses what changed since the last save). `persist`: they
-    /// return once a save holding the data is durable in the image. Needs
-    /// --image for persist.
-    #[arg(long, default_value = "ignore", value_parser = ["ignore", "persist"], value_name = "MODE")]
-    pub flush: String,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -252,126 +195,9 @@ pub struct StatusArgs {
     pub name: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum DiskSize {
-    Bytes(u64),
-    Unlimited,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Listen {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
-}
-
-fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
-    if s == "unlimited" {
-        return Ok(DiskSize::Unlimited);
-    }
-    let n = parse_size(s)?;
-    if n == 0 {
-        return Err(format!("size {s:?} must be more than 0 bytes"));
-    }
-    if n > ramd_store::MAX_SIZE {
-        return Err(format!(
-            "size {s:?} exceeds the largest disk, {} bytes",
-            ramd_store::MAX_SIZE
-        ));
-    }
-    Ok(DiskSize::Bytes(n))
-}
-
-fn parse_codec(s: &str) -> Result<Codec, String> {
-    s.parse::<Codec>().map_err(|e| match e {
-        ramd_store::Error::Invalid(m) => m,
-        e => e.to_string(),
-    })
-}
-
-fn parse_mode(s: &str) -> Result<u16, String> {
-    u16::from_str_radix(s, 8)
-        .ok()
-        .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| format!("invalid mode {s:?}: use octal permissions like 1777 or 755"))
-}
-
-fn parse_name(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && !s.starts_with('.');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "invalid disk name {s:?}: use 1 to 64 of A-Z a-z 0-9 - _ . (not starting with .)"
-        ))
-    }
-}
-
-fn parse_listen(s: &str) -> Result<Listen, String> {
-    if let Some(path) = s.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err("unix: needs a socket path, like unix:/run/ramd/disk.sock".into());
-        }
-        return Ok(Listen::Unix(PathBuf::from(path)));
-    }
-    if let Some(rest) = s.strip_prefix("tcp:") {
-        if let Ok(port) = rest.parse::<u16>() {
-            return Ok(Listen::Tcp(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                port,
-            )));
-        }
-        return rest.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
-            format!("invalid TCP address {rest:?}: use PORT, HOST:PORT or [IPV6]:PORT")
-        });
-    }
-    Err(format!(
-        "invalid listen address {s:?}: use unix:PATH or tcp:[HOST:]PORT"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listen_addresses() {
-        assert_eq!(
-            parse_listen("tcp:10809"),
-            Ok(Listen::Tcp("127.0.0.1:10809".parse().unwrap()))
-        );
-        assert_eq!(
-            parse_listen("tcp:0.0.0.0:1"),
-            Ok(Listen::Tcp("0.0.0.0:1".parse().unwrap()))
-        );
-        assert_eq!(
-            parse_listen("tcp:[::1]:5"),
-            Ok(Listen::Tcp("[::1]:5".parse().unwrap()))
-        );
-        assert_eq!(
-            parse_listen("unix:/x.sock"),
-            Ok(Listen::Unix("/x.sock".into()))
-        );
-        assert!(parse_listen("tcp:host").is_err());
-        assert!(parse_listen("unix:").is_err());
-        assert!(parse_listen("/x.sock").is_err());
-    }
-
-    #[test]
-    fn names_and_sizes() {
-        assert!(parse_name("ram0").is_ok());
-        assert!(parse_name("../x").is_err());
-        assert!(parse_name("").is_err());
-        assert!(parse_disk_size("0").unwrap_err().contains("\"0\""));
-        assert_eq!(parse_disk_size("unlimited"), Ok(DiskSize::Unlimited));
-        assert_eq!(parse_mode("1777"), Ok(0o1777));
-        assert!(parse_mode("8").is_err());
-        assert!(parse_mode("17777").is_err());
-        assert!(parse_disk_size("9E").is_err());
-    }
 
     #[test]
     fn clap_definition_is_valid() {

@@ -12,7 +12,7 @@ use ramd_store::image::{self, DiskKind, ImageDir, Record};
 use ramd_store::{Codec, PageRef, PAGE_SIZE};
 
 use crate::cli::ImageCommand;
-use crate::units::human;
+use ramd_daemon::units::human;
 
 pub fn run(cmd: ImageCommand) -> Result<()> {
     match cmd {

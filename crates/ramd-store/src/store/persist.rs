@@ -107,6 +107,9 @@ impl Store {
         // Never refused: the client's own budget grows by the same amount
         // (see `reserve`), so a save never makes a write fail.
         self.c.memory_used.fetch_add(cost, Relaxed);
+        if let Some(b) = &self.shared {
+            b.take(cost);
+        }
         self.c.kept.fetch_add(cost, Relaxed);
         chunk.saving.fetch_and(!bit, Relaxed);
         chunk

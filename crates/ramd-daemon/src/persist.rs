@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
-use serde_json::{json, Value};
 
 use ramd_store::image::{DiskKind, ImageDir, Record};
 use ramd_store::Store;
@@ -26,7 +25,7 @@ use crate::units::human;
 const MAX_CHAIN: usize = 16;
 
 /// What a save did, for `ramd snapshot` and status.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SaveReport {
     pub seq: u64,
     pub full: bool,
@@ -330,29 +329,55 @@ impl Persister {
     }
 
     /// The status fields of this disk's persistence.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> PersistStatus {
         let st = self.state.lock();
-        json!({
-            "image": self.image_path(),
-            "flush": if self.flush_persist { "persist" } else { "ignore" },
-            "autosave_secs": self.autosave.map(|d| d.as_secs_f64()),
-            "saves": st.saves,
-            "last_save": st.last,
-            "last_save_error": st.last_error,
-        })
+        PersistStatus {
+            image: Some(self.path.display().to_string()),
+            flush: if self.flush_persist {
+                "persist"
+            } else {
+                "ignore"
+            }
+            .into(),
+            autosave_secs: self.autosave.map(|d| d.as_secs_f64()),
+            saves: st.saves,
+            last_save: st.last.clone(),
+            last_save_error: st.last_error.clone(),
+        }
     }
 
-    fn image_path(&self) -> String {
-        self.path.display().to_string()
+    /// The image directory.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
-/// Status fields of a disk without an image.
-pub fn no_image_status() -> Value {
-    json!({
-        "image": null, "flush": "ignore", "autosave_secs": null, "saves": 0,
-        "last_save": null, "last_save_error": null,
-    })
+/// A disk's persistence, for `ramd status`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PersistStatus {
+    pub image: Option<String>,
+    pub flush: String,
+    pub autosave_secs: Option<f64>,
+    /// Saves this process made.
+    pub saves: u64,
+    /// The last good save (this process's, or the image's at start).
+    pub last_save: Option<SaveReport>,
+    /// Why the latest save failed, if it did.
+    pub last_save_error: Option<String>,
+}
+
+impl PersistStatus {
+    /// A disk without an image.
+    pub fn none() -> PersistStatus {
+        PersistStatus {
+            image: None,
+            flush: "ignore".into(),
+            autosave_secs: None,
+            saves: 0,
+            last_save: None,
+            last_save_error: None,
+        }
+    }
 }
 
 /// Loads the image into `store`; returns the filesystem tree if it is an

@@ -1,37 +1,125 @@
 //! Config files: TOML with one `[disk.NAME]` table per disk, whose keys are
 //! `ramd serve`'s flags spelt with underscores (`max_memory = "2G"`,
-//! `compress = "zstd"`, `noatime = true`), plus `kind = "block" | "fs"`.
+//! `compress = "zstd"`, `noatime = true`, `listen = ["unix:/x", "tcp:10809"]`),
+//! plus `kind = "block" | "fs"`; and for `ramd up` a `[daemon]` table.
 //!
-//! `ramd serve --config FILE [--disk NAME]` turns the table into flags that
+//! `ramd serve --config FILE [--disk NAME]` turns one table into flags that
 //! go before the command line's own, so a flag given on the command line
-//! wins. Every key and value is checked here, with clap's own parsers, so
-//! that a mistake names the file, line and key rather than a flag the user
-//! never typed.
+//! wins; `ramd up` reads every table ([`load`]). Every key and value is
+//! checked here, with clap's own parsers, so that a mistake names the file,
+//! line and key rather than a flag the user never typed.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
+use std::path::PathBuf;
+
 use anyhow::{bail, Context, Result};
-use clap::CommandFactory;
+use clap::{Args, FromArgMatches};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::cli::Cli;
+use crate::args::DiskArgs;
+use crate::units::{human, parse_size};
+
+type Table = BTreeMap<String, Spanned<toml::Value>>;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
-    disk: BTreeMap<String, BTreeMap<String, Spanned<toml::Value>>>,
+    daemon: Option<Spanned<Table>>,
+    #[serde(default)]
+    disk: BTreeMap<String, Spanned<Table>>,
 }
 
-/// Keys that are not flags of `serve`, or flags that make no sense in a file.
-const NOT_KEYS: [&str; 3] = ["config", "disk", "help"];
+/// Flags that make no sense in a file.
+const NOT_KEYS: [&str; 2] = ["name", "help"];
 
-/// The flags `[disk.NAME]` of `path` stands for. `disk` may be omitted when
-/// the file has exactly one disk.
-pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
+/// The clap definition of a disk's flags.
+fn disk_command() -> clap::Command {
+    DiskArgs::augment_args(clap::Command::new("disk").no_binary_name(true))
+}
+
+/// `[daemon]`: what the disks of `ramd up` share.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DaemonSettings {
+    /// Sockets' directory (the command line's --run-dir wins).
+    pub run_dir: Option<PathBuf>,
+    /// One memory budget for all the disks.
+    pub max_memory: Option<u64>,
+    /// Memory the host keeps: new pages get ENOSPC below it.
+    pub host_reserve: Option<u64>,
+    /// Background threads shared by all the disks.
+    pub compress_threads: Option<u16>,
+}
+
+/// A whole config file, checked.
+#[derive(Debug)]
+pub struct Plan {
+    pub path: PathBuf,
+    pub daemon: DaemonSettings,
+    /// Each disk's settings, and the line of its table.
+    pub disks: Vec<(DiskArgs, usize)>,
+}
+
+/// Reads and checks a whole config file for `ramd up`: every disk's keys
+/// and values, the `[daemon]` table, and that the disks' own budgets fit in
+/// the daemon's.
+pub fn load(path: &Path) -> Result<Plan> {
+    let (text, file) = read(path)?;
+    let daemon = match &file.daemon {
+        None => DaemonSettings::default(),
+        Some(t) => daemon_settings(path, &text, t.get_ref())?,
+    };
+    let mut disks = Vec::new();
+    for (name, table) in &file.disk {
+        let line = line_of(&text, table.span().start);
+        let flags = table_flags(path, &text, name, table.get_ref())?;
+        let matches = disk_command().try_get_matches_from(&flags).map_err(|e| {
+            anyhow::anyhow!(
+                "{}:{line}: [disk.{name}]: {}",
+                path.display(),
+                clap_whole(&e)
+            )
+        })?;
+        let args = DiskArgs::from_arg_matches(&matches)
+            .map_err(|e| anyhow::anyhow!("{}:{line}: [disk.{name}]: {e}", path.display()))?;
+        disks.push((args, line));
+    }
+    if disks.is_empty() {
+        bail!("{}: no [disk.NAME] table: nothing to serve", path.display());
+    }
+    if let (Some(limit), Some(t)) = (daemon.max_memory, &file.daemon) {
+        let own: Vec<(&str, u64)> = disks
+            .iter()
+            .filter_map(|(a, _)| a.max_memory.map(|m| (a.name.as_str(), m)))
+            .collect();
+        let sum: u64 = own.iter().map(|(_, m)| m).sum();
+        if sum > limit {
+            let key = t.get_ref().get("max_memory").expect("parsed from it");
+            bail!(
+                "{}:{}: daemon.max_memory: {} is less than the disks' own budgets add up to: {} = {}",
+                path.display(),
+                line_of(&text, key.span().start),
+                human(limit),
+                own.iter()
+                    .map(|(n, m)| format!("{n} {}", human(*m)))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                human(sum)
+            );
+        }
+    }
+    Ok(Plan {
+        path: path.to_path_buf(),
+        daemon,
+        disks,
+    })
+}
+
+fn read(path: &Path) -> Result<(String, ConfigFile)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
     let file: ConfigFile = toml::from_str(&text).map_err(|e| {
@@ -40,6 +128,51 @@ pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
             .map_or(String::new(), |s| format!(":{}", line_of(&text, s.start)));
         anyhow::anyhow!("{}{at}: {}", path.display(), e.message())
     })?;
+    Ok((text, file))
+}
+
+fn daemon_settings(path: &Path, text: &str, t: &Table) -> Result<DaemonSettings> {
+    let mut d = DaemonSettings::default();
+    for (key, value) in t {
+        let at = |msg: String| {
+            anyhow::anyhow!(
+                "{}:{}: daemon.{key}: {msg}",
+                path.display(),
+                line_of(text, value.span().start)
+            )
+        };
+        let v = value.get_ref();
+        let size = || match v {
+            toml::Value::String(s) => parse_size(s),
+            toml::Value::Integer(n) if *n > 0 => Ok(*n as u64),
+            _ => Err("expected a size like \"8G\"".into()),
+        };
+        match key.as_str() {
+            "run_dir" => match v.as_str() {
+                Some(s) if !s.is_empty() => d.run_dir = Some(s.into()),
+                _ => return Err(at("expected a directory path".into())),
+            },
+            "max_memory" => d.max_memory = Some(size().map_err(at)?),
+            "host_reserve" => d.host_reserve = Some(size().map_err(at)?),
+            "compress_threads" => match v.as_integer() {
+                Some(n @ 1..=64) => d.compress_threads = Some(n as u16),
+                _ => return Err(at("expected a number of threads from 1 to 64".into())),
+            },
+            _ => {
+                return Err(at(
+                    "unknown key (valid keys: compress_threads, host_reserve, max_memory, run_dir)"
+                        .into(),
+                ))
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// The flags `[disk.NAME]` of `path` stands for. `disk` may be omitted when
+/// the file has exactly one disk.
+pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
+    let (text, file) = read(path)?;
     let names: Vec<&str> = file.disk.keys().map(String::as_str).collect();
     let name = match (disk, names.as_slice()) {
         (Some(d), _) => d,
@@ -58,9 +191,15 @@ pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
             names.join(", ")
         );
     };
+    table_flags(path, &text, name, table.get_ref())
+}
 
-    let cli = Cli::command();
-    let serve = cli.find_subcommand("serve").expect("serve is a subcommand");
+/// One disk table as flags, each key and value checked with its flag's own
+/// parser.
+fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec<OsString>> {
+    crate::args::parse_name(name)
+        .map_err(|e| anyhow::anyhow!("{}: [disk.{name}]: {e}", path.display()))?;
+    let disk = disk_command();
     let mut flags: Vec<OsString> = vec!["--name".into(), name.into()];
     let mut kind = None;
     for (key, value) in table {
@@ -68,22 +207,22 @@ pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
             anyhow::anyhow!(
                 "{}:{}: disk.{name}.{key}: {msg}",
                 path.display(),
-                line_of(&text, value.span().start)
+                line_of(text, value.span().start)
             )
         };
         if key == "kind" {
             match value.get_ref().as_str() {
-                Some(k @ ("block" | "fs")) => kind = Some((k, line_of(&text, value.span().start))),
+                Some(k @ ("block" | "fs")) => kind = Some((k, line_of(text, value.span().start))),
                 _ => return Err(at("expected \"block\" or \"fs\"".into())),
             }
             continue;
         }
-        let arg = serve
+        let arg = disk
             .get_arguments()
             .find(|a| a.get_id() == key.as_str() && !NOT_KEYS.contains(&key.as_str()))
             .filter(|a| a.get_long().is_some());
         let Some(arg) = arg else {
-            let mut valid: Vec<String> = serve
+            let mut valid: Vec<String> = disk
                 .get_arguments()
                 .filter(|a| a.get_long().is_some())
                 .map(|a| a.get_id().to_string())
@@ -107,24 +246,35 @@ pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
             }
             continue;
         }
-        let text_value = match v {
-            toml::Value::String(s) => s.clone(),
-            toml::Value::Integer(n) => n.to_string(),
-            _ => return Err(at("expected a string or a number".into())),
+        // A flag that may be repeated (`listen`) also takes an array.
+        let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
+        let items: Vec<&toml::Value> = match v {
+            toml::Value::Array(a) if repeatable => a.iter().collect(),
+            v => vec![v],
         };
-        // The flag's own parser, alone: its ties to other flags (requires,
-        // conflicts) are checked once all flags are parsed together.
-        clap::Command::new("config")
-            .no_binary_name(true)
-            .arg(
-                clap::Arg::new("v")
-                    .long("v")
-                    .value_parser(arg.get_value_parser().clone()),
-            )
-            .try_get_matches_from([OsStr::new("--v"), OsStr::new(&text_value)])
-            .map_err(|e| at(clap_message(&e)))?;
-        flags.push(long.into());
-        flags.push(text_value.into());
+        for item in items {
+            let text_value = match item {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(n) => n.to_string(),
+                _ if repeatable => {
+                    return Err(at("expected a string, a number, or an array of them".into()))
+                }
+                _ => return Err(at("expected a string or a number".into())),
+            };
+            // The flag's own parser, alone: its ties to other flags (requires,
+            // conflicts) are checked once all flags are parsed together.
+            clap::Command::new("config")
+                .no_binary_name(true)
+                .arg(
+                    clap::Arg::new("v")
+                        .long("v")
+                        .value_parser(arg.get_value_parser().clone()),
+                )
+                .try_get_matches_from([OsStr::new("--v"), OsStr::new(&text_value)])
+                .map_err(|e| at(clap_message(&e)))?;
+            flags.push(long.clone().into());
+            flags.push(text_value.into());
+        }
     }
     let problem = match kind {
         Some(("fs", _)) if !table.contains_key("mount") => {
@@ -159,6 +309,18 @@ pub fn splice(argv: Vec<OsString>, flags: Vec<OsString>) -> Vec<OsString> {
     out.extend(flags);
     out.extend(tail);
     out
+}
+
+/// A clap error about flags together (`--autosave` needs `--image`) on one
+/// line, without its usage and help tail.
+fn clap_whole(e: &clap::Error) -> String {
+    let s = e.to_string();
+    let body = s.split("\n\nUsage").next().unwrap_or(&s);
+    let body = body.split("\n\nFor more").next().unwrap_or(body);
+    body.trim_start_matches("error: ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn line_of(text: &str, offset: usize) -> usize {

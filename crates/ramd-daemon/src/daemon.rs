@@ -1,0 +1,515 @@
+//! One process serving disks: `ramd serve` (one disk from flags; the
+//! process ends with it) and `ramd up` (every disk of a config file, with a
+//! shared budget and background threads, `ramd down`, `ramd reload`).
+//!
+//! One thread runs the loop in [`Daemon::run`]; everything that changes the
+//! set of disks arrives there as an [`Event`] (signals, control requests,
+//! frontends that ended), so disks are added, stopped and removed in one
+//! place. A disk's final save runs on a thread of its own ("finisher"), so
+//! that a second signal or a `status` request is served meanwhile.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use ramd_store::Budget;
+
+use crate::args::DiskArgs;
+use crate::config::{self, DaemonSettings, Plan};
+use crate::control::{self, ControlServer, Request};
+use crate::disk::{self, Disk, Shared};
+use crate::frontend::{Claim, Registry};
+use crate::status::DaemonStatus;
+
+/// What the daemon's loop acts on.
+pub enum Event {
+    /// The n-th SIGINT or SIGTERM (n = 1, 2, ...).
+    Signal(u32),
+    /// SIGHUP: `ramd up` reloads its config file.
+    Hangup,
+    /// A frontend's `serve` returned.
+    FrontendEnded { disk: String },
+    /// A disk's finisher is done: the disk is gone.
+    Finished { disk: String, result: Result<()> },
+    /// `stop` on a disk's control socket.
+    StopDisk { disk: String, req: Request },
+    /// A request on the daemon's control socket.
+    Daemon(Request),
+}
+
+struct Running {
+    disk: Arc<Disk>,
+    finishing: bool,
+    /// Requests to answer once the disk is gone.
+    waiting: Vec<Request>,
+}
+
+enum Mode {
+    /// `ramd serve`: the process ends with its disk.
+    Serve,
+    /// `ramd up`: runs until a stop signal or `ramd down`.
+    Up {
+        config: PathBuf,
+        settings: DaemonSettings,
+    },
+}
+
+pub struct Daemon {
+    shared: Shared,
+    mode: Mode,
+    budget: Option<Arc<Budget>>,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+    disks: BTreeMap<String, Running>,
+    /// Stop every disk, then return.
+    ending: bool,
+    /// `ramd down` requests, answered once every disk is gone.
+    down_all: Vec<Request>,
+    errors: Vec<String>,
+    _control: Option<ControlServer>,
+}
+
+/// How a daemon is set up beyond its disks.
+pub struct Setup {
+    pub run_dir: PathBuf,
+    pub registry: Registry,
+}
+
+impl Daemon {
+    /// `ramd serve`: serves one disk until a stop signal, `ramd down NAME`,
+    /// or (fs disks) `umount`. Prints the disk's URI (or mount point) alone
+    /// on stdout once clients may connect.
+    pub fn serve(args: DiskArgs, setup: Setup) -> Result<()> {
+        let threads = args.compress_threads;
+        let mut d = Daemon::new(setup, Mode::Serve, None, None, threads)?;
+        d.open(vec![args])?;
+        let disk = d.disks.values().next().expect("opened above");
+        // The URI alone on stdout: scripts wait for this line, then connect.
+        println!(
+            "{}",
+            disk.disk.endpoints().first().cloned().unwrap_or_default()
+        );
+        d.run()
+    }
+
+    /// `ramd up`: serves every disk of `plan` until a stop signal or `ramd
+    /// down`. Nothing is half-started: if one disk fails to start, the
+    /// others are stopped again and the error is returned. Prints `NAME
+    /// WHERE` for each disk on stdout once all of them serve.
+    pub fn up(plan: Plan, setup: Setup) -> Result<()> {
+        let s = &plan.daemon;
+        let budget = s.max_memory.map(Budget::new);
+        let mut d = Daemon::new(
+            setup,
+            Mode::Up {
+                config: plan.path.clone(),
+                settings: s.clone(),
+            },
+            budget,
+            s.host_reserve,
+            s.compress_threads.unwrap_or(1),
+        )?;
+        let disks: Vec<DiskArgs> = plan.disks.into_iter().map(|(a, _)| a).collect();
+        d.check_claims(&disks, &plan.path)?;
+        d.open(disks)?;
+        for r in d.disks.values() {
+            println!("{} {}", r.disk.name(), r.disk.endpoints().join(" "));
+        }
+        d.run()
+    }
+
+    fn new(
+        setup: Setup,
+        mode: Mode,
+        budget: Option<Arc<Budget>>,
+        host_reserve: Option<u64>,
+        compress_threads: u16,
+    ) -> Result<Daemon> {
+        let (tx, rx) = channel();
+        let shared = Shared {
+            scanners: ramd_store::ScannerPool::new(compress_threads as usize)
+                .context("starting the background compression threads")?,
+            run_dir: setup.run_dir,
+            registry: setup.registry,
+            host_reserve: host_reserve.unwrap_or_else(ramd_store::default_host_reserve),
+            compress_threads,
+            budget: budget.clone(),
+        };
+        disk::make_run_dir(&shared.run_dir)?;
+        let control = match mode {
+            Mode::Serve => None,
+            Mode::Up { .. } => {
+                let tx = std::sync::Mutex::new(tx.clone());
+                let path = control::daemon_socket(&shared.run_dir);
+                let server = ControlServer::start(
+                    path.clone(),
+                    Arc::new(move |req| {
+                        let _ = tx.lock().expect("not poisoned").send(Event::Daemon(req));
+                    }),
+                )
+                .with_context(|| {
+                    format!(
+                        "another `ramd up` serves run directory {} (use `ramd reload` or \
+                         `ramd down`, or another --run-dir)",
+                        shared.run_dir.display()
+                    )
+                })?;
+                Some(server)
+            }
+        };
+        on_signals(tx.clone(), matches!(mode, Mode::Up { .. }))?;
+        Ok(Daemon {
+            shared,
+            mode,
+            budget,
+            tx,
+            rx,
+            disks: BTreeMap::new(),
+            ending: false,
+            down_all: Vec::new(),
+            errors: Vec::new(),
+            _control: control,
+        })
+    }
+
+    /// Opens and starts `disks`; if one fails, the ones this call opened
+    /// are stopped again (saving nothing they did not load) and the error
+    /// is returned.
+    fn open(&mut self, disks: Vec<DiskArgs>) -> Result<Vec<String>> {
+        let mut opened: Vec<Arc<Disk>> = Vec::new();
+        let mut failure = None;
+        for args in disks {
+            let name = args.name.clone();
+            match Disk::open(args, &self.shared, self.tx.clone())
+                .and_then(|d| d.start(&self.tx).map(|()| d))
+            {
+                Ok(d) => opened.push(d),
+                Err(e) => {
+                    failure = Some(e.context(format!("disk {name:?}")));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for d in &opened {
+                d.stop(false);
+            }
+            for d in opened {
+                if let Err(e) = d.finish() {
+                    log::error!("{e:#}");
+                }
+            }
+            return Err(e);
+        }
+        let names = opened.iter().map(|d| d.name().to_string()).collect();
+        for d in opened {
+            self.disks.insert(
+                d.name().to_string(),
+                Running {
+                    disk: d,
+                    finishing: false,
+                    waiting: Vec::new(),
+                },
+            );
+        }
+        Ok(names)
+    }
+
+    /// Two disks may not share a socket or a mount point, with each other
+    /// or with a disk already running.
+    fn check_claims(&self, disks: &[DiskArgs], file: &std::path::Path) -> Result<()> {
+        let mut taken: BTreeMap<Claim, String> = BTreeMap::new();
+        for r in self.disks.values() {
+            for c in r.disk.claims() {
+                taken.insert(c.clone(), r.disk.name().to_string());
+            }
+        }
+        for a in disks {
+            for c in disk::claims(a, &self.shared)
+                .with_context(|| format!("{}: disk {:?}", file.display(), a.name))?
+            {
+                if let Some(other) = taken.insert(c.clone(), a.name.clone()) {
+                    bail!(
+                        "{}: disks {other:?} and {:?} both want {}",
+                        file.display(),
+                        a.name,
+                        c.0
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The loop: until every disk is gone (`serve`) or a stop was asked
+    /// for and every disk is gone (`up`). Errors: disks that failed or
+    /// could not save at stop.
+    fn run(mut self) -> Result<()> {
+        loop {
+            if self.disks.is_empty() && (self.ending || matches!(self.mode, Mode::Serve)) {
+                break;
+            }
+            let Ok(event) = self.rx.recv() else { break };
+            match event {
+                Event::Signal(n) => {
+                    self.ending = true;
+                    for r in self.disks.values() {
+                        r.disk.stop(n > 1);
+                    }
+                    self.finish_all();
+                }
+                Event::Hangup => match self.reload(None) {
+                    Ok(v) => log::info!("reloaded: {v}"),
+                    Err(e) => log::error!("reload: {e}"),
+                },
+                Event::FrontendEnded { disk } => self.finish(&disk, None),
+                Event::StopDisk { disk, req } => self.finish(&disk, Some(req)),
+                Event::Finished { disk, result } => self.finished(&disk, result),
+                Event::Daemon(req) => self.daemon_request(req),
+            }
+        }
+        let summary = if self.errors.is_empty() {
+            Ok(json!({ "down": true }))
+        } else {
+            Err(self.errors.join("; "))
+        };
+        for req in self.down_all.drain(..) {
+            req.answer(summary.clone());
+        }
+        if self.errors.is_empty() {
+            log::info!("stopped");
+            Ok(())
+        } else {
+            bail!("{}", self.errors.join("\n"))
+        }
+    }
+
+    /// Starts stopping a disk: its frontends stop, and its finisher waits
+    /// for them and saves. `req` is answered once it is gone.
+    fn finish(&mut self, name: &str, req: Option<Request>) {
+        let Some(r) = self.disks.get_mut(name) else {
+            if let Some(req) = req {
+                req.answer(Err(format!("no running disk named {name:?}")));
+            }
+            return;
+        };
+        r.waiting.extend(req);
+        if r.finishing {
+            return;
+        }
+        r.finishing = true;
+        r.disk.stop(false);
+        let (disk, tx, name) = (r.disk.clone(), self.tx.clone(), name.to_string());
+        let spawned = std::thread::Builder::new()
+            .name(format!("finish-{name}"))
+            .spawn({
+                let name = name.clone();
+                move || {
+                    let result = disk.finish();
+                    // Its sockets go with the last handle, before the
+                    // daemon hears it is gone (and may exit).
+                    drop(disk);
+                    let _ = tx.send(Event::Finished { disk: name, result });
+                }
+            });
+        if let Err(e) = spawned {
+            let result = Err(anyhow::anyhow!("starting its finisher: {e}"));
+            self.finished(&name, result);
+        }
+    }
+
+    fn finish_all(&mut self) {
+        let names: Vec<String> = self.disks.keys().cloned().collect();
+        for n in names {
+            self.finish(&n, None);
+        }
+    }
+
+    fn finished(&mut self, name: &str, result: Result<()>) {
+        let Some(r) = self.disks.remove(name) else {
+            return;
+        };
+        // The last handle: sockets and memory go now, before anyone is told.
+        let saved = r.disk.args().image.is_some();
+        drop(r.disk);
+        let answer = match &result {
+            Ok(()) => {
+                log::info!("disk {name:?} stopped");
+                Ok(json!({ "stopped": name, "saved": saved }))
+            }
+            Err(e) => {
+                log::error!("{e:#}");
+                self.errors.push(format!("{e:#}"));
+                Err(format!("{e:#}"))
+            }
+        };
+        for req in r.waiting {
+            req.answer(answer.clone());
+        }
+    }
+
+    fn daemon_request(&mut self, req: Request) {
+        let line = req.line().to_string();
+        let (verb, arg) = match line.split_once(' ') {
+            Some((v, a)) => (v, Some(a.trim())),
+            None => (line.as_str(), None),
+        };
+        match (verb, arg) {
+            ("status", None) => {
+                let status = self.status();
+                req.answer(Ok(json!({ "daemon": status })))
+            }
+            ("down", None) => {
+                self.ending = true;
+                self.down_all.push(req);
+                self.finish_all();
+            }
+            ("down", Some(name)) => {
+                if self.disks.contains_key(name) {
+                    self.finish(name, Some(req));
+                } else {
+                    let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
+                    req.answer(Err(format!(
+                        "no disk named {name:?} in this daemon (its disks: {})",
+                        if names.is_empty() {
+                            "none".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    )))
+                }
+            }
+            ("reload", path) => {
+                let r = self.reload(path.map(PathBuf::from));
+                req.answer(r)
+            }
+            _ => req.answer(Err(format!("unknown daemon request {line:?}"))),
+        }
+    }
+
+    fn status(&self) -> DaemonStatus {
+        let config = match &self.mode {
+            Mode::Up { config, .. } => Some(config.display().to_string()),
+            Mode::Serve => None,
+        };
+        let threads = self.shared.compress_threads;
+        DaemonStatus {
+            pid: std::process::id(),
+            config,
+            disks: self.disks.keys().cloned().collect(),
+            max_memory: self.budget.as_ref().map(|b| b.limit()),
+            memory_used: self
+                .disks
+                .values()
+                .map(|r| r.disk.store().stats().memory_used)
+                .sum(),
+            host_reserve: self.shared.host_reserve,
+            compress_threads: threads,
+        }
+    }
+
+    /// `ramd reload`: reads the config file again (or `path`), checks all
+    /// of it, then starts the disks it adds and stops those it removes.
+    /// Disks in both are not touched, even if their settings changed (that
+    /// takes `ramd down NAME` and another reload). A file that does not
+    /// parse or check changes nothing.
+    fn reload(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
+        let Mode::Up { config, settings } = &self.mode else {
+            return Err("only `ramd up` reloads".into());
+        };
+        let path = path.unwrap_or_else(|| config.clone());
+        let plan = config::load(&path).map_err(|e| format!("{e:#} (nothing was changed)"))?;
+        let mut notes = Vec::new();
+        if plan.daemon != *settings {
+            notes.push(format!(
+                "[daemon] of {} changed: it takes effect when the daemon restarts",
+                path.display()
+            ));
+        }
+        let wanted: BTreeMap<String, DiskArgs> = plan
+            .disks
+            .into_iter()
+            .map(|(a, _)| (a.name.clone(), a))
+            .collect();
+        let removed: Vec<String> = self
+            .disks
+            .iter()
+            .filter(|(n, r)| !wanted.contains_key(*n) && !r.finishing)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut added = Vec::new();
+        let mut unchanged = Vec::new();
+        for (name, args) in &wanted {
+            match self.disks.get(name) {
+                None => added.push(args.clone()),
+                Some(r) if r.finishing => {
+                    return Err(format!(
+                        "disk {name:?} is still stopping: reload again once it is gone \
+                         (nothing was changed)"
+                    ))
+                }
+                Some(r) => {
+                    if r.disk.args().fingerprint() != args.fingerprint() {
+                        notes.push(format!(
+                            "disk {name:?} changed in {}: its new settings take effect once \
+                             it is restarted (`ramd down {name}` then `ramd reload`)",
+                            path.display()
+                        ));
+                    }
+                    unchanged.push(name.clone());
+                }
+            }
+        }
+        self.check_claims(&added, &path)
+            .map_err(|e| format!("{e:#} (nothing was changed)"))?;
+        for n in &notes {
+            log::warn!("{n}");
+        }
+        for n in &removed {
+            self.finish(n, None);
+        }
+        let names = self
+            .open(added)
+            .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?;
+        if let Mode::Up { config, .. } = &mut self.mode {
+            *config = path;
+        }
+        Ok(json!({
+            "added": names, "removed": removed, "unchanged": unchanged, "notes": notes,
+        }))
+    }
+}
+
+/// SIGINT and SIGTERM stop (a second one forces); SIGHUP reloads (`up`).
+fn on_signals(tx: Sender<Event>, hangup: bool) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut sigs = vec![SIGINT, SIGTERM];
+    if hangup {
+        sigs.push(SIGHUP);
+    }
+    let mut signals =
+        signal_hook::iterator::Signals::new(&sigs).context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut n = 0;
+            for sig in signals.forever() {
+                let event = if sig == SIGHUP {
+                    log::info!("signal {sig}: reloading");
+                    Event::Hangup
+                } else {
+                    n += 1;
+                    log::info!("signal {sig}: stopping");
+                    Event::Signal(n)
+                };
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,586 @@
+//! A disk's one lifecycle, whatever its kind and frontends:
+//!
+//! 1. [`Disk::open`]: check the settings and every frontend's claims, open
+//!    and check the image, size the budget, build the store (and the
+//!    filesystem of an `fs` disk), load the image, start saving and
+//!    background work, bind the control socket, build the frontends (bind
+//!    sockets, mount). Everything that can fail happens here, before any
+//!    client; a failure drops what was built, in reverse order.
+//! 2. [`Disk::start`]: each frontend serves on a thread of its own.
+//! 3. [`Disk::stop`]: the frontends stop (a second call may force them).
+//! 4. [`Disk::finish`]: wait for them, stop background work, save at stop
+//!    if the disk has an image, remove the control socket.
+//!
+//! Frontends never see any of this: they get a [`DiskContext`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+
+use anyhow::{bail, Context, Result};
+use parking_lot::Mutex;
+
+use ramd_fs::{Fs, FsConfig};
+use ramd_store::image::{DiskKind, ImageDir};
+use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
+
+use crate::args::{DiskArgs, DiskSize, FlushMode};
+use crate::control::{ControlServer, Request};
+use crate::daemon::Event;
+use crate::frontend::{Claim, DiskContext, Frontend, Registry};
+use crate::persist::{self, PersistStatus, Persister, SaveReport};
+use crate::status::DiskStatus;
+use crate::units::human;
+
+/// What the disks of one process share.
+pub struct Shared {
+    pub run_dir: PathBuf,
+    pub registry: Registry,
+    /// Page memory is refused while the host's MemAvailable is below this.
+    pub host_reserve: u64,
+    /// Background threads (compression, compaction) of all the disks.
+    pub scanners: ramd_store::ScannerPool,
+    /// How many threads a pass uses.
+    pub compress_threads: u16,
+    /// The daemon's memory budget, shared by its disks.
+    pub budget: Option<Arc<ramd_store::Budget>>,
+}
+
+pub type Events = std::sync::mpsc::Sender<Event>;
+
+/// A disk's saving: its persister and the thread of --autosave and
+/// --flush persist.
+struct Saving {
+    persister: Arc<Persister>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub struct Disk {
+    args: DiskArgs,
+    kind: DiskKind,
+    /// A filesystem's capacity (`None`: unlimited); a block disk's size.
+    size: Option<u64>,
+    store: Arc<Store>,
+    fs: Option<Arc<Fs>>,
+    saving: Option<Saving>,
+    scanner: Mutex<Option<ScanHandle>>,
+    frontends: Vec<Arc<dyn Frontend>>,
+    control: Mutex<Option<ControlServer>>,
+    serving: Mutex<Vec<JoinHandle<Result<()>>>>,
+    stopping: AtomicBool,
+    /// What its frontends took (sockets, mount points), for `reload`.
+    claims: Vec<Claim>,
+}
+
+/// What a disk's frontends would claim, checked before anything is built.
+pub fn claims(args: &DiskArgs, shared: &Shared) -> Result<Vec<Claim>> {
+    let mut out = Vec::new();
+    for f in shared.registry.iter() {
+        out.extend(f.claims(args, &shared.run_dir)?);
+    }
+    Ok(out)
+}
+
+impl Disk {
+    /// Builds the disk, ready to serve; see the module's step 1.
+    pub fn open(args: DiskArgs, shared: &Shared, events: Events) -> Result<Arc<Disk>> {
+        let kind = args.kind();
+        check_args(&args)?;
+        // A mount point that does not exist fails before any allocation.
+        let claimed = claims(&args, shared)?;
+        let given = match (args.size, kind) {
+            (Some(DiskSize::Unlimited), DiskKind::Block) => bail!(
+                "a block disk needs a size in bytes: `unlimited` is for filesystem disks (--mount)"
+            ),
+            (Some(DiskSize::Bytes(n)), _) => Some(n),
+            // An image records an unlimited fs disk's size as 0.
+            (Some(DiskSize::Unlimited), DiskKind::Fs) => Some(0),
+            (None, _) => None,
+        };
+        let image = match &args.image {
+            Some(dir) => Some(persist::open_image(dir, kind, given)?),
+            None => None,
+        };
+        let size = match (image.as_ref().map(|(_, n)| *n), given) {
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => bail!(
+                "disk {:?} needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)",
+                args.name
+            ),
+        };
+        let size = match kind {
+            DiskKind::Fs if size == 0 => None,
+            _ => Some(size),
+        };
+        make_run_dir(&shared.run_dir)?;
+        // An image may hold compressed pages whatever --compress says now:
+        // leave room for their allocator's slack, as a compressed disk does.
+        let loading = image.as_ref().is_some_and(|(i, _)| i.manifest().is_some());
+        let store = Arc::new(
+            Store::new(store_config(&args, kind, size, loading, shared))
+                .with_context(|| format!("disk {:?}", args.name))?,
+        );
+        let (fs, image, loaded_tree) = match kind {
+            DiskKind::Block => {
+                if let Some((image, _)) = image.as_ref().filter(|_| loading) {
+                    persist::load(image, &store)?;
+                }
+                (None, image.map(|(i, _)| i), None)
+            }
+            DiskKind::Fs => {
+                let (fs, image, tree) = open_fs(&args, &store, size, image)?;
+                (Some(Arc::new(fs)), image, tree)
+            }
+        };
+        let saving = match image {
+            Some(image) => Some(start_saving(
+                &args,
+                &store,
+                image,
+                kind,
+                size,
+                &fs,
+                loaded_tree,
+            )?),
+            None => None,
+        };
+        warn_if_overcommitted(&store, shared.host_reserve);
+        let scanner = start_scanner(&store, &args, shared);
+
+        // The control socket first: a name already in use fails before
+        // anything is mounted or bound. It answers "starting" until the
+        // disk exists.
+        let target: Arc<OnceLock<Weak<Disk>>> = Arc::default();
+        let control = ControlServer::start(
+            shared.run_dir.join(format!("{}.ctl", args.name)),
+            disk_handler(target.clone(), events),
+        )?;
+        let ctx = DiskContext {
+            args: &args,
+            kind,
+            store: &store,
+            fs: fs.as_ref(),
+            run_dir: &shared.run_dir,
+        };
+        let mut frontends = Vec::new();
+        for f in shared.registry.iter() {
+            frontends.extend(f.build(&ctx)?);
+        }
+        let disk = Arc::new(Disk {
+            args,
+            kind,
+            size,
+            store,
+            fs,
+            saving,
+            scanner: Mutex::new(scanner),
+            frontends,
+            control: Mutex::new(Some(control)),
+            serving: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+            claims: claimed,
+        });
+        let _ = target.set(Arc::downgrade(&disk));
+        log::info!("{}", disk.describe());
+        Ok(disk)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.args.name
+    }
+
+    pub fn args(&self) -> &DiskArgs {
+        &self.args
+    }
+
+    pub fn claims(&self) -> &[Claim] {
+        &self.claims
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Where clients reach the disk, one per frontend.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.frontends.iter().map(|f| f.status().endpoint).collect()
+    }
+
+    fn describe(&self) -> String {
+        let ends = self.endpoints().join(", ");
+        match self.kind {
+            DiskKind::Block => format!(
+                "block disk {:?}: size {} ({} bytes), max memory {}{}; {ends}",
+                self.args.name,
+                human(self.store.size()),
+                self.store.size(),
+                human(self.store.max_memory()),
+                if self.args.read_only {
+                    ", read-only"
+                } else {
+                    ""
+                }
+            ),
+            DiskKind::Fs => format!(
+                "filesystem disk {:?} at {ends}: size {}, max memory {}, {} inodes",
+                self.args.name,
+                self.size.map_or("unlimited".into(), human),
+                human(self.store.max_memory()),
+                self.fs.as_ref().map_or(0, |f| f.config().nr_inodes)
+            ),
+        }
+    }
+
+    /// Step 2: every frontend serves on its own thread; each tells
+    /// `events` when it returns.
+    pub fn start(&self, events: &Events) -> Result<()> {
+        let mut serving = self.serving.lock();
+        for (i, f) in self.frontends.iter().enumerate() {
+            let (f, events, name) = (f.clone(), events.clone(), self.args.name.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("serve-{}-{i}", self.args.name))
+                .spawn(move || {
+                    let r = f.serve();
+                    if let Err(e) = &r {
+                        log::error!("disk {name:?}: {e:#}");
+                    }
+                    let _ = events.send(Event::FrontendEnded { disk: name });
+                    r
+                })
+                .context("starting a frontend thread")?;
+            serving.push(t);
+        }
+        Ok(())
+    }
+
+    /// Step 3: the frontends stop serving. Called again with `force`, they
+    /// may fail the I/O of clients still there.
+    pub fn stop(&self, force: bool) {
+        if self.stopping.swap(true, Ordering::SeqCst) && !force {
+            return;
+        }
+        for f in &self.frontends {
+            f.stop(force);
+        }
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Step 4: waits for the frontends, then saves at stop if the disk has
+    /// an image. An error is a frontend that failed or a save that did not
+    /// happen (the image then keeps its previous save).
+    pub fn finish(&self) -> Result<()> {
+        self.stop(false);
+        let mut failed = None;
+        for t in std::mem::take(&mut *self.serving.lock()) {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failed = Some(e),
+                Err(_) => failed = Some(anyhow::anyhow!("a frontend thread panicked")),
+            }
+        }
+        // No background work races the last save.
+        self.scanner.lock().take();
+        let saved = match &self.saving {
+            None => Ok(()),
+            Some(s) => {
+                s.persister.stop(s.thread.lock().take());
+                let saved = s.persister.save(false);
+                s.persister.close();
+                saved
+                    .map(|_| ())
+                    .context("saving at stop (the image keeps its previous save)")
+            }
+        };
+        self.control.lock().take();
+        saved.with_context(|| format!("disk {:?}", self.args.name))?;
+        match failed {
+            Some(e) => Err(e.context(format!("disk {:?}", self.args.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// Saves now (`ramd snapshot`).
+    pub fn snapshot(&self, full: bool) -> Result<SaveReport> {
+        match &self.saving {
+            Some(s) => s.persister.save(full),
+            None => bail!("this disk has no image: serve it with --image DIR"),
+        }
+    }
+
+    pub fn status(&self) -> DiskStatus {
+        let mut store = self.store.stats();
+        let frontends: Vec<_> = self.frontends.iter().map(|f| f.status()).collect();
+        let connections = frontends
+            .iter()
+            .filter_map(|f| f.connections)
+            .reduce(|a, b| a + b);
+        let mut page_limit = None;
+        if self.kind == DiskKind::Fs {
+            // A filesystem's size is its capacity, not the store's address space.
+            let (used, limit) = self.store.pages_used();
+            store.size = self.size.unwrap_or(0);
+            store.used_bytes = used * PAGE_SIZE as u64;
+            page_limit = Some(limit);
+        }
+        DiskStatus {
+            name: self.args.name.clone(),
+            kind: self.kind.name().into(),
+            pid: std::process::id(),
+            uri: frontends
+                .first()
+                .map_or(String::new(), |f| f.endpoint.clone()),
+            connections,
+            read_only: self.args.read_only,
+            mount: self.args.mount.as_ref().and(
+                frontends
+                    .iter()
+                    .find(|f| f.protocol == "fuse")
+                    .map(|f| f.endpoint.clone()),
+            ),
+            unlimited: self.kind == DiskKind::Fs && self.size.is_none(),
+            page_limit,
+            frontends,
+            store,
+            fs: self.fs.as_ref().map(|f| f.stats()),
+            persist: self
+                .saving
+                .as_ref()
+                .map_or_else(PersistStatus::none, |s| s.persister.status()),
+        }
+    }
+}
+
+/// The control socket's answers for one disk.
+fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::control::Handler {
+    let events = Mutex::new(events);
+    Arc::new(move |req: Request| {
+        let disk = target.get().and_then(Weak::upgrade);
+        let Some(disk) = disk else {
+            return req.answer(Err("the disk is starting or stopping".into()));
+        };
+        match req.line() {
+            "status" => {
+                let status = disk.status();
+                req.answer(Ok(serde_json::json!({ "disks": [status] })))
+            }
+            "snapshot" | "snapshot full" => {
+                let full = req.line() == "snapshot full";
+                let r = disk
+                    .snapshot(full)
+                    .map(|r| {
+                        let mut v = serde_json::to_value(r).expect("report serializes");
+                        v["path"] = disk
+                            .args
+                            .image
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .into();
+                        v
+                    })
+                    .map(|v| serde_json::json!({ "snapshot": v }))
+                    .map_err(|e| format!("{e:#}"));
+                req.answer(r)
+            }
+            // Stopping is the daemon's business: it owns the disk.
+            "stop" => {
+                // Unsent (the daemon is gone), the request answers itself.
+                let disk = disk.args.name.clone();
+                let _ = events.lock().send(Event::StopDisk { disk, req });
+            }
+            other => {
+                let msg = format!("unknown control request {other:?}");
+                req.answer(Err(msg))
+            }
+        }
+    })
+}
+
+/// Settings that are wrong together, caught before anything is built.
+fn check_args(args: &DiskArgs) -> Result<()> {
+    if args.autosave.is_some_and(|d| d.is_zero()) {
+        bail!("--autosave must be longer than 0s");
+    }
+    if args.image.is_none() && args.flush == FlushMode::Persist {
+        bail!("--flush persist needs --image DIR: a flush has nowhere to persist to");
+    }
+    Ok(())
+}
+
+/// The store's settings for this disk.
+fn store_config(
+    args: &DiskArgs,
+    kind: DiskKind,
+    size: Option<u64>,
+    loading: bool,
+    shared: &Shared,
+) -> StoreConfig {
+    let base = StoreConfig {
+        warm_pool: args.warm_pool,
+        host_reserve: shared.host_reserve,
+        track_changes: args.image.is_some(),
+        shared_budget: shared.budget.clone(),
+        compress: args.compress,
+        compress_after: args.compress_after,
+        recompress: args.recompress,
+        idle_after: args.idle_after,
+        ..StoreConfig::new(size.unwrap_or(ramd_store::MAX_SIZE))
+    };
+    match kind {
+        DiskKind::Block => {
+            let size = size.expect("a block disk has a size");
+            StoreConfig {
+                max_memory: args
+                    .max_memory
+                    .or(loading.then(|| ramd_store::default_max_memory(size, true))),
+                ..base
+            }
+        }
+        DiskKind::Fs => {
+            // Default budget: every page of `size`, plus room for the page
+            // tables of many small files and for inodes and names (1/8 of
+            // size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded
+            // by the host reserve.
+            let compressed = args.compresses() || loading;
+            let max_memory = args.max_memory.unwrap_or(match size {
+                Some(n) => ramd_store::default_max_memory(n, compressed)
+                    .saturating_add((n / 8).max(64 << 20)),
+                None => mem_total(),
+            });
+            StoreConfig {
+                max_memory: Some(max_memory),
+                page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
+                size: ramd_store::MAX_SIZE,
+                ..base
+            }
+        }
+    }
+}
+
+fn mem_total() -> u64 {
+    ramd_store::mem_total().unwrap_or(1 << 30)
+}
+
+/// The filesystem of an `fs` disk: loaded from its image, or new.
+fn open_fs(
+    args: &DiskArgs,
+    store: &Arc<Store>,
+    size: Option<u64>,
+    image: Option<(ImageDir, u64)>,
+) -> Result<(Fs, Option<ImageDir>, Option<Vec<u8>>)> {
+    let cfg = FsConfig {
+        size,
+        nr_inodes: args.nr_inodes.unwrap_or(mem_total() / PAGE_SIZE as u64 / 2),
+        mode: args.mode,
+        uid: args.uid,
+        gid: args.gid,
+        noatime: args.noatime,
+    };
+    match image {
+        Some((image, _)) if image.manifest().is_some() => {
+            let tree = persist::load(&image, store)?.expect("fs images have a tree");
+            let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
+                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
+            })?;
+            Ok((fs, Some(image), Some(tree)))
+        }
+        image => Ok((
+            Fs::new(store.clone(), cfg)
+                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
+            image.map(|(i, _)| i),
+            None,
+        )),
+    }
+}
+
+/// Sets up saving: the persister, the store's flush hook with --flush
+/// persist, and the save thread.
+fn start_saving(
+    args: &DiskArgs,
+    store: &Arc<Store>,
+    image: ImageDir,
+    kind: DiskKind,
+    size: Option<u64>,
+    fs: &Option<Arc<Fs>>,
+    loaded_tree: Option<Vec<u8>>,
+) -> Result<Saving> {
+    let persist = args.flush == FlushMode::Persist;
+    let mut p = Persister::new(
+        store.clone(),
+        image,
+        kind,
+        size.unwrap_or(0),
+        args.autosave,
+        persist,
+    );
+    if let Some(fs) = fs {
+        let fs = fs.clone();
+        p.set_meta(Box::new(move || fs.save_meta()), loaded_tree.as_deref());
+    }
+    let p = Arc::new(p);
+    if persist {
+        // Weak: the store must not keep its own persister alive.
+        let weak = Arc::downgrade(&p);
+        store.set_flush_hook(Box::new(move || match weak.upgrade() {
+            Some(p) => p.flush(),
+            None => Ok(()),
+        }));
+    }
+    let thread = p.start().context("starting the save thread")?;
+    Ok(Saving {
+        persister: p,
+        thread: Mutex::new(thread),
+    })
+}
+
+/// Background compression and compaction, if the disk compresses, on the
+/// daemon's shared threads; it runs until the returned handle is dropped.
+fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
+    if args.compresses() {
+        log::info!(
+            "disk {:?}: compression {} ({}), pages idle {:?} {}, {} background thread(s)",
+            args.name,
+            args.compress,
+            if args.compress_after.is_zero() {
+                "as pages are written".to_string()
+            } else {
+                format!("once untouched {:?}", args.compress_after)
+            },
+            args.idle_after,
+            if args.recompress.is_none() {
+                "are kept as they are".to_string()
+            } else {
+                format!("are re-packed with {}", args.recompress)
+            },
+            shared.compress_threads
+        );
+    }
+    shared.scanners.add(store.clone())
+}
+
+/// A sparse disk may promise more than the host has (as tmpfs may); say so.
+fn warn_if_overcommitted(store: &Store, reserve: u64) {
+    if let Some(avail) = ramd_store::mem_available() {
+        if store.max_memory() > avail {
+            log::warn!(
+                "max memory {} exceeds the host's available memory {}: writes will get \
+                 ENOSPC once the host is down to its reserve of {}",
+                human(store.max_memory()),
+                human(avail),
+                human(reserve)
+            );
+        }
+    }
+}
+
+pub fn make_run_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating run directory {}", dir.display()))
+}

@@ -1,0 +1,99 @@
+//! How a protocol plugs into a disk. A frontend translates its protocol into
+//! the store's calls and declares where clients reach it; it holds no
+//! storage, persistence or lifecycle logic (that is [`crate::disk::Disk`]'s).
+//!
+//! Adding a frontend = one [`FrontendFactory`] (in its own crate if it likes)
+//! plus one line in the binary's registry. The disk calls, in order:
+//! [`FrontendFactory::claims`] (before anything is allocated, so that two
+//! disks cannot share a socket or a mount point), [`FrontendFactory::build`]
+//! (binds or mounts: everything that can fail, before any client), then
+//! [`Frontend::serve`] on a thread of its own, and [`Frontend::stop`] at the
+//! end.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ramd_fs::Fs;
+use ramd_store::image::DiskKind;
+use ramd_store::Store;
+use serde::{Deserialize, Serialize};
+
+use crate::args::DiskArgs;
+
+/// What a frontend reports for `ramd status`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FrontendStatus {
+    /// The protocol: `nbd`, `fuse`...
+    pub protocol: String,
+    /// Where clients reach it: an NBD URI, a mount point...
+    pub endpoint: String,
+    /// Clients connected now, where the protocol has connections.
+    pub connections: Option<u64>,
+}
+
+/// A disk's content as a frontend sees it.
+pub struct DiskContext<'a> {
+    pub args: &'a DiskArgs,
+    pub kind: DiskKind,
+    pub store: &'a Arc<Store>,
+    /// The filesystem of an `fs` disk.
+    pub fs: Option<&'a Arc<Fs>>,
+    pub run_dir: &'a Path,
+}
+
+/// One serving instance: a listening socket, a mount.
+pub trait Frontend: Send + Sync {
+    /// Serves until [`Frontend::stop`] or until it ends by itself (a FUSE
+    /// mount unmounted by the user); returns once its clients are gone.
+    fn serve(&self) -> anyhow::Result<()>;
+
+    /// Asks `serve` to return; `force` (a second stop signal) may fail the
+    /// I/O of clients still there rather than wait for them.
+    fn stop(&self, force: bool);
+
+    fn status(&self) -> FrontendStatus;
+}
+
+/// Something a disk's frontends take for themselves; two disks of one daemon
+/// claiming the same thing is refused before either starts.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim(pub String);
+
+/// Makes a protocol's frontends for the disks that use it.
+pub trait FrontendFactory: Send + Sync {
+    /// What the disk's settings claim (socket paths, ports, mount points),
+    /// checked without side effects; an error here (a mount point that does
+    /// not exist) stops the disk before anything is allocated.
+    fn claims(&self, args: &DiskArgs, run_dir: &Path) -> anyhow::Result<Vec<Claim>>;
+
+    /// The disk's frontends of this protocol (none if it does not use it),
+    /// bound or mounted and ready to serve.
+    fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>>;
+}
+
+/// The protocols a daemon knows, in the order their frontends are built.
+#[derive(Clone, Default)]
+pub struct Registry(Vec<Arc<dyn FrontendFactory>>);
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry(Vec::new())
+    }
+
+    /// Registers a protocol.
+    pub fn with(mut self, f: impl FrontendFactory + 'static) -> Registry {
+        self.0.push(Arc::new(f));
+        self
+    }
+
+    /// NBD for block disks and FUSE for filesystem disks.
+    pub fn builtin() -> Registry {
+        Registry::new()
+            .with(crate::frontends::nbd::Nbd)
+            .with(crate::frontends::fuse::Fuse)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn FrontendFactory>> {
+        self.0.iter()
+    }
+}

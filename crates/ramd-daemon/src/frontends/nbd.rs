@@ -1,0 +1,108 @@
+//! NBD: one [`ramd_nbd::Server`] per listening socket of a block disk
+//! (`--listen` may be given several times: a unix socket and TCP at once).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
+use ramd_store::image::DiskKind;
+
+use crate::args::{DiskArgs, Listen};
+use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+
+pub struct Nbd;
+
+/// The disk's sockets: `--listen`, or `RUN_DIR/NAME.sock` by default.
+fn listens(args: &DiskArgs, run_dir: &Path) -> Vec<Listen> {
+    if args.listen.is_empty() {
+        vec![Listen::Unix(run_dir.join(format!("{}.sock", args.name)))]
+    } else {
+        args.listen.clone()
+    }
+}
+
+/// A unix socket path as a claim: the directory canonicalized (the socket
+/// itself may not exist yet).
+fn unix_claim(p: &Path) -> PathBuf {
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+    match (dir.and_then(|d| d.canonicalize().ok()), p.file_name()) {
+        (Some(d), Some(f)) => d.join(f),
+        _ => p.to_path_buf(),
+    }
+}
+
+impl FrontendFactory for Nbd {
+    fn claims(&self, args: &DiskArgs, run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
+        if args.kind() != DiskKind::Block {
+            return Ok(Vec::new());
+        }
+        // Port 0 asks the kernel for a free port: it never collides.
+        Ok(listens(args, run_dir)
+            .iter()
+            .filter_map(|l| match l {
+                Listen::Unix(p) => Some(Claim(format!("socket {}", unix_claim(p).display()))),
+                Listen::Tcp(a) if a.port() == 0 => None,
+                Listen::Tcp(a) => Some(Claim(format!("tcp port {}", a.port()))),
+            })
+            .collect())
+    }
+
+    fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
+        if disk.kind != DiskKind::Block {
+            return Ok(Vec::new());
+        }
+        let args = disk.args;
+        let mut out: Vec<Arc<dyn Frontend>> = Vec::new();
+        for l in listens(args, disk.run_dir) {
+            let listener = match l {
+                Listen::Unix(p) => Listener::bind_unix(p),
+                Listen::Tcp(a) => Listener::bind_tcp(a),
+            }
+            .context("NBD listen socket")?;
+            let server = Server::new(
+                Exports::new(vec![Export {
+                    name: args.name.clone(),
+                    description: format!("ramd block disk {}", args.name),
+                    store: disk.store.clone(),
+                    read_only: args.read_only,
+                }]),
+                ServerConfig {
+                    threads: args.threads as usize,
+                    max_connections: args.max_connections as usize,
+                    ..ServerConfig::default()
+                },
+            );
+            out.push(Arc::new(NbdFrontend {
+                uri: listener.uri(&args.name),
+                listener,
+                server,
+            }));
+        }
+        Ok(out)
+    }
+}
+
+struct NbdFrontend {
+    server: Arc<Server>,
+    listener: Listener,
+    uri: String,
+}
+
+impl Frontend for NbdFrontend {
+    fn serve(&self) -> anyhow::Result<()> {
+        self.server.run(&self.listener).context("serving NBD")
+    }
+
+    fn stop(&self, _force: bool) {
+        self.server.stop();
+    }
+
+    fn status(&self) -> FrontendStatus {
+        FrontendStatus {
+            protocol: "nbd".into(),
+            endpoint: self.uri.clone(),
+            connections: Some(self.server.connections() as u64),
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! ramd's daemon layer, between the engine crates and the command line:
+//!
+//! - [`disk::Disk`]: a disk's one lifecycle (image, store, filesystem,
+//!   saves, background work, control socket, frontends, final save);
+//! - [`frontend`]: how a protocol plugs in ([`frontend::FrontendFactory`]),
+//!   and the built-in NBD and FUSE frontends in `frontends/`;
+//! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
+//!   (`ramd up`, `down`, `reload`);
+//! - [`status`]: typed status, [`control`]: the control sockets;
+//! - [`args`] and [`config`]: a disk's settings as flags and as a config
+//!   table, checked at this edge.
+//!
+//! Errors here are an operator's (a busy mount point, a bad config line),
+//! reported with context; what clients see stays `ramd_store::Error`.
+
+pub mod args;
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod disk;
+pub mod frontend;
+mod frontends;
+pub mod persist;
+pub mod status;
+pub mod units;
+
+pub use frontends::fuse::check_mount_point;

@@ -1,0 +1,244 @@
+//! What `ramd status` shows, as types: one [`DiskStatus`] per disk and one
+//! [`DaemonStatus`] per `ramd up` daemon. The control socket sends them as
+//! JSON (serde), `ramd status --json` prints them, and [`table`] renders the
+//! same values: every view reads the same fields.
+
+use serde::{Deserialize, Serialize};
+
+use ramd_fs::FsStats;
+use ramd_store::StoreStats;
+
+use crate::frontend::FrontendStatus;
+use crate::persist::PersistStatus;
+use crate::units::human;
+
+/// One disk.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DiskStatus {
+    pub name: String,
+    /// `block` or `fs`.
+    pub kind: String,
+    /// The process serving it.
+    pub pid: u32,
+    /// Where clients reach it first: an NBD URI, a mount point.
+    pub uri: String,
+    /// Every frontend serving it, with where it is reached.
+    pub frontends: Vec<FrontendStatus>,
+    /// Clients connected, over every frontend that has connections.
+    pub connections: Option<u64>,
+    pub read_only: bool,
+    /// Filesystem disks: the mount point.
+    pub mount: Option<String>,
+    /// Filesystem disks: `size = "unlimited"` (ramfs mode).
+    pub unlimited: bool,
+    /// Filesystem disks: the most pages the disk may hold.
+    pub page_limit: Option<u64>,
+    /// Capacity and memory (for a filesystem, `size` is its capacity and
+    /// `used_bytes` what its files' pages take).
+    #[serde(flatten)]
+    pub store: StoreStats,
+    #[serde(flatten)]
+    pub fs: Option<FsStats>,
+    #[serde(flatten)]
+    pub persist: PersistStatus,
+}
+
+/// A daemon started by `ramd up`: what its disks share.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    pub pid: u32,
+    /// The config file it was started (or last reloaded) from.
+    pub config: Option<String>,
+    pub disks: Vec<String>,
+    /// The budget all its disks draw from (`[daemon] max_memory`), and
+    /// what they use of it now.
+    pub max_memory: Option<u64>,
+    pub memory_used: u64,
+    /// Memory the host keeps: new pages get ENOSPC below it.
+    pub host_reserve: u64,
+    /// Background threads shared by its disks.
+    pub compress_threads: u16,
+}
+
+/// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
+/// what they take stored (compressed or raw), TOTAL the memory used with
+/// slack and metadata, RATIO = DATA / TOTAL.
+pub fn table(disks: &[DiskStatus]) -> String {
+    let head = [
+        "NAME",
+        "KIND",
+        "SIZE",
+        "USED",
+        "DATA",
+        "COMPR",
+        "ALGORITHM",
+        "TOTAL",
+        "RATIO",
+        "MAX-MEM",
+        "SAME",
+        "IDLE",
+        "INODES",
+        "CONNS",
+        "SAVED",
+        "WHERE",
+    ];
+    let mut rows = vec![head.map(String::from).to_vec()];
+    for d in disks {
+        let s = &d.store;
+        let size = if d.unlimited {
+            "unlimited".to_string()
+        } else {
+            human(s.size)
+        };
+        let algorithm = match s.recompress.as_str() {
+            "none" => s.compress.clone(),
+            r => format!("{}/{r}", s.compress),
+        };
+        let ratio = if s.data_bytes == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", s.ratio)
+        };
+        // A field this kind of disk does not have shows as "-".
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        let endpoints: Vec<&str> = d.frontends.iter().map(|f| f.endpoint.as_str()).collect();
+        rows.push(vec![
+            d.name.clone(),
+            d.kind.clone(),
+            size,
+            human(s.used_bytes),
+            human(s.data_bytes),
+            human(s.stored_bytes),
+            algorithm,
+            human(s.memory_used),
+            ratio,
+            human(s.max_memory),
+            (s.zero_pages + s.fill_pages).to_string(),
+            s.idle_pages.to_string(),
+            opt(d.fs.map(|f| f.inodes)),
+            opt(d.connections),
+            saved(&d.persist),
+            if endpoints.is_empty() {
+                d.uri.clone()
+            } else {
+                endpoints.join(" ")
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..head.len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (v, w))| {
+                // Names and text left-aligned, numbers right-aligned.
+                if c < 2 || c == 6 || c == head.len() - 1 {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One line per daemon of `ramd up`: its shared budget.
+pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
+    let mut out = String::new();
+    for d in daemons {
+        out.push_str(&format!(
+            "daemon {}{}: {} disk(s), memory {} of {}, host reserve {}, {} background thread(s)\n",
+            d.pid,
+            d.config
+                .as_deref()
+                .map_or(String::new(), |c| format!(" ({c})")),
+            d.disks.len(),
+            human(d.memory_used),
+            d.max_memory.map_or("no daemon budget".into(), human),
+            human(d.host_reserve),
+            d.compress_threads
+        ));
+    }
+    out
+}
+
+/// Age of the last good save ("-": none), "FAILED" if the latest failed.
+fn saved(p: &PersistStatus) -> String {
+    if p.last_save_error.is_some() {
+        return "FAILED".into();
+    }
+    match &p.last_save {
+        None => "-".into(),
+        Some(s) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let age = now.saturating_sub(s.unix_time);
+            match age {
+                0..=99 => format!("{age}s ago"),
+                100..=5999 => format!("{}m ago", age / 60),
+                _ => format!("{}h ago", age / 3600),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A status as a daemon sends it, parsed back: the JSON names are the
+    /// contract scripts rely on.
+    fn sample() -> DiskStatus {
+        let v = r#"{
+            "name":"ram0","kind":"block","pid":1,"uri":"nbd+unix:///ram0?socket=/x",
+            "frontends":[{"protocol":"nbd","endpoint":"nbd+unix:///ram0?socket=/x","connections":2}],
+            "connections":2,"read_only":false,"mount":null,"unlimited":false,"page_limit":null,
+            "size":1073741824,"max_memory":1073741824,"used_bytes":8192,"memory_used":12288,
+            "data_pages":2,"data_bytes":8192,"stored_bytes":4096,"slack_bytes":0,
+            "metadata_bytes":8192,"kept_bytes":0,"fill_pages":0,"zero_pages":0,"hot_pages":0,
+            "incompressible_pages":0,"compressed_pages":2,"frame_pages":0,"frames":0,
+            "idle_pages":1,"ratio":0.6667,"compress":"lz4","recompress":"zstd:9",
+            "compress_time_ns":0,"decompress_time_ns":0,"background_cpu_ns":0,
+            "compacted_objects":0,"zspages":1,"chunks":1,
+            "pool":{"mapped_bytes":0,"warm_bytes":0,"cold_bytes":0,"released_bytes":0},
+            "image":null,"flush":"ignore","autosave_secs":null,"saves":0,"last_save":null,
+            "last_save_error":null
+        }"#;
+        serde_json::from_str(v).expect("a daemon's status parses")
+    }
+
+    #[test]
+    fn json_round_trips_with_every_field() {
+        let d = sample();
+        assert!(d.fs.is_none());
+        let back: serde_json::Value = serde_json::to_value(&d).unwrap();
+        assert_eq!(back["memory_used"], 12288);
+        assert_eq!(back["frontends"][0]["protocol"], "nbd");
+        assert_eq!(back["last_save"], serde_json::Value::Null);
+        let again: DiskStatus = serde_json::from_value(back).unwrap();
+        assert_eq!(again.store.data_pages, 2);
+    }
+
+    #[test]
+    fn table_lines_up() {
+        let t = table(&[sample()]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("NAME  KIND"));
+        assert!(lines[1].contains("1G"));
+        assert!(lines[1].contains("lz4/zstd:9"));
+        assert!(lines[1].contains("0.67"));
+        assert!(lines[1].ends_with("nbd+unix:///ram0?socket=/x"));
+        // Numbers are right-aligned under their heading.
+        let size_end = lines[0].find("SIZE").unwrap() + 4;
+        assert_eq!(&lines[1][size_end - 2..size_end], "1G");
+    }
+}

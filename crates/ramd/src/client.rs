@@ -1,0 +1,215 @@
+//! The commands that talk to running daemons through their control
+//! sockets (see `ramd_daemon::control`): status, snapshot, down, reload.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use ramd_daemon::control::{self, daemon_socket, disk_socket};
+use ramd_daemon::status::{self, DaemonStatus, DiskStatus};
+use ramd_daemon::units::human;
+
+const ANSWER: Option<Duration> = Some(Duration::from_secs(5));
+
+/// Every disk answering in `run_dir` (a socket nobody answers on is left
+/// over from a killed daemon, and skipped).
+fn disks(run_dir: &Path) -> Result<Vec<DiskStatus>> {
+    let mut out = Vec::new();
+    for sock in control::sockets(run_dir, "ctl")? {
+        match control::request(&sock, "status", ANSWER) {
+            Ok(v) => {
+                let d: Vec<DiskStatus> = serde_json::from_value(v["disks"].clone())
+                    .with_context(|| format!("bad status from {}", sock.display()))?;
+                out.extend(d);
+            }
+            Err(e) => log::debug!("{}: {e:#}", sock.display()),
+        }
+    }
+    Ok(out)
+}
+
+fn daemons(run_dir: &Path) -> Result<Vec<DaemonStatus>> {
+    let mut out = Vec::new();
+    for sock in control::sockets(run_dir, "daemon")? {
+        match control::request(&sock, "status", ANSWER) {
+            Ok(v) => out.push(
+                serde_json::from_value(v["daemon"].clone())
+                    .with_context(|| format!("bad status from {}", sock.display()))?,
+            ),
+            Err(e) => log::debug!("{}: {e:#}", sock.display()),
+        }
+    }
+    Ok(out)
+}
+
+/// `ramd status`: every disk of every daemon in `run_dir`.
+pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+    let mut disks = disks(run_dir)?;
+    let daemons = daemons(run_dir)?;
+    if let Some(name) = name {
+        disks.retain(|d| d.name == name);
+        if disks.is_empty() {
+            bail!("no running disk named {name:?} in {}", run_dir.display());
+        }
+    }
+    if as_json {
+        // `daemons` only where `ramd up` runs: plain `serve` output is unchanged.
+        let v = match daemons.is_empty() {
+            true => json!({ "disks": disks }),
+            false => json!({ "disks": disks, "daemons": daemons }),
+        };
+        println!("{v}");
+    } else {
+        print!("{}", status::table(&disks));
+        print!("{}", status::daemon_lines(&daemons));
+    }
+    Ok(())
+}
+
+/// `ramd snapshot NAME [--full]`: saves the disk through its socket.
+pub fn snapshot(run_dir: &Path, name: &str, full: bool, as_json: bool) -> Result<()> {
+    let path = disk_socket(run_dir, name);
+    // No answer timeout: a full save of a large disk takes what it takes.
+    let v = control::request(&path, if full { "snapshot full" } else { "snapshot" }, None)
+        .map_err(|e| match e.downcast_ref::<std::io::Error>() {
+            Some(_) => e.context(format!(
+                "no running disk named {name:?} ({} does not answer)",
+                path.display()
+            )),
+            None => anyhow::anyhow!("disk {name:?}: {e:#}"),
+        })?;
+    let mut r = v["snapshot"].clone();
+    if as_json {
+        r["name"] = name.into();
+        println!("{r}");
+    } else {
+        println!(
+            "{name}: saved {} save {} to {}: {} pages, {} written in {:.2} s",
+            if r["full"] == true {
+                "full"
+            } else {
+                "incremental"
+            },
+            r["seq"],
+            r["path"].as_str().unwrap_or("?"),
+            r["pages"],
+            human(r["bytes"].as_u64().unwrap_or(0)),
+            r["seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+/// `ramd down [NAME]`: stops one disk, or every disk and daemon of the run
+/// directory, and waits until they are gone (saved, if they have images).
+pub fn down(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+    let mut stopped = Vec::new();
+    match name {
+        Some(name) => {
+            let path = disk_socket(run_dir, name);
+            if !path.exists() {
+                let names: Vec<String> = disks(run_dir)?.into_iter().map(|d| d.name).collect();
+                bail!(
+                    "no running disk named {name:?} in {} (running: {})",
+                    run_dir.display(),
+                    if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            }
+            stopped.push(
+                control::request(&path, "stop", None)
+                    .with_context(|| format!("stopping disk {name:?}"))?,
+            );
+        }
+        None => {
+            // Daemons of `ramd up` first: they stop all their disks at once.
+            for sock in control::sockets(run_dir, "daemon")? {
+                match control::request(&sock, "down", None) {
+                    Ok(v) => stopped.push(v),
+                    Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
+                        log::debug!("{}: {e:#}", sock.display())
+                    }
+                    Err(e) => return Err(e.context(format!("{}", sock.display()))),
+                }
+            }
+            for sock in control::sockets(run_dir, "ctl")? {
+                match control::request(&sock, "stop", None) {
+                    Ok(v) => stopped.push(v),
+                    Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
+                        log::debug!("{}: {e:#}", sock.display())
+                    }
+                    Err(e) => return Err(e.context(format!("{}", sock.display()))),
+                }
+            }
+        }
+    }
+    if as_json {
+        println!("{}", Value::Array(stopped));
+    } else {
+        for v in stopped {
+            if let Some(n) = v["stopped"].as_str() {
+                let saved = if v["saved"] == true { ", saved" } else { "" };
+                println!("{n}: stopped{saved}");
+            } else if v["down"] == true {
+                println!("daemon stopped");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ramd reload [-c FILE]`: the `ramd up` daemon of the run directory
+/// re-reads its config file.
+pub fn reload(run_dir: &Path, config: Option<&Path>, as_json: bool) -> Result<()> {
+    let sock = daemon_socket(run_dir);
+    let line = match config {
+        // The daemon may run elsewhere: give it an absolute path.
+        Some(p) => format!(
+            "reload {}",
+            std::path::absolute(p)
+                .with_context(|| format!("config file {}", p.display()))?
+                .display()
+        ),
+        None => "reload".into(),
+    };
+    let v = control::request(&sock, &line, None).map_err(|e| {
+        match e.downcast_ref::<std::io::Error>() {
+            Some(_) => e.context(format!(
+                "no `ramd up` daemon answers in {} ({} )",
+                run_dir.display(),
+                sock.display()
+            )),
+            None => e,
+        }
+    })?;
+    if as_json {
+        println!("{v}");
+        return Ok(());
+    }
+    let list = |k: &str| -> String {
+        let names: Vec<&str> = v[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if names.is_empty() {
+            "-".into()
+        } else {
+            names.join(" ")
+        }
+    };
+    println!(
+        "added: {}\nremoved: {}\nunchanged: {}",
+        list("added"),
+        list("removed"),
+        list("unchanged")
+    );
+    for n in v["notes"].as_array().into_iter().flatten() {
+        println!("note: {}", n.as_str().unwrap_or_default());
+    }
+    Ok(())
+}
