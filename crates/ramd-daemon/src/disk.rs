@@ -56,6 +56,18 @@ struct Saving {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl Drop for Saving {
+    /// A disk that failed to open after saving started: its save thread
+    /// must not go on saving a disk nobody serves. (After `finish` this
+    /// finds the thread gone and the persister closed already.)
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.get_mut().take() {
+            self.persister.stop(Some(t));
+        }
+        self.persister.close();
+    }
+}
+
 pub struct Disk {
     args: DiskArgs,
     kind: DiskKind,
@@ -583,4 +595,138 @@ pub fn make_run_dir(dir: &Path) -> Result<()> {
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("creating run directory {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lifecycle through the public interface a new frontend uses:
+    //! one factory, one registration, no lifecycle code of its own.
+
+    use super::*;
+    use crate::frontend::{Frontend, FrontendFactory, FrontendStatus};
+    use clap::{Args, FromArgMatches};
+    use parking_lot::Condvar;
+
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>, Condvar);
+
+    impl Log {
+        fn push(&self, s: &str) {
+            self.0.lock().push(s.into());
+            self.1.notify_all();
+        }
+    }
+
+    struct Probe(Arc<Log>);
+
+    struct ProbeFrontend {
+        log: Arc<Log>,
+        stopped: Mutex<bool>,
+        wake: Condvar,
+    }
+
+    impl FrontendFactory for Probe {
+        fn claims(&self, _: &DiskArgs, _: &Path) -> Result<Vec<Claim>> {
+            Ok(vec![Claim("probe".into())])
+        }
+
+        fn build(&self, disk: &DiskContext) -> Result<Vec<Arc<dyn Frontend>>> {
+            self.0.push("build");
+            // What a client would do through this frontend.
+            let mut page = [0u8; PAGE_SIZE];
+            disk.store.read(0, &mut page)?;
+            if page[0] == 0 {
+                disk.store.write(0, &[7u8; PAGE_SIZE])?;
+            }
+            Ok(vec![Arc::new(ProbeFrontend {
+                log: self.0.clone(),
+                stopped: Mutex::new(false),
+                wake: Condvar::new(),
+            })])
+        }
+    }
+
+    impl Frontend for ProbeFrontend {
+        fn serve(&self) -> Result<()> {
+            self.log.push("serve");
+            let mut stopped = self.stopped.lock();
+            while !*stopped {
+                self.wake.wait(&mut stopped);
+            }
+            self.log.push("served");
+            Ok(())
+        }
+
+        fn stop(&self, _force: bool) {
+            self.log.push("stop");
+            *self.stopped.lock() = true;
+            self.wake.notify_all();
+        }
+
+        fn status(&self) -> FrontendStatus {
+            FrontendStatus {
+                protocol: "probe".into(),
+                endpoint: "probe://here".into(),
+                connections: Some(0),
+            }
+        }
+    }
+
+    fn args(flags: &[&str]) -> DiskArgs {
+        let cmd = DiskArgs::augment_args(clap::Command::new("t").no_binary_name(true));
+        DiskArgs::from_arg_matches(&cmd.get_matches_from(flags)).unwrap()
+    }
+
+    #[test]
+    fn a_registered_frontend_gets_the_whole_lifecycle() {
+        let run = tempfile::tempdir().unwrap();
+        let img = run.path().join("img");
+        let log = Arc::new(Log::default());
+        let shared = Shared {
+            run_dir: run.path().to_path_buf(),
+            registry: Registry::new().with(Probe(log.clone())),
+            host_reserve: 0,
+            scanners: ramd_store::ScannerPool::new(1).unwrap(),
+            compress_threads: 1,
+            budget: None,
+        };
+        let a = args(&[
+            "--name",
+            "p",
+            "--size",
+            "1M",
+            "--image",
+            img.to_str().unwrap(),
+        ]);
+        for round in 0..2 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let disk = Disk::open(a.clone(), &shared, tx.clone()).unwrap();
+            disk.start(&tx).unwrap();
+            {
+                let mut l = log.0.lock();
+                while !l.iter().any(|s| s == "serve") {
+                    log.1.wait(&mut l);
+                }
+            }
+            let st = disk.status();
+            assert_eq!(st.frontends[0].protocol, "probe");
+            assert_eq!(st.uri, "probe://here");
+            assert_eq!(st.store.used_bytes, PAGE_SIZE as u64);
+            assert_eq!(disk.claims(), [Claim("probe".into())]);
+            disk.stop(false);
+            disk.finish().unwrap();
+            assert!(matches!(rx.try_recv(), Ok(Event::FrontendEnded { .. })));
+            assert_eq!(
+                std::mem::take(&mut *log.0.lock()),
+                ["build", "serve", "stop", "served"],
+                "round {round}"
+            );
+            assert!(!run.path().join("p.ctl").exists());
+            // Saved at stop: the second round loads the page back (the
+            // probe writes only into an empty disk).
+            let mut page = [0u8; PAGE_SIZE];
+            disk.store().read(0, &mut page).unwrap();
+            assert_eq!(page, [7u8; PAGE_SIZE]);
+        }
+    }
 }
