@@ -406,12 +406,16 @@ fn the_shared_budget_gives_enospc_to_the_disk_that_crosses_it() {
 fn one_disk_on_a_unix_socket_and_tcp_at_once() {
     let port = free_tcp_port();
     let rd = run_dir();
+    let tmp = scratch();
+    let img = tmp.path().join("img");
     let sock = rd.path().join("both.sock");
-    let d = Ramd::start_in(
+    let mut d = Ramd::start_in(
         rd.path(),
         &[
             "--size",
             "64M",
+            "--image",
+            img.to_str().unwrap(),
             "--name",
             "both",
             "--listen",
@@ -441,6 +445,14 @@ fn one_disk_on_a_unix_socket_and_tcp_at_once() {
         .collect();
     assert_eq!(ends, [unix.as_str(), tcp.as_str()], "{s}");
     assert_eq!(field(&s, "used_bytes"), 4 * MIB);
+
+    // `ramd down NAME` ends a `serve` daemon too, saving first.
+    let said = ramd_cmd(rd.path(), &["down", "both"]).ok();
+    assert!(said.contains("both: stopped, saved"), "{said}");
+    assert!(d.wait_exit(STOP_DEADLINE).success(), "{}", d.stderr());
+    assert!(!sock.exists());
+    let info = ramd_cmd(rd.path(), &["image", "info", img.to_str().unwrap()]).ok();
+    assert!(info.contains("full"), "{info}");
 }
 
 #[test]
