@@ -1,0 +1,109 @@
+//! The memory budget: reserving and giving back memory, frontends'
+//! charges, the page limit, raw frames, and the pressure mark.
+
+use super::*;
+
+/// Budget kept for the background scanner: a disk filled to `max_memory`
+/// with raw (hot) pages could otherwise never compress them, since a
+/// compressed copy needs memory before the raw page is freed. Enough for a
+/// new zspage of the largest class (32 pages) and its descriptor.
+pub(super) const BACKGROUND_HEADROOM: u64 = 256 << 10;
+
+impl Store {
+    /// Charges `bytes` of a frontend's own metadata (inodes, directory
+    /// entries, xattrs) against `max_memory`: ENOSPC if it does not fit.
+    pub fn charge(&self, bytes: u64) -> Result<()> {
+        self.reserve(bytes)?;
+        self.c.charged.fetch_add(bytes, Relaxed);
+        Ok(())
+    }
+
+    /// Returns what [`Store::charge`] took.
+    pub fn uncharge(&self, bytes: u64) {
+        let before = self.c.charged.fetch_sub(bytes, Relaxed);
+        debug_assert!(before >= bytes, "uncharge of more than was charged");
+        self.unreserve(bytes);
+    }
+
+    /// Pages that are not holes, and the cap on them.
+    pub fn pages_used(&self) -> (u64, u64) {
+        (self.c.live_pages.load(Relaxed), self.page_limit)
+    }
+
+    /// Gives back a raw frame and its budget.
+    pub(super) fn free_page(&self, p: PagePtr) {
+        self.pool.free(p);
+        self.unreserve(PAGE_SIZE as u64);
+    }
+
+    /// Reserves and takes one raw frame, for background work if `bg`;
+    /// nothing is charged if either fails.
+    pub(super) fn alloc_page(&self, bg: bool) -> Result<PagePtr> {
+        self.reserve_for(PAGE_SIZE as u64, bg)?;
+        self.pool
+            .alloc()
+            .inspect_err(|_| self.unreserve(PAGE_SIZE as u64))
+    }
+
+    /// Counts one more non-hole page against `page_limit`; to be called
+    /// before a hole is replaced by anything else.
+    pub(super) fn claim_page(&self) -> Result<()> {
+        self.c
+            .live_pages
+            .fetch_update(Relaxed, Relaxed, |n| (n < self.page_limit).then_some(n + 1))
+            .map(|_| ())
+            .map_err(|_| Error::DiskFull {
+                limit: self.page_limit.saturating_mul(PAGE_SIZE as u64),
+            })
+    }
+
+    /// Reserves budget for a client's request: everything but the
+    /// background headroom.
+    pub(super) fn reserve(&self, bytes: u64) -> Result<()> {
+        // Pages kept for a save under way do not count against clients:
+        // saving must never make a write fail.
+        let kept = self.c.kept.load(Relaxed);
+        self.reserve_within(bytes, self.max_memory - self.headroom + kept)
+    }
+
+    /// Reserves budget for background work (all of `max_memory`), or for a
+    /// client if `bg` is false.
+    pub(super) fn reserve_for(&self, bytes: u64, bg: bool) -> Result<()> {
+        match bg {
+            true => self.reserve_within(bytes, self.max_memory),
+            false => self.reserve(bytes),
+        }
+    }
+
+    pub(super) fn reserve_within(&self, bytes: u64, limit: u64) -> Result<()> {
+        self.c
+            .memory_used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(bytes).filter(|&n| n <= limit)
+            })
+            .map(|_| ())
+            .map_err(|_| Error::NoSpace {
+                needed: bytes,
+                limit: self.max_memory,
+            })
+    }
+
+    pub(super) fn unreserve(&self, bytes: u64) {
+        let before = self.c.memory_used.fetch_sub(bytes, Relaxed);
+        debug_assert!(before >= bytes, "memory accounting went negative");
+    }
+
+    /// Whether memory is tight enough that hot pages are compressed
+    /// regardless of age: decided once per pass, so that one pass under
+    /// pressure compresses every hot page rather than just enough to dip
+    /// below the mark (which would have writers hit it again at once).
+    pub(super) fn under_pressure(&self) -> bool {
+        self.c.pressure.load(Relaxed)
+    }
+
+    /// Memory use above which a pass compresses every hot page, and reads
+    /// stop promoting: 7/8 of the clients' budget.
+    pub(super) fn pressure_mark(&self) -> u64 {
+        (self.max_memory - self.headroom) / 8 * 7
+    }
+}
