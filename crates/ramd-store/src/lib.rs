@@ -20,8 +20,8 @@ pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::Scanner;
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
-    PageRef, PassGuard, PassReport, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES,
-    CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
+    PageRef, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
+    PAGE_META_BYTES,
 };
 
 /// The page size of the store: the unit of allocation, sharing and holes.

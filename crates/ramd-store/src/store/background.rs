@@ -6,11 +6,11 @@ use super::*;
 /// Proof that a background pass is under way (from [`Store::begin_pass`],
 /// handed back to [`Store::end_pass`]): passes and client compaction take
 /// turns.
-pub struct PassGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
+pub(crate) struct PassGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 
 /// What one background pass did, for tests and logs.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PassReport {
+pub(crate) struct PassReport {
     /// Hot pages compressed (or found incompressible).
     pub compressed: u64,
     /// Idle pages re-packed with the recompress codec.
@@ -30,7 +30,7 @@ pub struct PassReport {
 impl Store {
     /// Starts a pass: plans compaction if the allocator is fragmented.
     /// Call once, before the `background_pass` calls of every part.
-    pub fn begin_pass(&self) -> PassGuard<'_> {
+    pub(crate) fn begin_pass(&self) -> PassGuard<'_> {
         let guard = PassGuard(self.passing.lock());
         self.c.idle_pass.store(0, Relaxed);
         let tight = self.c.memory_used.load(Relaxed) > self.pressure_mark();
@@ -40,7 +40,7 @@ impl Store {
     }
 
     /// Ends a pass: zspages that could not be emptied take objects again.
-    pub fn end_pass(&self, guard: PassGuard<'_>) {
+    pub(crate) fn end_pass(&self, guard: PassGuard<'_>) {
         self.zs.finish_compaction();
         self.c.idle.store(self.c.idle_pass.load(Relaxed), Relaxed);
         drop(guard);
@@ -84,7 +84,7 @@ impl Store {
     }
 
     /// One pass over the shards `s` with `s % parts == part`.
-    pub fn background_pass(&self, part: usize, parts: usize) -> PassReport {
+    pub(crate) fn background_pass(&self, part: usize, parts: usize) -> PassReport {
         let cpu = thread_cpu_ns();
         let mut report = PassReport::default();
         let mut idle = 0;
@@ -105,7 +105,8 @@ impl Store {
 
     /// Runs [`Store::begin_pass`], every part, [`Store::end_pass`] on this
     /// thread: what tests and single-threaded callers want.
-    pub fn background_pass_all(&self) -> PassReport {
+    #[cfg(test)]
+    pub(crate) fn background_pass_all(&self) -> PassReport {
         let guard = self.begin_pass();
         let r = self.background_pass(0, 1);
         self.end_pass(guard);

@@ -25,6 +25,12 @@
 //!   a multi-page frame, owned by the slots of its chunk that name it; its
 //!   bytes are touched only under that chunk's shard lock (read lock to
 //!   read, write lock to change).
+//!
+//! Where things are: this file has [`Store`], its configuration, counters
+//! and `stats`; `table.rs` the slot encoding, chunks, shards and spans;
+//! `io.rs` what clients call; `budget.rs` the memory budget; `compress.rs`
+//! packing and decoding pages; `background.rs` the scanner's passes;
+//! `persist.rs` the store's side of saves and loads.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::collections::HashSet;
@@ -69,7 +75,6 @@ mod compress;
 mod io;
 mod table;
 use background::*;
-pub use background::{PassGuard, PassReport};
 use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
