@@ -8,7 +8,7 @@
 
 mod codec;
 mod error;
-pub mod image;
+pub mod persist;
 mod pool;
 mod scanner;
 mod store;
@@ -16,12 +16,12 @@ mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Error, Result};
+pub use persist::{PageRef, SavePlan};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::Scanner;
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
-    PageRef, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
-    PAGE_META_BYTES,
+    Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
 };
 
 /// The page size of the store: the unit of allocation, sharing and holes.

@@ -1400,7 +1400,7 @@ mod review {
 /// must give that disk back.
 mod persist {
     use super::*;
-    use crate::image::{decode_record, Record};
+    use crate::persist::{decode_record, Record};
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed as R};
     use std::sync::Arc;
     use std::time::Duration;

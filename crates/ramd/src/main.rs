@@ -20,7 +20,7 @@ use cli::{Cli, Command, DiskSize, Listen, ServeArgs};
 use persist::Persister;
 use ramd_fs::{Fs, FsConfig, FuseOptions};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
-use ramd_store::image::{DiskKind, ImageDir};
+use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{Scanner, Store, StoreConfig, PAGE_SIZE};
 use units::human;
 

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
 use serde_json::{json, Value};
 
-use ramd_store::image::{DiskKind, ImageDir, Record};
+use ramd_store::persist::{DiskKind, ImageDir, Record};
 use ramd_store::Store;
 
 use crate::units::human;

@@ -50,7 +50,7 @@ impl Store {
     /// moves the objects out of the emptiest zspages of fragmented classes,
     /// so the zspages go back to the pool. Waits for a background pass
     /// under way. Returns whether it moved anything (so a retry may fit).
-    pub(super) fn compact_now(&self) -> bool {
+    pub(crate) fn compact_now(&self) -> bool {
         let _pass = self.passing.lock();
         let mut report = PassReport::default();
         if self.zs.plan_compaction() > 0 {
@@ -114,7 +114,7 @@ impl Store {
     }
 
     /// Ages one chunk's pages and does what is due; returns its idle pages.
-    pub(super) fn scan_chunk(&self, shard: usize, key: u64, report: &mut PassReport) -> u64 {
+    pub(crate) fn scan_chunk(&self, shard: usize, key: u64, report: &mut PassReport) -> u64 {
         let lock = &self.shards[shard].0;
         let mut idle = 0;
         let mut due = Vec::new();
@@ -168,7 +168,7 @@ impl Store {
 
     /// Finds runs of idle, unsettled pages to re-pack, and frames that lost
     /// most of their pages.
-    pub(super) fn plan_repack(&self, chunk: &Chunk, due: &mut Vec<Due>) {
+    pub(crate) fn plan_repack(&self, chunk: &Chunk, due: &mut Vec<Due>) {
         let idle = |i: usize| {
             let m = chunk.meta[i].load(Relaxed);
             let kind = m & KIND_MASK;
@@ -208,7 +208,7 @@ impl Store {
         }
     }
 
-    pub(super) fn run_due(
+    pub(crate) fn run_due(
         &self,
         lock: &RwLock<HashMap<u64, Box<Chunk>>>,
         key: u64,
@@ -238,7 +238,7 @@ impl Store {
         }
     }
 
-    pub(super) fn compress_hot(
+    pub(crate) fn compress_hot(
         &self,
         map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
         key: u64,
@@ -272,7 +272,7 @@ impl Store {
     /// Re-packs pages `start..start+n` with the recompress codec: into one
     /// frame if `n > 1`, else alone. Kept only if it saves memory; the
     /// pages are settled either way so the next pass does not retry.
-    pub(super) fn repack(
+    pub(crate) fn repack(
         &self,
         map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
         key: u64,
@@ -349,7 +349,7 @@ impl Store {
     }
 
     /// Stores the pages still in a frame alone, freeing the frame.
-    pub(super) fn split_frame(
+    pub(crate) fn split_frame(
         &self,
         map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
         key: u64,
@@ -388,7 +388,7 @@ impl Store {
 
     /// Moves the object slot `i` names (and every slot sharing it) out of a
     /// zspage that compaction is emptying.
-    pub(super) fn move_object(
+    pub(crate) fn move_object(
         &self,
         map: RwLockUpgradableReadGuard<'_, HashMap<u64, Box<Chunk>>>,
         key: u64,
@@ -432,7 +432,7 @@ impl Store {
     }
 
     /// Gives back what a slot built by `pack` holds, before it is published.
-    pub(super) fn drop_unpublished(&self, s: Slot) {
+    pub(crate) fn drop_unpublished(&self, s: Slot) {
         match s {
             Slot::Raw { p, .. } => self.free_page(p),
             Slot::Packed { h, .. } => self.free_object(h),
@@ -442,7 +442,7 @@ impl Store {
 }
 
 #[derive(Clone, Copy)]
-pub(super) enum Due {
+pub(crate) enum Due {
     Compress(usize),
     Repack(usize, usize),
     Split(u64),
@@ -452,7 +452,7 @@ pub(super) enum Due {
 /// The scanner's period: a quarter of the shortest delay it must notice,
 /// between 50 ms and 1 s, and long enough that the longest fits the age
 /// field.
-pub(super) fn scanner_tick(cfg: &StoreConfig) -> Duration {
+pub(crate) fn scanner_tick(cfg: &StoreConfig) -> Duration {
     let delays = [cfg.compress_after, cfg.idle_after];
     let shortest = delays.iter().filter(|d| !d.is_zero()).min().copied();
     let mut tick = shortest.map_or(Duration::from_secs(1), |d| d / 4);
@@ -461,7 +461,7 @@ pub(super) fn scanner_tick(cfg: &StoreConfig) -> Duration {
     tick.max(longest / (MAX_AGE as u32 - 1))
 }
 
-pub(super) fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -7,7 +7,7 @@ use super::*;
 /// with raw (hot) pages could otherwise never compress them, since a
 /// compressed copy needs memory before the raw page is freed. Enough for a
 /// new zspage of the largest class (32 pages) and its descriptor.
-pub(super) const BACKGROUND_HEADROOM: u64 = 256 << 10;
+pub(crate) const BACKGROUND_HEADROOM: u64 = 256 << 10;
 
 impl Store {
     /// Charges `bytes` of a frontend's own metadata (inodes, directory
@@ -31,14 +31,14 @@ impl Store {
     }
 
     /// Gives back a raw frame and its budget.
-    pub(super) fn free_page(&self, p: PagePtr) {
+    pub(crate) fn free_page(&self, p: PagePtr) {
         self.pool.free(p);
         self.unreserve(PAGE_SIZE as u64);
     }
 
     /// Reserves and takes one raw frame, for background work if `bg`;
     /// nothing is charged if either fails.
-    pub(super) fn alloc_page(&self, bg: bool) -> Result<PagePtr> {
+    pub(crate) fn alloc_page(&self, bg: bool) -> Result<PagePtr> {
         self.reserve_for(PAGE_SIZE as u64, bg)?;
         self.pool
             .alloc()
@@ -47,7 +47,7 @@ impl Store {
 
     /// Counts one more non-hole page against `page_limit`; to be called
     /// before a hole is replaced by anything else.
-    pub(super) fn claim_page(&self) -> Result<()> {
+    pub(crate) fn claim_page(&self) -> Result<()> {
         self.c
             .live_pages
             .fetch_update(Relaxed, Relaxed, |n| (n < self.page_limit).then_some(n + 1))
@@ -59,7 +59,7 @@ impl Store {
 
     /// Reserves budget for a client's request: everything but the
     /// background headroom.
-    pub(super) fn reserve(&self, bytes: u64) -> Result<()> {
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<()> {
         // Pages kept for a save under way do not count against clients:
         // saving must never make a write fail.
         let kept = self.c.kept.load(Relaxed);
@@ -68,14 +68,14 @@ impl Store {
 
     /// Reserves budget for background work (all of `max_memory`), or for a
     /// client if `bg` is false.
-    pub(super) fn reserve_for(&self, bytes: u64, bg: bool) -> Result<()> {
+    pub(crate) fn reserve_for(&self, bytes: u64, bg: bool) -> Result<()> {
         match bg {
             true => self.reserve_within(bytes, self.max_memory),
             false => self.reserve(bytes),
         }
     }
 
-    pub(super) fn reserve_within(&self, bytes: u64, limit: u64) -> Result<()> {
+    pub(crate) fn reserve_within(&self, bytes: u64, limit: u64) -> Result<()> {
         self.c
             .memory_used
             .fetch_update(Relaxed, Relaxed, |used| {
@@ -88,7 +88,7 @@ impl Store {
             })
     }
 
-    pub(super) fn unreserve(&self, bytes: u64) {
+    pub(crate) fn unreserve(&self, bytes: u64) {
         let before = self.c.memory_used.fetch_sub(bytes, Relaxed);
         debug_assert!(before >= bytes, "memory accounting went negative");
     }
@@ -97,13 +97,13 @@ impl Store {
     /// regardless of age: decided once per pass, so that one pass under
     /// pressure compresses every hot page rather than just enough to dip
     /// below the mark (which would have writers hit it again at once).
-    pub(super) fn under_pressure(&self) -> bool {
+    pub(crate) fn under_pressure(&self) -> bool {
         self.c.pressure.load(Relaxed)
     }
 
     /// Memory use above which a pass compresses every hot page, and reads
     /// stop promoting: 7/8 of the clients' budget.
-    pub(super) fn pressure_mark(&self) -> u64 {
+    pub(crate) fn pressure_mark(&self) -> u64 {
         (self.max_memory - self.headroom) / 8 * 7
     }
 }

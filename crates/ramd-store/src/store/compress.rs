@@ -8,10 +8,10 @@ use super::*;
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).
 pub(crate) const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
 /// Pages one multi-page frame holds at most.
-pub(super) const FRAME_PAGES: usize = 16;
+pub(crate) const FRAME_PAGES: usize = 16;
 /// Bytes before a frame's compressed data: first slot, page count, codec,
 /// a spare byte, compressed length (u32 LE).
-pub(super) const FRAME_HEADER: usize = 8;
+pub(crate) const FRAME_HEADER: usize = 8;
 
 impl Store {
     /// Hot/cold tiering: compressed pages read whole a second time since the
@@ -20,7 +20,7 @@ impl Store {
     /// effort: skipped when memory is short. Pages are decompressed again
     /// under the write lock: what the read saw may have been rewritten since
     /// (even into the same object), so `out` cannot be trusted here.
-    pub(super) fn promote(&self, span: &ChunkSpan, cold: u64) {
+    pub(crate) fn promote(&self, span: &ChunkSpan, cold: u64) {
         let mut map = self.shard(span.chunk).write();
         let Some(chunk) = map.get_mut(&span.chunk) else {
             return;
@@ -56,7 +56,7 @@ impl Store {
     /// it does not compress to `MAX_PACKED`. If `old` is a compressed
     /// object of the same class, or a raw frame that the result needs, it
     /// is reused in place; then the caller must hold the write lock.
-    pub(super) fn pack(&self, codec: Codec, data: &[u8], old: Slot, bg: bool) -> Result<Slot> {
+    pub(crate) fn pack(&self, codec: Codec, data: &[u8], old: Slot, bg: bool) -> Result<Slot> {
         let mut out = [0u8; MAX_PACKED];
         let n = timed(&self.c.compress_ns, || {
             codec::compress(codec, data, &mut out)
@@ -108,7 +108,7 @@ impl Store {
         })
     }
 
-    pub(super) fn alloc_object(&self, len: usize, bg: bool) -> Result<Handle> {
+    pub(crate) fn alloc_object(&self, len: usize, bg: bool) -> Result<Handle> {
         self.zs.alloc(
             len,
             &self.pool,
@@ -117,12 +117,12 @@ impl Store {
         )
     }
 
-    pub(super) fn free_object(&self, h: Handle) {
+    pub(crate) fn free_object(&self, h: Handle) {
         self.zs.free(h, &self.pool, |b| self.unreserve(b));
     }
 
     /// Decompresses page `i` (`slot`, compressed) into `dst` (4 KiB).
-    pub(super) fn decode_into(
+    pub(crate) fn decode_into(
         &self,
         slot: Slot,
         chunk: &Chunk,
@@ -153,7 +153,7 @@ impl Store {
     /// A frame's header: first slot, page count, codec, compressed length.
     ///
     /// SAFETY: the caller holds the shard lock of a slot naming `h`.
-    pub(super) unsafe fn frame_header(&self, h: Handle) -> [u8; FRAME_HEADER] {
+    pub(crate) unsafe fn frame_header(&self, h: Handle) -> [u8; FRAME_HEADER] {
         let mut header = [0u8; FRAME_HEADER];
         self.zs.read(h, &mut header);
         header
@@ -163,14 +163,14 @@ impl Store {
 /// The frame last decompressed while one shard lock is held, so that a
 /// request over many pages of one frame decompresses it once.
 #[derive(Default)]
-pub(super) struct FrameCache {
+pub(crate) struct FrameCache {
     val: Option<u64>,
     data: Vec<u8>,
     start: usize,
 }
 
 impl FrameCache {
-    pub(super) fn page(
+    pub(crate) fn page(
         &mut self,
         store: &Store,
         val: u64,
@@ -207,11 +207,11 @@ impl FrameCache {
     }
 }
 
-pub(super) fn frame_len(header: &[u8; FRAME_HEADER]) -> usize {
+pub(crate) fn frame_len(header: &[u8; FRAME_HEADER]) -> usize {
     u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize
 }
 
-pub(super) fn codec_id(c: Codec) -> u8 {
+pub(crate) fn codec_id(c: Codec) -> u8 {
     match c {
         Codec::None => 0,
         Codec::Lz4 => 1,
@@ -219,7 +219,7 @@ pub(super) fn codec_id(c: Codec) -> u8 {
     }
 }
 
-pub(super) fn codec_of(id: u8) -> Result<Codec> {
+pub(crate) fn codec_of(id: u8) -> Result<Codec> {
     match id {
         1 => Ok(Codec::Lz4),
         2 => Ok(Codec::Zstd(0)),
@@ -248,7 +248,7 @@ pub fn compress_page(
 /// but it is a system call, ~0.5 µs here, and timing only some calls with
 /// it was measured to overstate them by 3-20%: the system call itself slows
 /// the compression that follows it.)
-pub(super) fn timed<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
+pub(crate) fn timed<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
     let start = std::time::Instant::now();
     let r = f();
     counter.fetch_add(start.elapsed().as_nanos() as u64, Relaxed);

@@ -106,7 +106,7 @@ impl Store {
         }
     }
 
-    pub(super) fn write_spans(
+    pub(crate) fn write_spans(
         &self,
         offset: u64,
         data: &[u8],
@@ -275,7 +275,7 @@ impl Store {
         Ok(out)
     }
 
-    pub(super) fn check_range(&self, offset: u64, length: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, offset: u64, length: u64) -> Result<()> {
         match offset.checked_add(length) {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(Error::OutOfRange {
@@ -286,7 +286,7 @@ impl Store {
         }
     }
 
-    pub(super) fn write_page(
+    pub(crate) fn write_page(
         &self,
         chunk: &mut Chunk,
         i: usize,
@@ -333,7 +333,7 @@ impl Store {
     /// Applies `f` to the contents of page `i`: in place for a raw page,
     /// else on a copy that then replaces the slot. A hole must have been
     /// claimed by the caller.
-    pub(super) fn modify_page(
+    pub(crate) fn modify_page(
         &self,
         chunk: &mut Chunk,
         i: usize,
@@ -369,7 +369,7 @@ impl Store {
     /// Replaces slot `i` with a page holding `data`: same-filled, raw or
     /// compressed as the disk's settings and the data say. The slot keeps
     /// its old contents if this fails.
-    pub(super) fn store_page(&self, chunk: &mut Chunk, i: usize, data: &[u8]) -> Result<()> {
+    pub(crate) fn store_page(&self, chunk: &mut Chunk, i: usize, data: &[u8]) -> Result<()> {
         if let Some(pat) = same_filled(data) {
             self.replace(chunk, i, Slot::Fill(pat), true);
             return Ok(());
@@ -394,7 +394,7 @@ impl Store {
 }
 
 /// `Some(p)` if every aligned 8 bytes of `page` equal `p` (native endian).
-pub(super) fn same_filled(page: &[u8]) -> Option<u64> {
+pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
     debug_assert_eq!(page.len(), PAGE_SIZE);
     let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
     page.chunks_exact(8)
@@ -403,7 +403,7 @@ pub(super) fn same_filled(page: &[u8]) -> Option<u64> {
 }
 
 /// Whether `src`, placed at `start` in a page filled with `pat`, changes nothing.
-pub(super) fn matches_pattern(src: &[u8], pat: u64, start: usize) -> bool {
+pub(crate) fn matches_pattern(src: &[u8], pat: u64, start: usize) -> bool {
     let pb = pat.to_ne_bytes();
     src.iter()
         .enumerate()
@@ -411,7 +411,7 @@ pub(super) fn matches_pattern(src: &[u8], pat: u64, start: usize) -> bool {
 }
 
 /// Fills `dst` with the bytes a `pat`-filled page has from in-page `start` on.
-pub(super) fn fill_pattern(dst: &mut [u8], pat: u64, start: usize) {
+pub(crate) fn fill_pattern(dst: &mut [u8], pat: u64, start: usize) {
     if pat == 0 {
         dst.fill(0);
         return;

@@ -30,7 +30,7 @@
 //! and `stats`; `table.rs` the slot encoding, chunks, shards and spans;
 //! `io.rs` what clients call; `budget.rs` the memory budget; `compress.rs`
 //! packing and decoding pages; `background.rs` the scanner's passes;
-//! `persist.rs` the store's side of saves and loads.
+//! `crate::persist::session` the store's side of saves and loads.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::collections::HashSet;
@@ -66,21 +66,18 @@ pub const PAGE_META_BYTES: f64 = CHUNK_META_BYTES as f64 / CHUNK_PAGES as f64;
 // What ARCHITECTURE.md documents, and never more than zram's 16-byte entry.
 const _: () = assert!(CHUNK_META_BYTES == 720 && CHUNK_META_BYTES <= 16 * CHUNK_PAGES as u64);
 
-mod persist;
-pub use persist::{PageRef, SavePlan};
-
 mod background;
 mod budget;
 mod compress;
 mod io;
 mod table;
-use background::*;
-use budget::*;
+pub(crate) use background::*;
+pub(crate) use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
-use compress::*;
+pub(crate) use compress::*;
 pub use io::{Extent, ExtentKind};
-use table::*;
+pub(crate) use table::*;
 
 /// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]
@@ -225,70 +222,70 @@ pub struct StoreStats {
 
 /// Counters, each kept exact under the locks that change what it counts.
 #[derive(Default)]
-struct Counters {
-    memory_used: AtomicU64,
-    hot: AtomicU64,
-    huge: AtomicU64,
-    packed: AtomicU64,
-    frame_pages: AtomicU64,
-    frames: AtomicU64,
-    fill: AtomicU64,
-    zero: AtomicU64,
-    chunks: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) memory_used: AtomicU64,
+    pub(crate) hot: AtomicU64,
+    pub(crate) huge: AtomicU64,
+    pub(crate) packed: AtomicU64,
+    pub(crate) frame_pages: AtomicU64,
+    pub(crate) frames: AtomicU64,
+    pub(crate) fill: AtomicU64,
+    pub(crate) zero: AtomicU64,
+    pub(crate) chunks: AtomicU64,
     /// Exact bytes of compressed objects (a frame counted once).
-    compressed_bytes: AtomicU64,
+    pub(crate) compressed_bytes: AtomicU64,
     /// Slots that are not holes; bounded by `page_limit`.
-    live_pages: AtomicU64,
+    pub(crate) live_pages: AtomicU64,
     /// Bytes frontends charged for their own metadata (see `charge`).
-    charged: AtomicU64,
-    idle: AtomicU64,
+    pub(crate) charged: AtomicU64,
+    pub(crate) idle: AtomicU64,
     /// Idle pages counted so far by the pass under way.
-    idle_pass: AtomicU64,
+    pub(crate) idle_pass: AtomicU64,
     /// This pass compresses hot pages whatever their age (see `under_pressure`).
-    pressure: std::sync::atomic::AtomicBool,
-    compress_ns: AtomicU64,
-    decompress_ns: AtomicU64,
-    background_ns: AtomicU64,
-    compacted: AtomicU64,
+    pub(crate) pressure: std::sync::atomic::AtomicBool,
+    pub(crate) compress_ns: AtomicU64,
+    pub(crate) decompress_ns: AtomicU64,
+    pub(crate) background_ns: AtomicU64,
+    pub(crate) compacted: AtomicU64,
     /// Bytes of pages kept for the save under way (see `persist.rs`).
-    kept: AtomicU64,
+    pub(crate) kept: AtomicU64,
     /// The save under way could not keep a page it needed.
-    save_broken: std::sync::atomic::AtomicBool,
+    pub(crate) save_broken: std::sync::atomic::AtomicBool,
 }
 
 /// What makes a flush durable (a save to the disk's image).
 pub type FlushHook = Box<dyn Fn() -> Result<()> + Send + Sync>;
 
 pub struct Store {
-    size: u64,
-    max_memory: u64,
-    shards: Box<[Shard]>,
-    c: Counters,
-    page_limit: u64,
-    compress: Codec,
-    recompress: Codec,
+    pub(crate) size: u64,
+    pub(crate) max_memory: u64,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) c: Counters,
+    pub(crate) page_limit: u64,
+    pub(crate) compress: Codec,
+    pub(crate) recompress: Codec,
     /// Scanner passes a hot page waits, and an idle page has waited.
-    compress_after: u16,
-    idle_after: u16,
-    tick: Duration,
+    pub(crate) compress_after: u16,
+    pub(crate) idle_after: u16,
+    pub(crate) tick: Duration,
     /// Budget only background work may use (see `reserve`).
-    headroom: u64,
+    pub(crate) headroom: u64,
     /// Held for a whole background pass, and by a client's compaction
     /// (`compact_now`): compaction plans are global, one at a time.
-    passing: Mutex<()>,
+    pub(crate) passing: Mutex<()>,
     /// Frontends hold it shared over each request that changes the disk;
     /// a save holds it exclusively for its switch, so every request is all
     /// in or all out of a saved image (see `gate`).
-    gate: RwLock<()>,
+    pub(crate) gate: RwLock<()>,
     /// Whether changes are tracked for saves (`StoreConfig::track_changes`).
-    track: bool,
+    pub(crate) track: bool,
     /// Chunks dropped (emptied) since the last save's switch.
-    gone: Mutex<HashSet<u64>>,
+    pub(crate) gone: Mutex<HashSet<u64>>,
     /// Called by `flush` (NBD FLUSH and FUA, fsync) once set.
-    flush_hook: OnceLock<FlushHook>,
+    pub(crate) flush_hook: OnceLock<FlushHook>,
     // Declared last: dropped after the page table that points into them.
-    zs: ZsAlloc,
-    pool: PagePool,
+    pub(crate) zs: ZsAlloc,
+    pub(crate) pool: PagePool,
 }
 
 impl Store {

@@ -6,24 +6,24 @@ use super::*;
 
 // Slot metadata: kind in the low 3 bits, then flags, then the age in passes
 // of the background scanner.
-pub(super) const KIND_MASK: u16 = 0b111;
-pub(super) const K_HOLE: u16 = 0;
-pub(super) const K_FILL: u16 = 1;
-pub(super) const K_RAW_HOT: u16 = 2;
-pub(super) const K_RAW_HUGE: u16 = 3;
-pub(super) const K_LZ4: u16 = 4;
-pub(super) const K_ZSTD: u16 = 5;
-pub(super) const K_FRAME: u16 = 6;
+pub(crate) const KIND_MASK: u16 = 0b111;
+pub(crate) const K_HOLE: u16 = 0;
+pub(crate) const K_FILL: u16 = 1;
+pub(crate) const K_RAW_HOT: u16 = 2;
+pub(crate) const K_RAW_HUGE: u16 = 3;
+pub(crate) const K_LZ4: u16 = 4;
+pub(crate) const K_ZSTD: u16 = 5;
+pub(crate) const K_FRAME: u16 = 6;
 /// Read or written since the scanner last looked.
-pub(super) const ACCESSED: u16 = 1 << 3;
+pub(crate) const ACCESSED: u16 = 1 << 3;
 /// The scanner has nothing more to do with this page until it is written.
-pub(super) const SETTLED: u16 = 1 << 4;
-pub(super) const AGE_SHIFT: u32 = 5;
-pub(super) const MAX_AGE: u16 = u16::MAX >> AGE_SHIFT;
+pub(crate) const SETTLED: u16 = 1 << 4;
+pub(crate) const AGE_SHIFT: u32 = 5;
+pub(crate) const MAX_AGE: u16 = u16::MAX >> AGE_SHIFT;
 
 /// What a slot holds, decoded from its value and kind.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Slot {
+pub(crate) enum Slot {
     /// Never written, trimmed, or zeroed with holes allowed.
     Hole,
     /// Every 8 bytes of the page equal this (zero pages included): no memory.
@@ -38,7 +38,7 @@ pub(super) enum Slot {
 }
 
 impl Slot {
-    pub(super) fn encode(self) -> (u64, u16) {
+    pub(crate) fn encode(self) -> (u64, u16) {
         match self {
             Slot::Hole => (0, K_HOLE),
             Slot::Fill(pat) => (pat, K_FILL),
@@ -53,7 +53,7 @@ impl Slot {
     }
 
     /// SAFETY: `(val, kind)` came from `encode` of a slot that is still live.
-    pub(super) unsafe fn decode(val: u64, kind: u16) -> Slot {
+    pub(crate) unsafe fn decode(val: u64, kind: u16) -> Slot {
         match kind {
             K_HOLE => Slot::Hole,
             K_FILL => Slot::Fill(val),
@@ -75,26 +75,26 @@ impl Slot {
     }
 }
 
-pub(super) struct Chunk {
-    pub(super) vals: [u64; CHUNK_PAGES],
+pub(crate) struct Chunk {
+    pub(crate) vals: [u64; CHUNK_PAGES],
     /// Atomic so that readers (under the shared lock) can set ACCESSED.
-    pub(super) meta: [AtomicU16; CHUNK_PAGES],
+    pub(crate) meta: [AtomicU16; CHUNK_PAGES],
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
     /// (and it keeps no pages for a save).
-    pub(super) live: u32,
+    pub(crate) live: u32,
     /// Slots changed since the last save's switch (see `persist.rs`).
-    pub(super) dirty: u64,
+    pub(crate) dirty: u64,
     /// Slots the save under way has still to write; atomic because the
     /// saver clears them under a shared lock.
-    pub(super) saving: AtomicU64,
+    pub(crate) saving: AtomicU64,
     /// Contents at the switch of `saving` slots that clients changed since.
     // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
     #[allow(clippy::box_collection)]
-    pub(super) kept: Option<Box<Vec<(u8, persist::Kept)>>>,
+    pub(crate) kept: Option<Box<Vec<(u8, crate::persist::Kept)>>>,
 }
 
 impl Chunk {
-    pub(super) fn new() -> Box<Chunk> {
+    pub(crate) fn new() -> Box<Chunk> {
         Box::new(Chunk {
             vals: [0; CHUNK_PAGES],
             meta: std::array::from_fn(|_| AtomicU16::new(K_HOLE)),
@@ -105,18 +105,18 @@ impl Chunk {
         })
     }
 
-    pub(super) fn get(&self, i: usize) -> Slot {
+    pub(crate) fn get(&self, i: usize) -> Slot {
         let kind = self.meta[i].load(Relaxed) & KIND_MASK;
         // SAFETY: slots are written only through `Store::replace`, from
         // `Slot::encode` of what they hold.
         unsafe { Slot::decode(self.vals[i], kind) }
     }
 
-    pub(super) fn kind(&self, i: usize) -> u16 {
+    pub(crate) fn kind(&self, i: usize) -> u16 {
         self.meta[i].load(Relaxed) & KIND_MASK
     }
 
-    pub(super) fn touch(&self, i: usize) {
+    pub(crate) fn touch(&self, i: usize) {
         let m = &self.meta[i];
         if m.load(Relaxed) & ACCESSED == 0 {
             m.fetch_or(ACCESSED, Relaxed);
@@ -124,22 +124,22 @@ impl Chunk {
     }
 
     /// Other slots naming the same frame as slot `i`.
-    pub(super) fn frame_members(&self, val: u64) -> impl Iterator<Item = usize> + '_ {
+    pub(crate) fn frame_members(&self, val: u64) -> impl Iterator<Item = usize> + '_ {
         (0..CHUNK_PAGES).filter(move |&j| self.kind(j) == K_FRAME && self.vals[j] == val)
     }
 }
 
 #[repr(align(64))]
-pub(super) struct Shard(pub(super) RwLock<HashMap<u64, Box<Chunk>>>);
+pub(crate) struct Shard(pub(crate) RwLock<HashMap<u64, Box<Chunk>>>);
 
 impl Store {
-    pub(super) fn shard(&self, chunk: u64) -> &RwLock<HashMap<u64, Box<Chunk>>> {
+    pub(crate) fn shard(&self, chunk: u64) -> &RwLock<HashMap<u64, Box<Chunk>>> {
         &self.shards[chunk as usize & (SHARDS - 1)].0
     }
 
     /// Runs `f` on a chunk under its shard's write lock, creating the chunk
     /// if `create`, and dropping it afterwards if it ended up empty.
-    pub(super) fn with_chunk(
+    pub(crate) fn with_chunk(
         &self,
         idx: u64,
         create: bool,
@@ -166,7 +166,7 @@ impl Store {
     }
 
     /// Drops an empty chunk, remembering it for the next save.
-    pub(super) fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
+    pub(crate) fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
         if let Some(chunk) = map.remove(&key) {
             debug_assert!(chunk.live == 0 && chunk.kept.is_none());
             self.c.chunks.fetch_sub(1, Relaxed);
@@ -182,7 +182,7 @@ impl Store {
     /// frame). Memory `new` holds must already be charged. `touch`: this is
     /// a client's write (the page turns hot and young); else the scanner's
     /// change, which keeps the age.
-    pub(super) fn replace(&self, chunk: &mut Chunk, i: usize, new: Slot, touch: bool) {
+    pub(crate) fn replace(&self, chunk: &mut Chunk, i: usize, new: Slot, touch: bool) {
         let old = chunk.get(i);
         let (val, kind) = new.encode();
         let old_val = chunk.vals[i];
@@ -236,7 +236,7 @@ impl Store {
         }
     }
 
-    pub(super) fn count(&self, slot: Slot, delta: i64) {
+    pub(crate) fn count(&self, slot: Slot, delta: i64) {
         let c = &self.c;
         let counter = match slot {
             Slot::Hole => return,
@@ -257,43 +257,43 @@ impl Store {
 
 /// SAFETY: the caller owns `p` (it is in a slot whose shard lock it holds
 /// for reading, or it is fresh from the pool) and nobody mutates it meanwhile.
-pub(super) unsafe fn page_ref<'a>(p: PagePtr) -> &'a [u8] {
+pub(crate) unsafe fn page_ref<'a>(p: PagePtr) -> &'a [u8] {
     std::slice::from_raw_parts(p.as_ptr(), PAGE_SIZE)
 }
 
 /// SAFETY: the caller has exclusive access to `p` (write lock on its shard,
 /// or fresh from the pool) for the lifetime of the returned slice.
 #[allow(clippy::mut_from_ref)]
-pub(super) unsafe fn page_mut<'a>(p: PagePtr) -> &'a mut [u8] {
+pub(crate) unsafe fn page_mut<'a>(p: PagePtr) -> &'a mut [u8] {
     std::slice::from_raw_parts_mut(p.as_ptr(), PAGE_SIZE)
 }
 
 /// One chunk's share of a request.
-pub(super) struct ChunkSpan {
-    pub(super) chunk: u64,
+pub(crate) struct ChunkSpan {
+    pub(crate) chunk: u64,
     /// Disk offset where this share starts.
-    pub(super) offset: u64,
-    pub(super) len: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
     /// Where this share starts in the request's buffer.
-    pub(super) buf_off: usize,
+    pub(crate) buf_off: usize,
 }
 
 /// One page's share of a chunk span.
-pub(super) struct PageSpan {
-    pub(super) slot: usize,
+pub(crate) struct PageSpan {
+    pub(crate) slot: usize,
     /// Offset inside the page.
-    pub(super) start: usize,
-    pub(super) len: usize,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
     /// Offset inside the chunk span's buffer.
-    pub(super) buf_off: usize,
+    pub(crate) buf_off: usize,
 }
 
 impl ChunkSpan {
-    pub(super) fn buf_range(&self) -> std::ops::Range<usize> {
+    pub(crate) fn buf_range(&self) -> std::ops::Range<usize> {
         self.buf_off..self.buf_off + self.len as usize
     }
 
-    pub(super) fn pages(&self) -> impl Iterator<Item = PageSpan> {
+    pub(crate) fn pages(&self) -> impl Iterator<Item = PageSpan> {
         let (mut off, end, base) = (self.offset, self.offset + self.len, self.offset);
         std::iter::from_fn(move || {
             if off >= end {
@@ -314,14 +314,14 @@ impl ChunkSpan {
 }
 
 impl PageSpan {
-    pub(super) fn buf_range(&self) -> std::ops::Range<usize> {
+    pub(crate) fn buf_range(&self) -> std::ops::Range<usize> {
         self.buf_off..self.buf_off + self.len
     }
 }
 
 /// Cuts `[offset, offset+length)` at chunk boundaries. The caller has checked
 /// that the range does not overflow.
-pub(super) fn chunk_spans(offset: u64, length: u64) -> impl Iterator<Item = ChunkSpan> {
+pub(crate) fn chunk_spans(offset: u64, length: u64) -> impl Iterator<Item = ChunkSpan> {
     let end = offset + length;
     let mut off = offset;
     std::iter::from_fn(move || {

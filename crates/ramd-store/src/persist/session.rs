@@ -2,7 +2,7 @@
 //! (`Chunk::dirty`, and `Store::gone` for chunks that emptied), a save's
 //! point-in-time view while clients keep writing (copy-on-write of the pages
 //! a save still has to write: `Chunk::saving`, `Chunk::kept`), and putting
-//! saved pages back on load. The image file format is `crate::image`'s.
+//! saved pages back on load. The image file format is `format.rs`'s.
 //!
 //! A save runs in three steps:
 //! 1. [`Store::begin_save`]: under the gate (no request in flight) and every
@@ -13,7 +13,11 @@
 //!    `saving` first copies its old contents into `kept` (`changing`).
 //! 3. [`Store::end_save`], or [`Store::abort_save`] if writing failed.
 
-use super::*;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::error::{Error, Result};
+use crate::store::*;
+use crate::{zs, PAGE_SIZE};
 
 /// One page (or one frame of pages) as an image holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +45,7 @@ pub enum PageRef<'a> {
 }
 
 /// A page's contents at the switch, copied before a client changed it.
-pub(super) enum Kept {
+pub(crate) enum Kept {
     Hole,
     Fill(u64),
     Raw { data: Box<[u8]>, hot: bool },
@@ -86,7 +90,7 @@ impl Store {
     /// A client is about to change slot `i`: remember it for the next save,
     /// and if the save under way still has to write it, keep its contents
     /// as they were at the switch. Call under the shard's write lock.
-    pub(super) fn changing(&self, chunk: &mut Chunk, i: usize) {
+    pub(crate) fn changing(&self, chunk: &mut Chunk, i: usize) {
         if !self.track {
             return;
         }
