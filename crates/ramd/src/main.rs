@@ -6,7 +6,6 @@ mod cli;
 mod config;
 mod control;
 mod image_cmd;
-mod persist;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -17,10 +16,9 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 use cli::{Cli, Command, DiskSize, Listen, ServeArgs};
-use persist::Persister;
 use ramd_fs::{Fs, FsConfig, FuseOptions};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
-use ramd_store::persist::{DiskKind, ImageDir};
+use ramd_store::persist::{self, DiskKind, ImageDir, PersistStatus, Persister};
 use ramd_store::{Scanner, Store, StoreConfig, PAGE_SIZE};
 use units::human;
 
@@ -167,7 +165,7 @@ fn open_image(
         }
         return Ok(None);
     };
-    persist::open_image(dir, kind, size).map(Some)
+    Ok(Some(persist::open_image(dir, kind, size)?))
 }
 
 /// Sets up saving: the save thread and, with --flush persist, the store's
@@ -243,7 +241,7 @@ fn snapshot_fn(p: &Saving) -> Option<control::SnapshotFn> {
         p.save(full)
             .map(|r| {
                 let mut v = serde_json::to_value(r).expect("report serializes");
-                v["path"] = p.status()["image"].clone();
+                v["path"] = p.status().image.into();
                 v
             })
             .map_err(|e| format!("{e:#}"))
@@ -251,8 +249,10 @@ fn snapshot_fn(p: &Saving) -> Option<control::SnapshotFn> {
 }
 
 fn persist_status(p: &Saving) -> Value {
-    p.as_ref()
-        .map_or_else(persist::no_image_status, |(p, _)| p.status())
+    let status = p
+        .as_ref()
+        .map_or_else(PersistStatus::none, |(p, _)| p.status());
+    serde_json::to_value(status).expect("status serializes")
 }
 
 /// The status row of a disk: the store's figures plus `extra`.

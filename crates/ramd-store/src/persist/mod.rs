@@ -29,6 +29,7 @@ use crate::PAGE_SIZE;
 
 mod format;
 mod manifest;
+mod policy;
 mod reader;
 mod session;
 #[cfg(test)]
@@ -41,6 +42,7 @@ use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use manifest::{ImageDir, Manifest, SegEntry};
+pub use policy::{load, open_image, FlushMode, MetaFn, PersistStatus, Persister, SaveReport};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan};
 pub use writer::SegWriter;

@@ -11,14 +11,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
-use ramd_store::persist::{DiskKind, ImageDir, Record};
-use ramd_store::Store;
-
-use crate::units::human;
+use super::{DiskKind, ImageDir, Record};
+use crate::error::{Error, Result};
+use crate::{human, Store};
 
 /// An incremental chain is replaced by a full save once it has this many
 /// saves, or once its incremental saves add up to the full save's size:
@@ -26,7 +24,7 @@ use crate::units::human;
 const MAX_CHAIN: usize = 16;
 
 /// What a save did, for `ramd snapshot` and status.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SaveReport {
     pub seq: u64,
     pub full: bool,
@@ -157,10 +155,10 @@ impl Persister {
                 );
             }
             Err(e) => {
-                st.last_error = Some(format!("{e:#}"));
+                st.last_error = Some(e.to_string());
                 st.need_full = true;
                 log::error!(
-                    "save to {} failed (the previous image is intact): {e:#}",
+                    "save to {} failed (the previous image is intact): {e}",
                     image.path().display()
                 );
             }
@@ -194,7 +192,7 @@ impl Persister {
             Ok(w) => w,
             Err(e) => {
                 self.store.abort_save();
-                return Err(e.into());
+                return Err(e);
             }
         };
         for &key in &plan.gone {
@@ -211,7 +209,7 @@ impl Persister {
             self.store.save_chunk(key, mask, |page, p| w.page(page, p));
             failed = w.write_out().err();
             if failed.is_none() && self.store.save_broken() {
-                failed = Some(ramd_store::Error::Invalid(
+                failed = Some(Error::Invalid(
                     "clients changed more during the save than memory allows keeping for it \
                      (max_memory, or the host's reserve); the next save is a full one"
                         .into(),
@@ -221,7 +219,7 @@ impl Persister {
         if let Some(e) = failed {
             self.store.abort_save();
             w.discard();
-            return Err(e.into());
+            return Err(e);
         }
         self.store.end_save();
         let entry = w.finish()?;
@@ -243,7 +241,7 @@ impl Persister {
 
     /// `--flush persist`: returns once a save that began after this call
     /// is durable.
-    pub fn flush(&self) -> ramd_store::Result<()> {
+    pub fn flush(&self) -> Result<()> {
         let mut st = self.state.lock();
         let target = st.started + 1;
         st.wanted = st.wanted.max(target);
@@ -258,10 +256,7 @@ impl Persister {
                 .last_error
                 .clone()
                 .unwrap_or_else(|| "ramd is stopping".into());
-            Err(ramd_store::Error::file(
-                &self.path,
-                std::io::Error::other(why),
-            ))
+            Err(Error::file(&self.path, std::io::Error::other(why)))
         }
     }
 
@@ -273,7 +268,11 @@ impl Persister {
         let me = self.clone();
         let t = std::thread::Builder::new()
             .name("ramd-save".into())
-            .spawn(move || me.run())?;
+            .spawn(move || me.run())
+            .map_err(|source| Error::Os {
+                what: "starting the save thread",
+                source,
+            })?;
         Ok(Some(t))
     }
 
@@ -330,29 +329,60 @@ impl Persister {
     }
 
     /// The status fields of this disk's persistence.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> PersistStatus {
         let st = self.state.lock();
-        json!({
-            "image": self.image_path(),
-            "flush": if self.flush_persist { "persist" } else { "ignore" },
-            "autosave_secs": self.autosave.map(|d| d.as_secs_f64()),
-            "saves": st.saves,
-            "last_save": st.last,
-            "last_save_error": st.last_error,
-        })
-    }
-
-    fn image_path(&self) -> String {
-        self.path.display().to_string()
+        PersistStatus {
+            image: Some(self.path.display().to_string()),
+            flush: if self.flush_persist {
+                FlushMode::Persist
+            } else {
+                FlushMode::Ignore
+            },
+            autosave_secs: self.autosave.map(|d| d.as_secs_f64()),
+            saves: st.saves,
+            last_save: st.last.clone(),
+            last_save_error: st.last_error.clone(),
+        }
     }
 }
 
-/// Status fields of a disk without an image.
-pub fn no_image_status() -> Value {
-    json!({
-        "image": null, "flush": "ignore", "autosave_secs": null, "saves": 0,
-        "last_save": null, "last_save_error": null,
-    })
+/// What a flush does: `ignore` (memory is the medium) or `persist` (wait
+/// for a save).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    Ignore,
+    Persist,
+}
+
+/// A disk's persistence as `ramd status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PersistStatus {
+    /// The image directory; `None` for a disk without one.
+    pub image: Option<String>,
+    pub flush: FlushMode,
+    pub autosave_secs: Option<f64>,
+    /// Saves this process made.
+    pub saves: u64,
+    /// The last save that succeeded (the image's last, until this process
+    /// saves).
+    pub last_save: Option<SaveReport>,
+    /// Why the last save failed, until one succeeds.
+    pub last_save_error: Option<String>,
+}
+
+impl PersistStatus {
+    /// The status of a disk without an image.
+    pub fn none() -> PersistStatus {
+        PersistStatus {
+            image: None,
+            flush: FlushMode::Ignore,
+            autosave_secs: None,
+            saves: 0,
+            last_save: None,
+            last_save_error: None,
+        }
+    }
 }
 
 /// Loads the image into `store`; returns the filesystem tree if it is an
@@ -395,15 +425,15 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         )
         .map_err(|e| {
             let hint = match e {
-                ramd_store::Error::NoSpace { .. } => {
+                Error::NoSpace { .. } => {
                     ": the image holds more than --max-memory allows; give a larger --max-memory"
                 }
-                ramd_store::Error::DiskFull { .. } => {
+                Error::DiskFull { .. } => {
                     ": the image holds more than --size allows; give a larger --size"
                 }
                 _ => "",
             };
-            anyhow::anyhow!("loading image {}: {e}{hint}", image.path().display())
+            Error::context(format!("loading image {}", image.path().display()), e, hint)
         })?;
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -420,10 +450,10 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         human((m.bytes() as f64 / secs.max(1e-9)) as u64)
     );
     if m.kind == DiskKind::Fs && meta.is_none() {
-        bail!(
+        return Err(Error::Unusable(format!(
             "image {}: an fs image without its tree (no META record)",
             image.path().display()
-        );
+        )));
     }
     Ok(meta)
 }
@@ -447,18 +477,19 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// size to use (the image's when `size` is None) and the image, loaded or
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir).with_context(|| format!("image {}", dir.display()))?;
+    let image = ImageDir::open(dir)
+        .map_err(|e| Error::context(format!("image {}", dir.display()), e, ""))?;
     let Some(m) = image.manifest() else {
-        let size = size.with_context(|| {
-            format!(
+        let size = size.ok_or_else(|| {
+            Error::Unusable(format!(
                 "image {} is empty (a new image): give --size for the new disk",
                 dir.display()
-            )
+            ))
         })?;
         return Ok((image, size));
     };
     if m.kind != kind {
-        bail!(
+        return Err(Error::Unusable(format!(
             "image {} holds a {} disk, not a{} {} disk: {}",
             dir.display(),
             m.kind.name(),
@@ -469,15 +500,15 @@ pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(Imag
             } else {
                 "serve it with --mount DIR"
             }
-        );
+        )));
     }
     if let Some(s) = size.filter(|&s| s != m.size) {
-        bail!(
+        return Err(Error::Unusable(format!(
             "--size {s} differs from the size of the disk in image {}: {} bytes; leave --size \
              out to use the image's",
             dir.display(),
             m.size
-        );
+        )));
     }
     let size = m.size;
     Ok((image, size))
