@@ -44,5 +44,5 @@ pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEAD
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use policy::{load, open_image, FlushMode, MetaFn, PersistStatus, Persister, SaveReport};
 pub(crate) use session::Kept;
-pub use session::{PageRef, SavePlan};
+pub use session::{PageRef, SavePlan, SaveSession};
 pub use writer::SegWriter;

@@ -170,15 +170,16 @@ impl Persister {
     fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
         let t0 = Instant::now();
         let seq = image.next_seq();
-        let (plan, meta) = self
+        let (session, meta) = self
             .store
             .begin_save(full, || self.meta.as_ref().map(|f| f()));
+        let plan = session.plan();
         let meta_sum = meta.as_deref().map(crc32c::crc32c);
         let unchanged =
             !full && plan.pages == 0 && plan.gone.is_empty() && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
-            self.store.end_save();
+            session.finish();
             return Ok(SaveReport {
                 seq: last.seq,
                 full: false,
@@ -188,13 +189,8 @@ impl Persister {
                 unix_time: now_secs(),
             });
         }
-        let mut w = match image.begin_segment(seq, full, self.kind, self.size) {
-            Ok(w) => w,
-            Err(e) => {
-                self.store.abort_save();
-                return Err(e);
-            }
-        };
+        // An error returned from here on drops the session: the save aborts.
+        let mut w = image.begin_segment(seq, full, self.kind, self.size)?;
         for &key in &plan.gone {
             w.gone(key);
         }
@@ -206,9 +202,9 @@ impl Persister {
             if failed.is_some() {
                 break;
             }
-            self.store.save_chunk(key, mask, |page, p| w.page(page, p));
+            session.save_chunk(key, mask, |page, p| w.page(page, p));
             failed = w.write_out().err();
-            if failed.is_none() && self.store.save_broken() {
+            if failed.is_none() && session.broken() {
                 failed = Some(Error::Invalid(
                     "clients changed more during the save than memory allows keeping for it \
                      (max_memory, or the host's reserve); the next save is a full one"
@@ -217,11 +213,11 @@ impl Persister {
             }
         }
         if let Some(e) = failed {
-            self.store.abort_save();
+            drop(session);
             w.discard();
             return Err(e);
         }
-        self.store.end_save();
+        session.finish();
         let entry = w.finish()?;
         let report = SaveReport {
             seq,
