@@ -20,8 +20,9 @@ pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::Scanner;
 pub use store::{
-    compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
-    Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
+    compress_page, default_host_reserve, default_max_memory, full_disk_memory, Change, Extent,
+    ExtentKind, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
+    PAGE_META_BYTES,
 };
 
 /// `bytes` for people: `4K`, `1.5M`, `1G` (powers of 1024).

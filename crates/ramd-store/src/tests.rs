@@ -1422,16 +1422,16 @@ mod persist {
     /// One client request, holding the gate as frontends do.
     fn mutate(s: &Store, rng: &mut Rng) {
         let size = s.size();
-        let _gate = s.gate();
+        let c = s.change();
         let at = rng.below(size / P as u64) * P as u64;
         match rng.below(10) {
             0 => {
                 let n = (rng.below(32 * P as u64) + 1).min(size - at);
-                s.trim(at, n).unwrap();
+                c.trim(at, n).unwrap();
             }
             1 => {
                 let n = (rng.below(8 * P as u64) + 1).min(size - at);
-                let _ = s.zero(
+                let _ = c.zero(
                     at + rng.below(P as u64).min(size - at - 1),
                     n.min(size - at - P as u64).max(1),
                     false,
@@ -1440,7 +1440,7 @@ mod persist {
             2 => {
                 // A partial page write.
                 let off = at + rng.below(P as u64 - 100);
-                let _ = s.write(off, &rng.bytes(100));
+                let _ = c.write(off, &rng.bytes(100));
             }
             _ => {
                 let n = rng.below(4) as usize + 1;
@@ -1449,7 +1449,7 @@ mod persist {
                     d.extend(page(rng));
                 }
                 let n = d.len().min((size - at) as usize);
-                let _ = s.write(at, &d[..n]);
+                let _ = c.write(at, &d[..n]);
             }
         }
     }
@@ -1715,8 +1715,7 @@ mod persist {
         // Rewriting half the disk keeps the old half for the save, past
         // max_memory; status shows it.
         {
-            let _gate = s.gate();
-            s.write(0, &rng.bytes(1 << 19)).unwrap();
+            s.change().write(0, &rng.bytes(1 << 19)).unwrap();
         }
         let st = s.stats();
         assert!(memory_adds_up(&st) && !save.broken(), "{st:?}");
@@ -1727,8 +1726,7 @@ mod persist {
         assert!(st.memory_used > st.max_memory, "{st:?}");
         // Rewriting it all, twice, would keep more than max_memory.
         for _ in 0..2 {
-            let _gate = s.gate();
-            s.write(0, &rng.bytes(1 << 20)).unwrap();
+            s.change().write(0, &rng.bytes(1 << 20)).unwrap();
             let st = s.stats();
             assert!(memory_adds_up(&st), "{st:?}");
         }

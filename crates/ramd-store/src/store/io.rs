@@ -1,4 +1,5 @@
-//! What clients call: read, write, zero, trim, allocate, flush, extents.
+//! What clients call: read, flush, extents on the store; write, zero,
+//! trim and allocate only through a [`Change`], which holds the gate.
 
 use super::*;
 
@@ -17,6 +18,90 @@ pub enum ExtentKind {
 pub struct Extent {
     pub length: u64,
     pub kind: ExtentKind,
+}
+
+/// A client's licence to change the disk. It holds the store's *gate*
+/// shared; a save's switch takes the gate exclusively, so every request
+/// made under one `Change` is all in or all out of a saved image. Every
+/// call that changes data (`write`, `write_prefix`, `zero`,
+/// `zero_counted`, `trim`, `allocate`) is a method of `Change`: a frontend
+/// cannot change the disk without holding it.
+///
+/// Take it once per request, before any frontend lock (lock order: gate,
+/// frontend state, shard), and hold it from before the request's first
+/// change to after its last. Never take a second one while holding one (a
+/// save waiting for the gate would deadlock them), and never call
+/// [`Store::flush`] while holding one: a flush may wait for a save, which
+/// waits for the gate.
+pub struct Change<'a> {
+    store: &'a Store,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+impl<'a> Change<'a> {
+    /// The store this change is to.
+    pub fn store(&self) -> &'a Store {
+        self.store
+    }
+
+    /// Writes `data` at `offset`. On error the pages before the failing one
+    /// hold the new data, the failing one and those after it the old data.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.store.write(offset, data)
+    }
+
+    /// [`Change::write`], adding to `pages` how many pages stopped being
+    /// holes (even when it fails part way), so that a frontend can keep
+    /// per-object block counts without scanning; it also says how many
+    /// leading bytes of `data` are stored when it fails part way (pages are
+    /// written in order and the first failure stops it), so a filesystem
+    /// can answer with a short write as POSIX asks when the disk fills up.
+    pub fn write_prefix(&self, offset: u64, data: &[u8], pages: &mut i64) -> (usize, Result<()>) {
+        self.store.write_prefix(offset, data, pages)
+    }
+
+    /// Makes `[offset, offset+length)` read as zeros. With `punch`, whole
+    /// pages become holes; without, they become zero pages (allocated zeros,
+    /// as NBD's NO_HOLE asks). Needs memory only to rewrite part of a page
+    /// that is not raw.
+    pub fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
+        self.store.zero(offset, length, punch)
+    }
+
+    /// [`Change::zero`] with a page delta, as [`Change::write_prefix`].
+    pub fn zero_counted(
+        &self,
+        offset: u64,
+        length: u64,
+        punch: bool,
+        pages: &mut i64,
+    ) -> Result<()> {
+        self.store.zero_counted(offset, length, punch, pages)
+    }
+
+    /// Discards a range: it reads as zeros afterwards and costs nothing.
+    pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
+        self.store.trim(offset, length)
+    }
+
+    /// Makes every hole that `[offset, offset+length)` touches an allocated
+    /// zero page (fallocate's default mode); data is left alone. Counts
+    /// against `page_limit`, costs no page memory. All or nothing: if the
+    /// disk fills up part way, what this call allocated is given back.
+    pub fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
+        self.store.allocate(offset, length, pages)
+    }
+}
+
+impl Store {
+    /// Takes the gate shared, for one request that changes the disk: see
+    /// [`Change`].
+    pub fn change(&self) -> Change<'_> {
+        Change {
+            store: self,
+            _gate: self.gate.read(),
+        }
+    }
 }
 
 impl Store {
@@ -78,7 +163,7 @@ impl Store {
 
     /// Writes `data` at `offset`. On error the pages before the failing one
     /// hold the new data, the failing one and those after it the old data.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_prefix(offset, data, &mut 0).1
     }
 
@@ -88,7 +173,12 @@ impl Store {
     /// leading bytes of `data` are stored when it fails part way (pages are
     /// written in order and the first failure stops it), so a filesystem
     /// can answer with a short write as POSIX asks when the disk fills up.
-    pub fn write_prefix(&self, offset: u64, data: &[u8], pages: &mut i64) -> (usize, Result<()>) {
+    pub(crate) fn write_prefix(
+        &self,
+        offset: u64,
+        data: &[u8],
+        pages: &mut i64,
+    ) -> (usize, Result<()>) {
         if let Err(e) = self.check_range(offset, data.len() as u64) {
             return (0, Err(e));
         }
@@ -115,8 +205,9 @@ impl Store {
         let mut done = 0;
         for span in chunk_spans(offset, data.len() as u64) {
             let src = &data[span.buf_range()];
-            let r = self.with_chunk(span.chunk, true, pages, |chunk| {
+            let r = self.with_client_chunk(span.chunk, true, pages, |c| {
                 for ps in span.pages() {
+                    let chunk = c.change(ps.slot);
                     self.write_page(chunk, ps.slot, ps.start, &src[ps.buf_range()])?;
                     done += ps.len;
                 }
@@ -133,12 +224,12 @@ impl Store {
     /// pages become holes; without, they become zero pages (allocated zeros,
     /// as NBD's NO_HOLE asks). Needs memory only to rewrite part of a page
     /// that is not raw.
-    pub fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
+    pub(crate) fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
         self.zero_counted(offset, length, punch, &mut 0)
     }
 
     /// [`Store::zero`] with a page delta, as [`Store::write_prefix`].
-    pub fn zero_counted(
+    pub(crate) fn zero_counted(
         &self,
         offset: u64,
         length: u64,
@@ -148,9 +239,9 @@ impl Store {
         self.check_range(offset, length)?;
         for span in chunk_spans(offset, length) {
             // Punching a missing chunk is already done.
-            self.with_chunk(span.chunk, !punch, pages, |chunk| {
+            self.with_client_chunk(span.chunk, !punch, pages, |c| {
                 for ps in span.pages() {
-                    let old = chunk.get(ps.slot);
+                    let old = c.get(ps.slot);
                     if ps.len == PAGE_SIZE {
                         let new = if punch { Slot::Hole } else { Slot::Fill(0) };
                         if old == new {
@@ -159,11 +250,9 @@ impl Store {
                         if old == Slot::Hole {
                             self.claim_page()?;
                         }
-                        self.changing(chunk, ps.slot);
-                        self.replace(chunk, ps.slot, new, true);
+                        self.replace(c.change(ps.slot), ps.slot, new, true);
                     } else if !matches!(old, Slot::Hole | Slot::Fill(0)) {
-                        self.changing(chunk, ps.slot);
-                        self.modify_page(chunk, ps.slot, |page| {
+                        self.modify_page(c.change(ps.slot), ps.slot, |page| {
                             page[ps.start..ps.start + ps.len].fill(0)
                         })?;
                     }
@@ -175,7 +264,7 @@ impl Store {
     }
 
     /// Discards a range: it reads as zeros afterwards and costs nothing.
-    pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
+    pub(crate) fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.zero(offset, length, true)
     }
 
@@ -183,18 +272,17 @@ impl Store {
     /// zero page (fallocate's default mode); data is left alone. Counts
     /// against `page_limit`, costs no page memory. All or nothing: if the
     /// disk fills up part way, what this call allocated is given back.
-    pub fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
+    pub(crate) fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
         self.check_range(offset, length)?;
         // Disk offsets of the pages this call turned from holes into zeros.
         let mut made = Vec::new();
         let mut result = Ok(());
         for span in chunk_spans(offset, length) {
-            result = self.with_chunk(span.chunk, true, pages, |chunk| {
+            result = self.with_client_chunk(span.chunk, true, pages, |c| {
                 for ps in span.pages() {
-                    if chunk.get(ps.slot) == Slot::Hole {
+                    if c.get(ps.slot) == Slot::Hole {
                         self.claim_page()?;
-                        self.changing(chunk, ps.slot);
-                        self.replace(chunk, ps.slot, Slot::Fill(0), true);
+                        self.replace(c.change(ps.slot), ps.slot, Slot::Fill(0), true);
                         made.push(span.offset + ps.buf_off as u64 - ps.start as u64);
                     }
                 }
@@ -207,11 +295,10 @@ impl Store {
         if result.is_err() {
             for page in made {
                 // Only pages still as we left them: a write may have landed.
-                self.with_chunk(page / CHUNK_BYTES, false, pages, |chunk| {
+                self.with_client_chunk(page / CHUNK_BYTES, false, pages, |c| {
                     let i = ((page >> PAGE_SHIFT) as usize) % CHUNK_PAGES;
-                    if chunk.get(i) == Slot::Fill(0) {
-                        self.changing(chunk, i);
-                        self.replace(chunk, i, Slot::Hole, true);
+                    if c.get(i) == Slot::Fill(0) {
+                        self.replace(c.change(i), i, Slot::Hole, true);
                     }
                     Ok(())
                 })
@@ -293,7 +380,6 @@ impl Store {
         start: usize,
         src: &[u8],
     ) -> Result<()> {
-        self.changing(chunk, i);
         let old = chunk.get(i);
         let tiered = self.compress.is_none() || self.compress_after > 0;
         if src.len() == PAGE_SIZE {

@@ -76,7 +76,7 @@ pub(crate) use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
 pub(crate) use compress::*;
-pub use io::{Extent, ExtentKind};
+pub use io::{Change, Extent, ExtentKind};
 pub(crate) use table::*;
 
 /// How a store is sized, guarded and compressed.
@@ -275,7 +275,7 @@ pub struct Store {
     pub(crate) passing: Mutex<()>,
     /// Frontends hold it shared over each request that changes the disk;
     /// a save holds it exclusively for its switch, so every request is all
-    /// in or all out of a saved image (see `gate`).
+    /// in or all out of a saved image (see [`Change`]).
     pub(crate) gate: RwLock<()>,
     /// Whether changes are tracked for saves (`StoreConfig::track_changes`).
     pub(crate) track: bool,
@@ -359,14 +359,6 @@ impl Store {
     /// `None` when this store needs no background work.
     pub fn scanner_period(&self) -> Option<Duration> {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
-    }
-
-    /// Held (shared) by a frontend over each request that changes the disk,
-    /// from before its first change to after its last, so that a save's
-    /// switch, which takes it exclusively, sees every request whole. Take it
-    /// before any frontend lock; the store's own calls never take it.
-    pub fn gate(&self) -> RwLockReadGuard<'_, ()> {
-        self.gate.read()
     }
 
     /// Disk offsets of the chunks (`CHUNK_BYTES` each) that hold any page

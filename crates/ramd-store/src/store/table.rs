@@ -165,6 +165,21 @@ impl Store {
         result
     }
 
+    /// [`Store::with_chunk`] for a client's change: the chunk is handed
+    /// out as a [`ClientChunk`], whose slots change only through
+    /// [`ClientChunk::change`], which records each change for saves.
+    pub(crate) fn with_client_chunk(
+        &self,
+        idx: u64,
+        create: bool,
+        pages: &mut i64,
+        f: impl FnOnce(&mut ClientChunk<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.with_chunk(idx, create, pages, |chunk| {
+            f(&mut ClientChunk { store: self, chunk })
+        })
+    }
+
     /// Drops an empty chunk, remembering it for the next save.
     pub(crate) fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
         if let Some(chunk) = map.remove(&key) {
@@ -339,4 +354,26 @@ pub(crate) fn chunk_spans(offset: u64, length: u64) -> impl Iterator<Item = Chun
         off += len;
         Some(span)
     })
+}
+
+/// A chunk as a client's request holds it (under its shard's write lock).
+/// The one way to change one of its slots is [`ClientChunk::change`], so
+/// no client path can forget to tell the save under way (and the next
+/// one) about it.
+pub(crate) struct ClientChunk<'a> {
+    store: &'a Store,
+    chunk: &'a mut Chunk,
+}
+
+impl ClientChunk<'_> {
+    pub(crate) fn get(&self, i: usize) -> Slot {
+        self.chunk.get(i)
+    }
+
+    /// Slot `i` is about to change: records it for saves (see
+    /// `Store::changing`) and hands out the chunk to change it.
+    pub(crate) fn change(&mut self, i: usize) -> &mut Chunk {
+        self.store.changing(self.chunk, i);
+        self.chunk
+    }
 }
