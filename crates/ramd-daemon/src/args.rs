@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ramd_store::persist::FlushMode;
 use ramd_store::Codec;
 
 use crate::units::{parse_duration, parse_size};
@@ -131,16 +132,16 @@ pub struct DiskArgs {
     /// (a crash loses what changed since the last save). `persist`: they
     /// return once a save holding the data is durable in the image. Needs
     /// --image for persist.
-    #[arg(long, default_value = "ignore", value_enum, value_name = "MODE")]
+    #[arg(long, default_value = "ignore", value_parser = parse_flush, value_name = "MODE")]
     pub flush: FlushMode,
 }
 
 impl DiskArgs {
     /// `fs` with --mount, else `block`.
-    pub fn kind(&self) -> ramd_store::image::DiskKind {
+    pub fn kind(&self) -> ramd_store::persist::DiskKind {
         match self.mount {
-            Some(_) => ramd_store::image::DiskKind::Fs,
-            None => ramd_store::image::DiskKind::Block,
+            Some(_) => ramd_store::persist::DiskKind::Fs,
+            None => ramd_store::persist::DiskKind::Block,
         }
     }
 
@@ -153,23 +154,6 @@ impl DiskArgs {
     /// tell a changed disk from an unchanged one.
     pub fn fingerprint(&self) -> String {
         format!("{self:?}")
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FlushMode {
-    /// FLUSH, FUA and fsync return at memory speed.
-    Ignore,
-    /// They return once the data is durable in the image.
-    Persist,
-}
-
-impl FlushMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            FlushMode::Ignore => "ignore",
-            FlushMode::Persist => "persist",
-        }
     }
 }
 
@@ -200,6 +184,14 @@ pub fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
         ));
     }
     Ok(DiskSize::Bytes(n))
+}
+
+fn parse_flush(s: &str) -> Result<FlushMode, String> {
+    match s {
+        "ignore" => Ok(FlushMode::Ignore),
+        "persist" => Ok(FlushMode::Persist),
+        _ => Err(format!("invalid flush mode {s:?}: use ignore or persist")),
+    }
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {

@@ -76,6 +76,14 @@ pub fn load(path: &Path) -> Result<Plan> {
     let mut disks = Vec::new();
     for (name, table) in &file.disk {
         let line = line_of(&text, table.span().start);
+        if let Some(v) = table.get_ref().get("compress_threads") {
+            log::warn!(
+                "{}:{}: disk.{name}.compress_threads: ignored by `ramd up`, whose disks share \
+                 the daemon's background threads: set [daemon] compress_threads",
+                path.display(),
+                line_of(&text, v.span().start)
+            );
+        }
         let flags = table_flags(path, &text, name, table.get_ref())?;
         let matches = disk_command().try_get_matches_from(&flags).map_err(|e| {
             anyhow::anyhow!(

@@ -22,16 +22,17 @@ use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
 
 use ramd_fs::{Fs, FsConfig};
-use ramd_store::image::{DiskKind, ImageDir};
+use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
-use crate::args::{DiskArgs, DiskSize, FlushMode};
+use crate::args::{DiskArgs, DiskSize};
 use crate::control::{ControlServer, Request};
 use crate::daemon::Event;
 use crate::frontend::{Claim, DiskContext, Frontend, Registry};
-use crate::persist::{self, PersistStatus, Persister, SaveReport};
 use crate::status::DiskStatus;
-use crate::units::human;
+use ramd_store::human;
+use ramd_store::persist::FlushMode;
+use ramd_store::persist::{self, PersistStatus, Persister, SaveReport};
 
 /// What the disks of one process share.
 pub struct Shared {
@@ -318,7 +319,7 @@ impl Disk {
     /// Saves now (`ramd snapshot`).
     pub fn snapshot(&self, full: bool) -> Result<SaveReport> {
         match &self.saving {
-            Some(s) => s.persister.save(full),
+            Some(s) => Ok(s.persister.save(full)?),
             None => bail!("this disk has no image: serve it with --image DIR"),
         }
     }
@@ -636,7 +637,7 @@ mod tests {
             let mut page = [0u8; PAGE_SIZE];
             disk.store.read(0, &mut page)?;
             if page[0] == 0 {
-                disk.store.write(0, &[7u8; PAGE_SIZE])?;
+                disk.store.change().write(0, &[7u8; PAGE_SIZE])?;
             }
             Ok(vec![Arc::new(ProbeFrontend {
                 log: self.0.clone(),

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ramd_fs::Fs;
-use ramd_store::image::DiskKind;
+use ramd_store::persist::DiskKind;
 use ramd_store::Store;
 use serde::{Deserialize, Serialize};
 

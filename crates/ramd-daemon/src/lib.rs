@@ -20,7 +20,6 @@ pub mod daemon;
 pub mod disk;
 pub mod frontend;
 mod frontends;
-pub mod persist;
 pub mod status;
 pub mod units;
 

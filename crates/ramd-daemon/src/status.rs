@@ -9,8 +9,8 @@ use ramd_fs::FsStats;
 use ramd_store::StoreStats;
 
 use crate::frontend::FrontendStatus;
-use crate::persist::PersistStatus;
-use crate::units::human;
+use ramd_store::human;
+use ramd_store::persist::PersistStatus;
 
 /// One disk.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -79,23 +79,9 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .ok_or_else(|| format!("duration {s:?} is too long"))
 }
 
-/// A byte count for people: `0`, `4K`, `1.5M`, `1G`.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes}B")
-    } else if v.fract() == 0.0 || v >= 100.0 {
-        format!("{v:.0}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
-    }
-}
+/// A byte count for people: `0`, `4K`, `1.5M`, `1G` (the library's, which
+/// logs with it too).
+pub use ramd_store::human;
 
 #[cfg(test)]
 mod tests {

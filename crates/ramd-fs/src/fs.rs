@@ -9,10 +9,12 @@
 //! Locking: one `RwLock` over all metadata. Reads and writes of file data
 //! hold it only to look up the slot and to update size and times; the page
 //! copies run under the store's own shard locks. Every method that changes
-//! the tree or file data first holds the store's save gate (shared) for its
-//! whole run, so a save, which takes the gate exclusively, sees each request
-//! all done or not begun; lock order is gate -> state -> store. (atime
-//! updates skip it: one change under the state lock, in a save or not.)
+//! the tree or file data first takes a [`Change`] (the store's save gate,
+//! shared) for its whole run and hands it down to every store call that
+//! changes data, so a save, which takes the gate exclusively, sees each
+//! request all done or not begun; lock order is gate -> state -> store.
+//! (atime updates skip it: one change under the state lock, in a save or
+//! not.)
 //!
 //! Invariants:
 //! - An inode exists while it is linked (`nlink > 0`), known to the kernel
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
-use ramd_store::{ExtentKind, Store, PAGE_SIZE};
+use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
 pub(crate) mod meta;
 
@@ -371,6 +373,12 @@ impl Fs {
         })
     }
 
+    /// Takes the store's gate for one changing request: what [`Fs::write`]
+    /// needs (every other changing call takes its own).
+    pub fn change(&self) -> Change<'_> {
+        self.store.change()
+    }
+
     pub fn store(&self) -> &Arc<Store> {
         &self.store
     }
@@ -393,12 +401,12 @@ impl Fs {
     /// The kernel dropped `n` references taken by lookups and creations.
     /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
     pub fn forget(&self, ino: u64, n: u64) {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.lookups = inode.lookups.saturating_sub(n);
         }
-        self.maybe_free(&mut st, ino);
+        self.maybe_free(&c, &mut st, ino);
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
@@ -411,7 +419,7 @@ impl Fs {
     /// chown of a non-directory and a truncate by an unprivileged caller
     /// drop setuid, setgid and file capabilities.
     pub fn setattr(&self, who: Caller, ino: u64, set: SetAttr) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
@@ -442,7 +450,7 @@ impl Fs {
                 // last page whole: past the old end it holds only zeros).
                 let end = round_up((*alloc_end).max(inode.size));
                 if end > size {
-                    let delta = self.punch(base(slot) + size, end - size);
+                    let delta = self.punch(&c, base(slot) + size, end - size);
                     *pages = pages.saturating_add_signed(delta);
                 }
                 *alloc_end = size;
@@ -478,9 +486,9 @@ impl Fs {
     /// Turns `len` bytes of a file's store range at `at` into holes and
     /// returns the change in its non-hole pages. Punching needs no memory
     /// and the range lies inside the file's slot, so it cannot fail.
-    fn punch(&self, at: u64, len: u64) -> i64 {
+    fn punch(&self, c: &Change<'_>, at: u64, len: u64) -> i64 {
         let mut delta = 0;
-        let r = self.store.zero_counted(at, len, true, &mut delta);
+        let r = c.zero_counted(at, len, true, &mut delta);
         debug_assert!(r.is_ok(), "punching a file's pages failed: {r:?}");
         delta
     }
@@ -527,7 +535,7 @@ impl Fs {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         let kind = Kind::from_mode(mode).ok_or(Errno(libc::EINVAL))?;
         if kind == Kind::Symlink {
             return err(libc::EINVAL);
@@ -536,12 +544,12 @@ impl Fs {
     }
 
     pub fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
     }
 
     pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         if target.len() >= libc::PATH_MAX as usize {
             return err(libc::ENAMETOOLONG);
         }
@@ -550,7 +558,7 @@ impl Fs {
 
     /// Creates and opens a regular file.
     pub fn create(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
         self.state.write().get_mut(attr.ino)?.opens += 1;
         Ok(attr)
@@ -631,7 +639,7 @@ impl Fs {
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<Attr> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         check_name(newname)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
@@ -658,18 +666,18 @@ impl Fs {
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         if st.get(ino)?.kind == Kind::Dir {
             return err(libc::EISDIR);
         }
-        self.remove_entry(&mut st, parent, name, ino);
+        self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         if name == "." {
             return err(libc::EINVAL);
         }
@@ -682,13 +690,13 @@ impl Fs {
         if !d.entries()?.is_empty() {
             return err(libc::ENOTEMPTY);
         }
-        self.remove_entry(&mut st, parent, name, ino);
+        self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
 
     /// Drops the entry `name` → `ino` from `parent`, with link counts, times
     /// and memory.
-    fn remove_entry(&self, st: &mut State, parent: u64, name: &OsStr, ino: u64) {
+    fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: u64, name: &OsStr, ino: u64) {
         let now = SystemTime::now();
         let p = st.inodes.get_mut(&parent).expect("parent exists");
         p.entries_mut().expect("parent is a dir").remove(name);
@@ -702,12 +710,12 @@ impl Fs {
             inode.nlink -= 1;
         }
         self.store.uncharge(name_cost(name));
-        self.maybe_free(st, ino);
+        self.maybe_free(c, st, ino);
     }
 
     /// Frees what an inode no longer needs: data once unreachable and
     /// closed, the inode once the kernel forgot it too.
-    fn maybe_free(&self, st: &mut State, ino: u64) {
+    fn maybe_free(&self, c: &Change<'_>, st: &mut State, ino: u64) {
         let Some(inode) = st.inodes.get_mut(&ino) else {
             return;
         };
@@ -723,7 +731,7 @@ impl Fs {
             // Whole pages: punching part of one would leave it allocated.
             let end = round_up((*alloc_end).max(inode.size));
             if end > 0 {
-                let delta = self.punch(base(slot), end);
+                let delta = self.punch(c, base(slot), end);
                 *pages = pages.saturating_add_signed(delta);
                 *alloc_end = 0;
                 inode.size = 0;
@@ -757,7 +765,7 @@ impl Fs {
     ) -> Result<()> {
         const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
-        let _gate = self.store.gate();
+        let c = self.store.change();
         if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
             return err(libc::EINVAL);
         }
@@ -822,7 +830,7 @@ impl Fs {
         // Nothing may fail after the replaced entry is gone: charge first.
         self.store.charge(name_cost(newname))?;
         if let Some(dst) = dst {
-            self.remove_entry(&mut st, newparent, newname, dst);
+            self.remove_entry(&c, &mut st, newparent, newname, dst);
         }
         st.get_mut(parent)?.entries_mut()?.remove(name);
         self.store.uncharge(name_cost(name));
@@ -878,12 +886,12 @@ impl Fs {
 
     /// Takes the gate: the last close of an unlinked file frees its data.
     pub fn release(&self, ino: u64) {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.opens = inode.opens.saturating_sub(1);
         }
-        self.maybe_free(&mut st, ino);
+        self.maybe_free(&c, &mut st, ino);
     }
 
     /// Where a regular file's data starts in the store, and its size.
@@ -934,23 +942,11 @@ impl Fs {
     /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
     /// which would take a short count as success) it fails whole. With
     /// `drop_privs` (the kernel says the writer lacks CAP_FSETID) setuid,
-    /// setgid and capabilities go, as on any Linux filesystem.
+    /// setgid and capabilities go, as on any Linux filesystem. The caller
+    /// holds `c` ([`Fs::change`]) over the whole request.
     pub fn write(
         &self,
-        ino: u64,
-        off: u64,
-        data: &[u8],
-        short_ok: bool,
-        drop_privs: bool,
-    ) -> Result<usize> {
-        let _gate = self.store.gate();
-        self.write_gated(ino, off, data, short_ok, drop_privs)
-    }
-
-    /// [`Fs::write`] for a caller that holds the gate (taking it twice
-    /// could deadlock behind a waiting save).
-    fn write_gated(
-        &self,
+        c: &Change<'_>,
         ino: u64,
         off: u64,
         data: &[u8],
@@ -963,7 +959,7 @@ impl Fs {
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
             .ok_or(Errno(libc::EFBIG))?;
         let mut delta = 0;
-        let (done, r) = self.store.write_prefix(base + off, data, &mut delta);
+        let (done, r) = c.write_prefix(base + off, data, &mut delta);
         let (end, r) = match r {
             Err(_) if short_ok && done > 0 => (off + done as u64, Ok(())),
             r => (end, r),
@@ -984,7 +980,7 @@ impl Fs {
             if r.is_err() && end > size {
                 // What landed past EOF must not show if the file grows later.
                 let from = off.max(size);
-                delta += self.punch(base + from, end - from);
+                delta += self.punch(c, base + from, end - from);
             }
             *pages = pages.saturating_add_signed(delta);
         }
@@ -1001,7 +997,7 @@ impl Fs {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
-        let _gate = self.store.gate();
+        let c = self.store.change();
         if mode & !(KEEP_SIZE | PUNCH | ZERO) != 0 || (mode & PUNCH != 0 && mode & ZERO != 0) {
             return err(libc::EOPNOTSUPP);
         }
@@ -1021,15 +1017,14 @@ impl Fs {
             // Only what lies inside the file is punched.
             let end = end.min(size);
             if end > off {
-                self.store
-                    .zero_counted(base + off, end - off, true, &mut delta)
+                c.zero_counted(base + off, end - off, true, &mut delta)
             } else {
                 Ok(())
             }
         } else if mode & ZERO != 0 {
-            self.store.zero_counted(base + off, len, false, &mut delta)
+            c.zero_counted(base + off, len, false, &mut delta)
         } else {
-            self.store.allocate(base + off, len, &mut delta)
+            c.allocate(base + off, len, &mut delta)
         };
         let now = SystemTime::now();
         let mut st = self.state.write();
@@ -1091,7 +1086,7 @@ impl Fs {
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
-        let _gate = self.store.gate();
+        let c = self.store.change();
         let (_, size_in) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
             return err(libc::EINVAL);
@@ -1105,7 +1100,7 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            let put = self.write_gated(ino_out, off_out + done, &buf[..got], true, false)?;
+            let put = self.write(&c, ino_out, off_out + done, &buf[..got], true, false)?;
             done += put as u64;
             if put < got {
                 break;
@@ -1191,7 +1186,7 @@ impl Fs {
     }
 
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return err(libc::E2BIG);
@@ -1239,7 +1234,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<()> {
-        let _gate = self.store.gate();
+        let _change = self.store.change();
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;

@@ -346,7 +346,10 @@ impl fuser::Filesystem for FuseFs {
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write(ino.0, offset, data, short_ok, drop_privs) {
+        let r = self
+            .fs
+            .write(&self.fs.change(), ino.0, offset, data, short_ok, drop_privs);
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }

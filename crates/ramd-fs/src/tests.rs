@@ -50,7 +50,11 @@ fn create_write_read_truncate() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     assert_eq!((a.uid, a.gid, a.perm, a.nlink), (1000, 100, 0o644, 1));
-    assert_eq!(f.write(a.ino, 5000, b"hello", true, false).unwrap(), 5);
+    assert_eq!(
+        f.write(&f.change(), a.ino, 5000, b"hello", true, false)
+            .unwrap(),
+        5
+    );
     let mut buf = [9u8; 8192];
     assert_eq!(f.read(a.ino, 0, &mut buf).unwrap(), 5005);
     assert!(buf[..5000].iter().all(|&b| b == 0));
@@ -86,7 +90,7 @@ fn unlink_frees_data_at_last_close() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-    f.write(a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
     assert_eq!(f.store().stats().data_pages, 256);
     f.unlink(ROOT_INO, n("a")).unwrap();
     // Still open: the data stays readable.
@@ -201,9 +205,9 @@ fn limits_give_enospc_and_keep_data() {
     let f = fs_with(1 << 20, 4);
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    f.write(a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
     assert_eq!(
-        f.write(a.ino, 1 << 20, &[1; 4096], true, false),
+        f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, false),
         Err(Errno(libc::ENOSPC))
     );
     let mut back = vec![0; 1 << 20];
@@ -226,8 +230,10 @@ fn fallocate_modes_and_seek() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let p = PAGE_SIZE as u64;
-    f.write(a.ino, 0, &[1; PAGE_SIZE], true, false).unwrap();
-    f.write(a.ino, 4 * p, &[2; PAGE_SIZE], true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &[1; PAGE_SIZE], true, false)
+        .unwrap();
+    f.write(&f.change(), a.ino, 4 * p, &[2; PAGE_SIZE], true, false)
+        .unwrap();
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
@@ -315,13 +321,14 @@ fn copy_range_and_efbig() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    f.write(a.ino, 0, b"abcdefgh", true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, b"abcdefgh", true, false)
+        .unwrap();
     assert_eq!(f.copy_range(a.ino, 2, b.ino, 10, 100).unwrap(), 6);
     let mut buf = [0; 16];
     assert_eq!(f.read(b.ino, 0, &mut buf).unwrap(), 16);
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
-        f.write(a.ino, MAX_FILE_SIZE, b"xy", true, false),
+        f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, false),
         Err(Errno(libc::EFBIG))
     );
     assert_eq!(
@@ -345,7 +352,7 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     let data: Vec<u8> = (0..2 << 20).map(|i| (i % 249) as u8).collect();
     // A cache flush fails whole and leaves nothing past EOF...
     assert_eq!(
-        f.write(a.ino, 0, &data, false, false),
+        f.write(&f.change(), a.ino, 0, &data, false, false),
         Err(Errno(libc::ENOSPC))
     );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
@@ -364,14 +371,14 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     assert_eq!(b, [0; 4096]);
     // ...a program's write is short, like tmpfs: what fits is stored.
     let c = f.create(ME, ROOT_INO, n("c"), REG).unwrap();
-    let short = f.write(c.ino, 0, &data, true, false).unwrap();
+    let short = f.write(&f.change(), c.ino, 0, &data, true, false).unwrap();
     assert_eq!(
         short,
         1 << 20,
         "the disk holds 1 MiB, and a (grown by truncate) holds no page"
     );
     assert_eq!(
-        f.write(c.ino, short as u64, &data, true, false),
+        f.write(&f.change(), c.ino, short as u64, &data, true, false),
         Err(Errno(libc::ENOSPC))
     );
     f.release(c.ino);
@@ -431,7 +438,7 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     f.setxattr(a.ino, n("security.capability"), b"cap", 0)
         .unwrap();
     // A write the kernel flags (writer without CAP_FSETID).
-    f.write(a.ino, 0, b"x", true, true).unwrap();
+    f.write(&f.change(), a.ino, 0, b"x", true, true).unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!(attr.perm, 0o755, "setuid and (group-exec) setgid dropped");
     assert_eq!(
@@ -599,31 +606,42 @@ fn build_tree(f: &Fs) -> Built {
     let other = Caller { uid: 7, gid: 8 };
     let docs = f.mkdir(ME, ROOT_INO, n("docs"), 0o755).unwrap().ino;
     let a = f.create(ME, docs, n("a.txt"), REG).unwrap().ino;
-    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+        .unwrap();
     f.release(a);
     let mut dir = docs;
     for name in ["deep", "er", "est"] {
         dir = f.mkdir(other, dir, n(name), 0o700).unwrap().ino;
     }
     let bottom = f.create(other, dir, n("bottom"), REG).unwrap().ino;
-    f.write(bottom, 0, b"at the bottom", true, false).unwrap();
+    f.write(&f.change(), bottom, 0, b"at the bottom", true, false)
+        .unwrap();
     f.release(bottom);
     // Sparse: data, a 3 MiB hole, data.
     let sparse = f.create(ME, ROOT_INO, n("sparse"), REG).unwrap().ino;
-    f.write(sparse, 0, &pattern(4096, 2), true, false).unwrap();
-    f.write(sparse, (3 << 20) + 10, &pattern(100, 3), true, false)
+    f.write(&f.change(), sparse, 0, &pattern(4096, 2), true, false)
         .unwrap();
+    f.write(
+        &f.change(),
+        sparse,
+        (3 << 20) + 10,
+        &pattern(100, 3),
+        true,
+        false,
+    )
+    .unwrap();
     f.release(sparse);
     // Allocated past its size (KEEP_SIZE), in the next chunk too.
     let pre = f.create(ME, ROOT_INO, n("prealloc"), REG).unwrap().ino;
-    f.write(pre, 0, &pattern(5000, 4), true, false).unwrap();
+    f.write(&f.change(), pre, 0, &pattern(5000, 4), true, false)
+        .unwrap();
     f.fallocate(pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
         .unwrap();
     f.release(pre);
     // Zero pages (fallocate) and a same-filled page.
     let filled = f.create(ME, ROOT_INO, n("filled"), REG).unwrap().ino;
     f.fallocate(filled, 0, 4 * p, 0).unwrap();
-    f.write(filled, 4 * p, &[7; PAGE_SIZE], true, false)
+    f.write(&f.change(), filled, 4 * p, &[7; PAGE_SIZE], true, false)
         .unwrap();
     f.release(filled);
     let empty = f.mknod(ME, ROOT_INO, n("empty"), REG, 0).unwrap().ino;
@@ -673,7 +691,7 @@ fn build_tree(f: &Fs) -> Built {
     f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0).unwrap();
     // Unlinked but open, with data; and a removed directory still looked up.
     let orphan = f.create(ME, ROOT_INO, n("orphan"), REG).unwrap().ino;
-    f.write(orphan, 0, &pattern(1 << 20, 6), true, false)
+    f.write(&f.change(), orphan, 0, &pattern(1 << 20, 6), true, false)
         .unwrap();
     f.unlink(ROOT_INO, n("orphan")).unwrap();
     let gone_dir = f.mkdir(ME, ROOT_INO, n("gone"), 0o755).unwrap().ino;
@@ -715,11 +733,11 @@ fn copy_store(from: &Store, to: &Store) {
         for e in from.extents(off, CHUNK_BYTES, 64).unwrap() {
             match e.kind {
                 ExtentKind::Hole => {}
-                ExtentKind::Zero => to.allocate(pos, e.length, &mut 0).unwrap(),
+                ExtentKind::Zero => to.change().allocate(pos, e.length, &mut 0).unwrap(),
                 ExtentKind::Data => {
                     let b = &mut buf[..e.length as usize];
                     from.read(pos, b).unwrap();
-                    to.write(pos, b).unwrap();
+                    to.change().write(pos, b).unwrap();
                 }
             }
             pos += e.length;
@@ -782,7 +800,8 @@ fn save_and_load_keep_everything_and_its_cost() {
     // The loaded tree works on: a new file takes a free slot, not a
     // loaded file's, and its pages land in its own range.
     let c = f2.create(ME, ROOT_INO, n("new"), REG).unwrap().ino;
-    f2.write(c, 0, &pattern(300_000, 9), true, false).unwrap();
+    f2.write(&f2.change(), c, 0, &pattern(300_000, 9), true, false)
+        .unwrap();
     let d = f2.mkdir(ME, ROOT_INO, n("newdir"), 0o755).unwrap().ino;
     assert!(c > built.gone_dir && d > c, "inode numbers not reused");
     let after = walk(&f2);
@@ -825,7 +844,8 @@ fn load_on_the_same_store_trims_what_no_file_owns() {
     // Find a file's slot from the chunks its first write creates.
     let chunks: BTreeSet<u64> = s.data_chunks().into_iter().collect();
     let a = f1.create(ME, ROOT_INO, n("five"), REG).unwrap().ino;
-    f1.write(a, 0, &pattern(5000, 10), true, false).unwrap();
+    f1.write(&f1.change(), a, 0, &pattern(5000, 10), true, false)
+        .unwrap();
     f1.release(a);
     let new: Vec<u64> = s
         .data_chunks()
@@ -847,10 +867,10 @@ fn load_on_the_same_store_trims_what_no_file_owns() {
         base + (10 << 20),
         999 << FILE_SHIFT,
     ] {
-        s.write(at, &junk).unwrap();
+        s.change().write(at, &junk).unwrap();
     }
     // What a loaded file may keep: its last partial page.
-    s.write(base + 6000, &junk[..100]).unwrap();
+    s.change().write(base + 6000, &junk[..100]).unwrap();
     drop(f1);
     let f2 = Fs::load(s.clone(), cfg(1000), &meta).unwrap();
     let after = walk(&f2);
@@ -898,7 +918,7 @@ fn small() -> (Fs, Vec<u8>) {
     let f = Fs::new(new_store(DISK), cfg(100)).unwrap();
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let a = f.create(ME, d, n("a"), REG).unwrap().ino;
-    f.write(a, 0, b"data", true, false).unwrap();
+    f.write(&f.change(), a, 0, b"data", true, false).unwrap();
     f.link(a, ROOT_INO, n("b")).unwrap();
     f.create(ME, ROOT_INO, n("c"), REG).unwrap();
     f.symlink(ME, d, n("l"), n("a")).unwrap();
@@ -1177,7 +1197,8 @@ fn limits_lower_than_the_tree_still_load() {
 fn a_partial_last_page_is_freed_too() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
-    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+        .unwrap();
     let trunc = SetAttr {
         size: Some(0),
         ..Default::default()
@@ -1185,7 +1206,8 @@ fn a_partial_last_page_is_freed_too() {
     f.setattr(ME, a, trunc).unwrap();
     assert_eq!(f.getattr(a).unwrap().blocks, 0);
     assert_eq!(f.store().pages_used().0, 0);
-    f.write(a, 0, &pattern(10_000, 1), true, false).unwrap();
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+        .unwrap();
     f.release(a);
     f.unlink(ROOT_INO, n("a")).unwrap();
     assert_eq!(f.store().pages_used().0, 0);

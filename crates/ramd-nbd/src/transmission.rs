@@ -188,18 +188,19 @@ impl Conn<'_> {
         let store = &self.session.export.store;
         let (off, len) = (req.offset, req.length as u64);
         let fua = req.flags & CMD_FLAG_FUA != 0;
-        // A change is all in or all out of a save (see `Store::gate`); the
-        // gate is let go before a FUA flush, which waits for a save.
-        let gate =
-            matches!(req.cmd, Cmd::Write | Cmd::Trim | Cmd::WriteZeroes).then(|| store.gate());
+        // A change is all in or all out of a save (see `Change`); each
+        // arm's `Change` is let go at its end, before a FUA flush, which
+        // waits for a save.
         let result: Result<(), Failure> = match req.cmd {
             Cmd::Read => return self.read(&req, out),
             Cmd::BlockStatus => return self.block_status(&req, out),
             Cmd::Write => store
+                .change()
                 .write(off, &payload[..len as usize])
                 .map_err(Into::into),
-            Cmd::Trim => store.trim(off, len).map_err(Into::into),
+            Cmd::Trim => store.change().trim(off, len).map_err(Into::into),
             Cmd::WriteZeroes => store
+                .change()
                 .zero(off, len, req.flags & CMD_FLAG_NO_HOLE == 0)
                 .map_err(Into::into),
             Cmd::Flush => store.flush().map_err(Into::into),
@@ -207,7 +208,6 @@ impl Conn<'_> {
             Cmd::Cache => Ok(()),
             Cmd::Disc | Cmd::Other(_) => unreachable!("rejected by validate"),
         };
-        drop(gate);
         let result = result.and_then(|()| {
             if fua {
                 store.flush()?;

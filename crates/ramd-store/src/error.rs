@@ -56,6 +56,20 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// What was being done when `inner` happened (loading an image...),
+    /// and a hint for the user (empty, or starting with `: `).
+    #[error("{what}: {inner}{hint}")]
+    Context {
+        what: String,
+        inner: Box<Error>,
+        hint: &'static str,
+    },
+
+    /// An image that cannot serve as asked (another kind or size of disk,
+    /// a new image without a size): the message says what to do instead.
+    #[error("{0}")]
+    Unusable(String),
+
     /// The operating system refused a resource (mmap, madvise...).
     #[error("{what}: {source}")]
     Os {
@@ -73,7 +87,8 @@ impl Error {
             | Error::SharedNoSpace { .. }
             | Error::DiskFull { .. }
             | Error::HostMemoryLow { .. } => libc::ENOSPC,
-            Error::OutOfRange { .. } | Error::Invalid(_) => libc::EINVAL,
+            Error::OutOfRange { .. } | Error::Invalid(_) | Error::Unusable(_) => libc::EINVAL,
+            Error::Context { inner, .. } => inner.errno(),
             Error::ReadOnly => libc::EPERM,
             Error::Corrupt(_) | Error::Image { .. } => libc::EIO,
             Error::Os { source, .. } | Error::File { source, .. } => {
@@ -87,6 +102,16 @@ impl Error {
         Error::File {
             path: path.into(),
             source,
+        }
+    }
+
+    /// `inner` happened while doing `what`; `hint` (empty, or `: ...`) says
+    /// what the user can do about it.
+    pub fn context(what: String, inner: Error, hint: &'static str) -> Error {
+        Error::Context {
+            what,
+            inner: Box::new(inner),
+            hint,
         }
     }
 

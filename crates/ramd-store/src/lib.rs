@@ -6,25 +6,42 @@
 //! checks ranges once more and returns [`Error`], whose [`Error::errno`] is
 //! what a client should see.
 
-mod budget;
 mod codec;
 mod error;
-pub mod image;
+pub mod persist;
 mod pool;
 mod scanner;
 mod store;
 mod zs;
 
-pub use budget::Budget;
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Error, Result};
+pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::{ScanHandle, Scanner, ScannerPool};
 pub use store::{
-    compress_page, default_host_reserve, default_max_memory, full_disk_memory, Extent, ExtentKind,
-    PageRef, PassGuard, PassReport, SavePlan, Store, StoreConfig, StoreStats, CHUNK_BYTES,
-    CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
+    compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,
+    Extent, ExtentKind, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
+    PAGE_META_BYTES,
 };
+
+/// `bytes` for people: `4K`, `1.5M`, `1G` (powers of 1024).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}B")
+    } else if v.fract() == 0.0 || v >= 100.0 {
+        format!("{v:.0}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
 
 /// The page size of the store: the unit of allocation, sharing and holes.
 pub const PAGE_SIZE: usize = 4096;

@@ -1400,7 +1400,7 @@ mod review {
 /// must give that disk back.
 mod persist {
     use super::*;
-    use crate::image::{decode_record, Record};
+    use crate::persist::{decode_record, Record};
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed as R};
     use std::sync::Arc;
     use std::time::Duration;
@@ -1422,16 +1422,16 @@ mod persist {
     /// One client request, holding the gate as frontends do.
     fn mutate(s: &Store, rng: &mut Rng) {
         let size = s.size();
-        let _gate = s.gate();
+        let c = s.change();
         let at = rng.below(size / P as u64) * P as u64;
         match rng.below(10) {
             0 => {
                 let n = (rng.below(32 * P as u64) + 1).min(size - at);
-                s.trim(at, n).unwrap();
+                c.trim(at, n).unwrap();
             }
             1 => {
                 let n = (rng.below(8 * P as u64) + 1).min(size - at);
-                let _ = s.zero(
+                let _ = c.zero(
                     at + rng.below(P as u64).min(size - at - 1),
                     n.min(size - at - P as u64).max(1),
                     false,
@@ -1440,7 +1440,7 @@ mod persist {
             2 => {
                 // A partial page write.
                 let off = at + rng.below(P as u64 - 100);
-                let _ = s.write(off, &rng.bytes(100));
+                let _ = c.write(off, &rng.bytes(100));
             }
             _ => {
                 let n = rng.below(4) as usize + 1;
@@ -1449,7 +1449,7 @@ mod persist {
                     d.extend(page(rng));
                 }
                 let n = d.len().min((size - at) as usize);
-                let _ = s.write(at, &d[..n]);
+                let _ = c.write(at, &d[..n]);
             }
         }
     }
@@ -1465,7 +1465,8 @@ mod persist {
     }
 
     fn save(s: &Store, full: bool, image: &mut [u8], log: &mut Vec<Vec<u8>>) -> Vec<u8> {
-        let (plan, at_switch) = s.begin_save(full, || read_all(s));
+        let (save, at_switch) = s.begin_save(full, || read_all(s));
+        let plan = save.plan();
         if full {
             // A full save starts a new chain: nothing before it counts.
             image.fill(0);
@@ -1475,7 +1476,7 @@ mod persist {
             apply(image, Record::Gone(key));
         }
         for &(key, mask) in &plan.chunks {
-            s.save_chunk(key, mask, |page, p| {
+            save.save_chunk(key, mask, |page, p| {
                 let rec = match p {
                     PageRef::Frame { mask, data } => Record::Frame {
                         key: page / 64,
@@ -1488,10 +1489,10 @@ mod persist {
             });
         }
         assert!(
-            !s.save_broken(),
+            !save.broken(),
             "clients outran the save's memory for kept pages"
         );
-        s.end_save();
+        save.finish();
         log.push(at_switch.clone());
         at_switch
     }
@@ -1547,8 +1548,8 @@ mod persist {
                 );
                 if round == 4 {
                     // A failed save: the next one must be full to be right.
-                    let _ = s.begin_save(false, || ());
-                    s.abort_save();
+                    let (failed, ()) = s.begin_save(false, || ());
+                    drop(failed);
                     let want = save(&s, true, &mut image, &mut log);
                     assert!(image == want, "{c}/{r}: full save after an aborted one");
                 }
@@ -1562,16 +1563,16 @@ mod persist {
             let want = save(&s, false, &mut image, &mut log);
             assert!(image == want && want == read_all(&s));
             let fresh = Store::new(config(c, r)).unwrap();
-            let (plan, ()) = s.begin_save(true, || ());
-            for &(key, mask) in &plan.chunks {
-                s.save_chunk(key, mask, |page, p| match p {
+            let (save, ()) = s.begin_save(true, || ());
+            for &(key, mask) in &save.plan().chunks {
+                save.save_chunk(key, mask, |page, p| match p {
                     PageRef::Frame { mask, data } => {
                         fresh.restore_frame(page / 64, mask, data).unwrap()
                     }
                     p => fresh.restore_page(page, p).unwrap(),
                 });
             }
-            s.end_save();
+            save.finish();
             assert!(read_all(&fresh) == want, "{c}/{r}: loaded store differs");
             let (a, b) = (s.stats(), fresh.stats());
             assert_eq!(
@@ -1598,15 +1599,15 @@ mod persist {
         s.write(0, &rng.bytes(1 << 20)).unwrap();
         let mut saves: Vec<Vec<(u64, Vec<u8>)>> = Vec::new();
         for full in [true, false] {
-            let (plan, ()) = s.begin_save(full, || ());
+            let (save, ()) = s.begin_save(full, || ());
             let mut recs = Vec::new();
-            for &(key, mask) in &plan.chunks {
-                s.save_chunk(key, mask, |page, p| match p {
+            for &(key, mask) in &save.plan().chunks {
+                save.save_chunk(key, mask, |page, p| match p {
                     PageRef::Raw { data, .. } => recs.push((page, data.to_vec())),
                     p => panic!("unexpected {p:?}"),
                 });
             }
-            s.end_save();
+            save.finish();
             saves.push(recs);
             s.write(0, &rng.bytes(P)).unwrap();
         }
@@ -1655,8 +1656,9 @@ mod persist {
         .unwrap();
         s.restore_gone(5).unwrap();
         s.end_restore();
-        let (plan, ()) = s.begin_save(false, || ());
-        s.end_save();
+        let (save, ()) = s.begin_save(false, || ());
+        let plan = save.plan().clone();
+        save.finish();
         assert!(plan.gone.is_empty() && plan.pages == 0, "{plan:?}");
     }
 
@@ -1708,15 +1710,15 @@ mod persist {
         .unwrap();
         let mut rng = Rng(9);
         s.write(0, &rng.bytes(1 << 20)).unwrap();
-        let (plan, ()) = s.begin_save(true, || ());
+        let (save, ()) = s.begin_save(true, || ());
+        let pages = save.plan().pages;
         // Rewriting half the disk keeps the old half for the save, past
         // max_memory; status shows it.
         {
-            let _gate = s.gate();
-            s.write(0, &rng.bytes(1 << 19)).unwrap();
+            s.change().write(0, &rng.bytes(1 << 19)).unwrap();
         }
         let st = s.stats();
-        assert!(memory_adds_up(&st) && !s.save_broken(), "{st:?}");
+        assert!(memory_adds_up(&st) && !save.broken(), "{st:?}");
         assert!(
             (1 << 19..(1 << 19) + 128 * 64).contains(&st.kept_bytes),
             "{st:?}"
@@ -1724,18 +1726,16 @@ mod persist {
         assert!(st.memory_used > st.max_memory, "{st:?}");
         // Rewriting it all, twice, would keep more than max_memory.
         for _ in 0..2 {
-            let _gate = s.gate();
-            s.write(0, &rng.bytes(1 << 20)).unwrap();
+            s.change().write(0, &rng.bytes(1 << 20)).unwrap();
             let st = s.stats();
             assert!(memory_adds_up(&st), "{st:?}");
         }
-        assert!(s.save_broken());
-        s.abort_save();
+        assert!(save.broken());
+        drop(save);
         let st = s.stats();
         assert!(memory_adds_up(&st) && st.kept_bytes == 0, "{st:?}");
         // The next save starts clean.
-        let (plan2, ()) = s.begin_save(true, || ());
-        assert!(!s.save_broken() && plan2.pages == plan.pages);
-        s.abort_save();
+        let (save, ()) = s.begin_save(true, || ());
+        assert!(!save.broken() && save.plan().pages == pages);
     }
 }

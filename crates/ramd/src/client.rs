@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use ramd_daemon::control::{self, daemon_socket, disk_socket};
 use ramd_daemon::status::{self, DaemonStatus, DiskStatus};
-use ramd_daemon::units::human;
+use ramd_store::human;
 
 const ANSWER: Option<Duration> = Some(Duration::from_secs(5));
 

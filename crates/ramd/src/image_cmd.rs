@@ -8,11 +8,11 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use ramd_store::image::{self, DiskKind, ImageDir, Record};
+use ramd_store::persist::{self, DiskKind, ImageDir, Record};
 use ramd_store::{Codec, PageRef, PAGE_SIZE};
 
 use crate::cli::ImageCommand;
-use ramd_daemon::units::human;
+use ramd_store::human;
 
 pub fn run(cmd: ImageCommand) -> Result<()> {
     match cmd {
@@ -92,7 +92,7 @@ fn verify(dir: &Path) -> Result<()> {
             meta |= matches!(rec, Record::Meta(_));
             // Every compressed page must decompress, not just match its sum,
             // and name a page of the disk.
-            image::decode_record(&rec, |page, _| {
+            persist::decode_record(&rec, |page, _| {
                 in_disk(page, limit)?;
                 pages += 1;
                 Ok(())
@@ -139,7 +139,7 @@ fn export(dir: &Path, raw: &Path) -> Result<()> {
     let size = m.size;
     let result = image.read_chain(
         |rec| {
-            image::decode_record(&rec, |page, data| {
+            persist::decode_record(&rec, |page, data| {
                 let at = in_disk(page, size)?;
                 let data = &data[..(size.saturating_sub(at) as usize).min(PAGE_SIZE)];
                 // Zeros over what an earlier save wrote; a fresh file is

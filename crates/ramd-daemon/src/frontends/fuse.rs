@@ -10,10 +10,11 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use parking_lot::Mutex;
 use ramd_fs::{FuseFs, FuseOptions};
-use ramd_store::image::DiskKind;
+use ramd_store::persist::DiskKind;
 
-use crate::args::{DiskArgs, FlushMode};
+use crate::args::DiskArgs;
 use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use ramd_store::persist::FlushMode;
 
 pub struct Fuse;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
-use ramd_store::image::DiskKind;
+use ramd_store::persist::DiskKind;
 
 use crate::args::{DiskArgs, Listen};
 use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};

@@ -533,7 +533,10 @@ fn settle_data(store: &Store, st: &mut State) -> std::result::Result<(), String>
             }
         };
         if keep < end {
+            // Before any client: the gate is free, and the trim is tracked
+            // like any change (the image still holds those pages).
             store
+                .change()
                 .trim(keep, end - keep)
                 .or_else(|e| trim_failed(keep, end - keep, e))?;
         }

@@ -11,13 +11,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
 
-use ramd_store::image::{DiskKind, ImageDir, Record};
-use ramd_store::Store;
-
-use crate::units::human;
+use super::{DiskKind, ImageDir, Record};
+use crate::error::{Error, Result};
+use crate::{human, Store};
 
 /// An incremental chain is replaced by a full save once it has this many
 /// saves, or once its incremental saves add up to the full save's size:
@@ -25,7 +24,7 @@ use crate::units::human;
 const MAX_CHAIN: usize = 16;
 
 /// What a save did, for `ramd snapshot` and status.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SaveReport {
     pub seq: u64,
     pub full: bool,
@@ -156,10 +155,10 @@ impl Persister {
                 );
             }
             Err(e) => {
-                st.last_error = Some(format!("{e:#}"));
+                st.last_error = Some(e.to_string());
                 st.need_full = true;
                 log::error!(
-                    "save to {} failed (the previous image is intact): {e:#}",
+                    "save to {} failed (the previous image is intact): {e}",
                     image.path().display()
                 );
             }
@@ -171,15 +170,16 @@ impl Persister {
     fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
         let t0 = Instant::now();
         let seq = image.next_seq();
-        let (plan, meta) = self
+        let (session, meta) = self
             .store
             .begin_save(full, || self.meta.as_ref().map(|f| f()));
+        let plan = session.plan();
         let meta_sum = meta.as_deref().map(crc32c::crc32c);
         let unchanged =
             !full && plan.pages == 0 && plan.gone.is_empty() && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
-            self.store.end_save();
+            session.finish();
             return Ok(SaveReport {
                 seq: last.seq,
                 full: false,
@@ -189,13 +189,8 @@ impl Persister {
                 unix_time: now_secs(),
             });
         }
-        let mut w = match image.begin_segment(seq, full, self.kind, self.size) {
-            Ok(w) => w,
-            Err(e) => {
-                self.store.abort_save();
-                return Err(e.into());
-            }
-        };
+        // An error returned from here on drops the session: the save aborts.
+        let mut w = image.begin_segment(seq, full, self.kind, self.size)?;
         for &key in &plan.gone {
             w.gone(key);
         }
@@ -207,10 +202,10 @@ impl Persister {
             if failed.is_some() {
                 break;
             }
-            self.store.save_chunk(key, mask, |page, p| w.page(page, p));
+            session.save_chunk(key, mask, |page, p| w.page(page, p));
             failed = w.write_out().err();
-            if failed.is_none() && self.store.save_broken() {
-                failed = Some(ramd_store::Error::Invalid(
+            if failed.is_none() && session.broken() {
+                failed = Some(Error::Invalid(
                     "clients changed more during the save than memory allows keeping for it \
                      (max_memory, or the host's reserve); the next save is a full one"
                         .into(),
@@ -218,11 +213,11 @@ impl Persister {
             }
         }
         if let Some(e) = failed {
-            self.store.abort_save();
+            drop(session);
             w.discard();
-            return Err(e.into());
+            return Err(e);
         }
-        self.store.end_save();
+        session.finish();
         let entry = w.finish()?;
         let report = SaveReport {
             seq,
@@ -242,7 +237,7 @@ impl Persister {
 
     /// `--flush persist`: returns once a save that began after this call
     /// is durable.
-    pub fn flush(&self) -> ramd_store::Result<()> {
+    pub fn flush(&self) -> Result<()> {
         let mut st = self.state.lock();
         let target = st.started + 1;
         st.wanted = st.wanted.max(target);
@@ -257,10 +252,7 @@ impl Persister {
                 .last_error
                 .clone()
                 .unwrap_or_else(|| "ramd is stopping".into());
-            Err(ramd_store::Error::file(
-                &self.path,
-                std::io::Error::other(why),
-            ))
+            Err(Error::file(&self.path, std::io::Error::other(why)))
         }
     }
 
@@ -272,7 +264,11 @@ impl Persister {
         let me = self.clone();
         let t = std::thread::Builder::new()
             .name("ramd-save".into())
-            .spawn(move || me.run())?;
+            .spawn(move || me.run())
+            .map_err(|source| Error::Os {
+                what: "starting the save thread",
+                source,
+            })?;
         Ok(Some(t))
     }
 
@@ -334,44 +330,49 @@ impl Persister {
         PersistStatus {
             image: Some(self.path.display().to_string()),
             flush: if self.flush_persist {
-                "persist"
+                FlushMode::Persist
             } else {
-                "ignore"
-            }
-            .into(),
+                FlushMode::Ignore
+            },
             autosave_secs: self.autosave.map(|d| d.as_secs_f64()),
             saves: st.saves,
             last_save: st.last.clone(),
             last_save_error: st.last_error.clone(),
         }
     }
-
-    /// The image directory.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
-/// A disk's persistence, for `ramd status`.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// What a flush does: `ignore` (memory is the medium) or `persist` (wait
+/// for a save).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    Ignore,
+    Persist,
+}
+
+/// A disk's persistence as `ramd status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistStatus {
+    /// The image directory; `None` for a disk without one.
     pub image: Option<String>,
-    pub flush: String,
+    pub flush: FlushMode,
     pub autosave_secs: Option<f64>,
     /// Saves this process made.
     pub saves: u64,
-    /// The last good save (this process's, or the image's at start).
+    /// The last save that succeeded (the image's last, until this process
+    /// saves).
     pub last_save: Option<SaveReport>,
-    /// Why the latest save failed, if it did.
+    /// Why the last save failed, until one succeeds.
     pub last_save_error: Option<String>,
 }
 
 impl PersistStatus {
-    /// A disk without an image.
+    /// The status of a disk without an image.
     pub fn none() -> PersistStatus {
         PersistStatus {
             image: None,
-            flush: "ignore".into(),
+            flush: FlushMode::Ignore,
             autosave_secs: None,
             saves: 0,
             last_save: None,
@@ -420,15 +421,15 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         )
         .map_err(|e| {
             let hint = match e {
-                ramd_store::Error::NoSpace { .. } => {
+                Error::NoSpace { .. } => {
                     ": the image holds more than --max-memory allows; give a larger --max-memory"
                 }
-                ramd_store::Error::DiskFull { .. } => {
+                Error::DiskFull { .. } => {
                     ": the image holds more than --size allows; give a larger --size"
                 }
                 _ => "",
             };
-            anyhow::anyhow!("loading image {}: {e}{hint}", image.path().display())
+            Error::context(format!("loading image {}", image.path().display()), e, hint)
         })?;
     if let Some(b) = bar {
         b.finish_and_clear();
@@ -445,10 +446,10 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         human((m.bytes() as f64 / secs.max(1e-9)) as u64)
     );
     if m.kind == DiskKind::Fs && meta.is_none() {
-        bail!(
+        return Err(Error::Unusable(format!(
             "image {}: an fs image without its tree (no META record)",
             image.path().display()
-        );
+        )));
     }
     Ok(meta)
 }
@@ -472,18 +473,19 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// size to use (the image's when `size` is None) and the image, loaded or
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir).with_context(|| format!("image {}", dir.display()))?;
+    let image = ImageDir::open(dir)
+        .map_err(|e| Error::context(format!("image {}", dir.display()), e, ""))?;
     let Some(m) = image.manifest() else {
-        let size = size.with_context(|| {
-            format!(
+        let size = size.ok_or_else(|| {
+            Error::Unusable(format!(
                 "image {} is empty (a new image): give --size for the new disk",
                 dir.display()
-            )
+            ))
         })?;
         return Ok((image, size));
     };
     if m.kind != kind {
-        bail!(
+        return Err(Error::Unusable(format!(
             "image {} holds a {} disk, not a{} {} disk: {}",
             dir.display(),
             m.kind.name(),
@@ -494,15 +496,15 @@ pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(Imag
             } else {
                 "serve it with --mount DIR"
             }
-        );
+        )));
     }
     if let Some(s) = size.filter(|&s| s != m.size) {
-        bail!(
+        return Err(Error::Unusable(format!(
             "--size {s} differs from the size of the disk in image {}: {} bytes; leave --size \
              out to use the image's",
             dir.display(),
             m.size
-        );
+        )));
     }
     let size = m.size;
     Ok((image, size))

@@ -2,18 +2,26 @@
 //! (`Chunk::dirty`, and `Store::gone` for chunks that emptied), a save's
 //! point-in-time view while clients keep writing (copy-on-write of the pages
 //! a save still has to write: `Chunk::saving`, `Chunk::kept`), and putting
-//! saved pages back on load. The image file format is `crate::image`'s.
+//! saved pages back on load. The image file format is `format.rs`'s.
 //!
 //! A save runs in three steps:
 //! 1. [`Store::begin_save`]: under the gate (no request in flight) and every
 //!    shard's write lock, each chunk's pages to save (changed ones, or all
-//!    for a full save) move from `dirty` to `saving`. This is the switch.
-//! 2. [`Store::save_chunk`] for every chunk of the plan: hands each page to
-//!    save as it was at the switch. A client that changes a page still in
-//!    `saving` first copies its old contents into `kept` (`changing`).
-//! 3. [`Store::end_save`], or [`Store::abort_save`] if writing failed.
+//!    for a full save) move from `dirty` to `saving`. This is the switch;
+//!    it returns a [`SaveSession`].
+//! 2. [`SaveSession::save_chunk`] for every chunk of the plan: hands each
+//!    page to save as it was at the switch. A client that changes a page
+//!    still in `saving` first copies its old contents into `kept`
+//!    (`changing`).
+//! 3. [`SaveSession::finish`]; a session dropped unfinished (writing
+//!    failed, an early return, a panic) aborts the save: `saving` and
+//!    `kept` are cleared, and the next save must be full.
 
-use super::*;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::error::{Error, Result};
+use crate::store::*;
+use crate::{zs, PAGE_SIZE};
 
 /// One page (or one frame of pages) as an image holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +49,7 @@ pub enum PageRef<'a> {
 }
 
 /// A page's contents at the switch, copied before a client changed it.
-pub(super) enum Kept {
+pub(crate) enum Kept {
     Hole,
     Fill(u64),
     Raw { data: Box<[u8]>, hot: bool },
@@ -69,7 +77,7 @@ impl Kept {
 }
 
 /// What one save writes, fixed at the switch.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SavePlan {
     pub full: bool,
     /// Chunks (disk offset / `CHUNK_BYTES`) with pages to save, in disk
@@ -82,11 +90,55 @@ pub struct SavePlan {
     pub pages: u64,
 }
 
+/// A save under way, from its switch ([`Store::begin_save`]) to
+/// [`SaveSession::finish`]. Dropped unfinished, it aborts the save, so no
+/// path out of a saver (an error, an early return, a panic) can leave pages
+/// marked `saving` or kept copies behind.
+pub struct SaveSession<'a> {
+    store: &'a Store,
+    plan: SavePlan,
+    finished: bool,
+}
+
+impl SaveSession<'_> {
+    /// What this save writes, fixed at the switch.
+    pub fn plan(&self) -> &SavePlan {
+        &self.plan
+    }
+
+    /// Hands `f` every page of chunk `key` that the plan names (`mask`), as
+    /// it was at the switch: pages by their disk page number, a frame once
+    /// with the chunk's first page number and its mask.
+    pub fn save_chunk(&self, key: u64, mask: u64, f: impl FnMut(u64, PageRef<'_>)) {
+        self.store.save_chunk(key, mask, f)
+    }
+
+    /// Whether clients changed more during this save than could be kept
+    /// for it: the save must be abandoned (dropped).
+    pub fn broken(&self) -> bool {
+        self.store.save_broken()
+    }
+
+    /// Ends a save whose chunks all went through `save_chunk`.
+    pub fn finish(mut self) {
+        self.finished = true;
+        self.store.end_save();
+    }
+}
+
+impl Drop for SaveSession<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.store.abort_save();
+        }
+    }
+}
+
 impl Store {
     /// A client is about to change slot `i`: remember it for the next save,
     /// and if the save under way still has to write it, keep its contents
     /// as they were at the switch. Call under the shard's write lock.
-    pub(super) fn changing(&self, chunk: &mut Chunk, i: usize) {
+    pub(crate) fn changing(&self, chunk: &mut Chunk, i: usize) {
         if !self.track {
             return;
         }
@@ -134,7 +186,7 @@ impl Store {
 
     /// Whether clients changed more during the save under way than could
     /// be kept for it: the save must be abandoned.
-    pub fn save_broken(&self) -> bool {
+    fn save_broken(&self) -> bool {
         self.c.save_broken.load(Relaxed)
     }
 
@@ -172,10 +224,24 @@ impl Store {
 
     /// The switch: fixes what this save writes. `under_gate` runs while no
     /// request is in flight (a filesystem serializes its tree there).
-    /// Returns the plan; every chunk of it must then go through
-    /// [`Store::save_chunk`], and the save end with [`Store::end_save`] or
-    /// [`Store::abort_save`].
-    pub fn begin_save<T>(&self, full: bool, under_gate: impl FnOnce() -> T) -> (SavePlan, T) {
+    /// Every chunk of the session's plan must then go through
+    /// [`SaveSession::save_chunk`] before [`SaveSession::finish`]; dropping
+    /// the session unfinished aborts the save.
+    pub fn begin_save<T>(
+        &self,
+        full: bool,
+        under_gate: impl FnOnce() -> T,
+    ) -> (SaveSession<'_>, T) {
+        let (plan, extra) = self.switch(full, under_gate);
+        let session = SaveSession {
+            store: self,
+            plan,
+            finished: false,
+        };
+        (session, extra)
+    }
+
+    fn switch<T>(&self, full: bool, under_gate: impl FnOnce() -> T) -> (SavePlan, T) {
         assert!(
             self.track,
             "begin_save on a store that does not track changes"
@@ -218,7 +284,7 @@ impl Store {
     /// Hands `f` every page of chunk `key` that the save plans (`mask`), as
     /// it was at the switch: pages by their disk page number, a frame once
     /// with the chunk's first page number and its mask.
-    pub fn save_chunk(&self, key: u64, mask: u64, mut f: impl FnMut(u64, PageRef<'_>)) {
+    fn save_chunk(&self, key: u64, mask: u64, mut f: impl FnMut(u64, PageRef<'_>)) {
         let base = key * CHUNK_PAGES as u64;
         let lock = self.shard(key);
         let mut map = lock.upgradable_read();
@@ -309,13 +375,13 @@ impl Store {
     }
 
     /// Ends a save whose chunks all went through `save_chunk`.
-    pub fn end_save(&self) {
+    fn end_save(&self) {
         debug_assert_eq!(self.c.kept.load(Relaxed), 0, "kept pages left after a save");
     }
 
     /// Ends a save that failed part way: what it did not write is
     /// forgotten, so the next save must be a full one.
-    pub fn abort_save(&self) {
+    fn abort_save(&self) {
         for shard in self.shards.iter() {
             let mut map = shard.0.write();
             let mut empty = Vec::new();

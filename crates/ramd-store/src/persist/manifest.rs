@@ -1,0 +1,308 @@
+//! The image directory: the MANIFEST naming the chain of saves, commit by
+//! rename, debris removal, and the `RAMD_TEST_CRASH` hook.
+
+use super::*;
+
+/// One save in the chain, as the MANIFEST lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SegEntry {
+    pub seq: u64,
+    pub full: bool,
+    /// Page records (frame members counted one by one).
+    pub pages: u64,
+    /// Records, END excluded.
+    pub records: u64,
+    /// Length of the segment file.
+    pub bytes: u64,
+    /// When the save's switch happened (ns since the epoch).
+    pub time_ns: u64,
+}
+
+/// The chain of saves that make up an image's latest complete save.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Manifest {
+    #[serde(serialize_with = "kind_name")]
+    pub kind: DiskKind,
+    /// The disk's size in bytes (an fs disk's capacity; 0: unlimited).
+    pub size: u64,
+    /// The full save first, then the incremental saves in order.
+    pub chain: Vec<SegEntry>,
+}
+
+pub(super) fn kind_name<S: serde::Serializer>(
+    k: &DiskKind,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(k.name())
+}
+
+impl Manifest {
+    /// Bytes of all segments in the chain.
+    pub fn bytes(&self) -> u64 {
+        self.chain.iter().map(|s| s.bytes).sum()
+    }
+
+    pub(super) fn encode(&self) -> String {
+        let mut t = format!(
+            "{MANIFEST_MAGIC}\nkind {}\nsize {}\n",
+            self.kind.name(),
+            self.size
+        );
+        for s in &self.chain {
+            t += &format!(
+                "seg {} {} pages={} records={} bytes={} time={}\n",
+                s.seq,
+                if s.full { "full" } else { "incr" },
+                s.pages,
+                s.records,
+                s.bytes,
+                s.time_ns
+            );
+        }
+        let crc = crc32c::crc32c(t.as_bytes());
+        t + &format!("crc32c {crc:08x}\n")
+    }
+
+    pub(super) fn decode(path: &Path, text: &[u8]) -> Result<Manifest> {
+        let bad = |offset: usize, reason: &str| Error::Image {
+            file: path.to_path_buf(),
+            offset: offset as u64,
+            reason: reason.to_string(),
+        };
+        let text = std::str::from_utf8(text).map_err(|e| bad(e.valid_up_to(), "not text"))?;
+        let Some(at) = text.rfind("crc32c ") else {
+            return Err(bad(0, "not a ramd image MANIFEST (no checksum line)"));
+        };
+        let want = text[at..]
+            .strip_prefix("crc32c ")
+            .and_then(|v| v.strip_suffix('\n'))
+            .and_then(|v| u32::from_str_radix(v, 16).ok())
+            .ok_or_else(|| bad(at, "bad checksum line"))?;
+        if crc32c::crc32c(&text.as_bytes()[..at]) != want {
+            return Err(bad(at, "checksum mismatch"));
+        }
+        let mut kind = None;
+        let mut size = None;
+        let mut chain = Vec::new();
+        let mut offset = 0;
+        for (n, line) in text[..at].lines().enumerate() {
+            let here = offset;
+            offset += line.len() + 1;
+            let words: Vec<&str> = line.split(' ').collect();
+            match (n, words.as_slice()) {
+                (0, _) if line == MANIFEST_MAGIC => {}
+                (0, _) => return Err(bad(0, "not a ramd image MANIFEST, or a newer version")),
+                (_, ["kind", "block"]) => kind = Some(DiskKind::Block),
+                (_, ["kind", "fs"]) => kind = Some(DiskKind::Fs),
+                (_, ["size", v]) => size = v.parse().ok(),
+                (_, ["seg", seq, full, rest @ ..]) if rest.len() == 4 => {
+                    let field = |i: usize, name: &str| -> Option<u64> {
+                        rest[i].strip_prefix(name)?.strip_prefix('=')?.parse().ok()
+                    };
+                    let entry = (|| {
+                        Some(SegEntry {
+                            seq: seq.parse().ok()?,
+                            full: match *full {
+                                "full" => true,
+                                "incr" => false,
+                                _ => return None,
+                            },
+                            pages: field(0, "pages")?,
+                            records: field(1, "records")?,
+                            bytes: field(2, "bytes")?,
+                            time_ns: field(3, "time")?,
+                        })
+                    })()
+                    .ok_or_else(|| bad(here, "bad seg line"))?;
+                    chain.push(entry);
+                }
+                _ => return Err(bad(here, &format!("unknown line {line:?}"))),
+            }
+        }
+        let kind = kind.ok_or_else(|| bad(0, "no kind line"))?;
+        let size = size.ok_or_else(|| bad(0, "no size line"))?;
+        let ok = chain.first().is_some_and(|s| s.full)
+            && chain.iter().skip(1).all(|s| !s.full)
+            && chain.windows(2).all(|w| w[0].seq < w[1].seq);
+        if !ok {
+            return Err(bad(
+                0,
+                "the chain must be one full save then incremental ones in order",
+            ));
+        }
+        Ok(Manifest { kind, size, chain })
+    }
+}
+
+/// Where a save stops itself with SIGKILL (`RAMD_TEST_CRASH`, tests only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Crash {
+    Pages(u64),
+    SegmentSynced,
+    SegmentRenamed,
+    ManifestWritten,
+    ManifestRenamed,
+}
+
+pub(super) fn crash_point() -> Option<Crash> {
+    let v = std::env::var("RAMD_TEST_CRASH").ok()?;
+    Some(match v.as_str() {
+        "segment-synced" => Crash::SegmentSynced,
+        "segment-renamed" => Crash::SegmentRenamed,
+        "manifest-written" => Crash::ManifestWritten,
+        "manifest-renamed" => Crash::ManifestRenamed,
+        _ => Crash::Pages(v.strip_prefix("pages:")?.parse().ok()?),
+    })
+}
+
+pub(super) fn crash_if(at: Crash) {
+    if crash_point() == Some(at) {
+        log::warn!("RAMD_TEST_CRASH={at:?}: killing myself");
+        // SAFETY: plain syscalls.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
+
+/// An image directory.
+pub struct ImageDir {
+    pub(super) path: PathBuf,
+    pub(super) manifest: Option<Manifest>,
+    /// Highest sequence number a segment was begun with: never reused, even
+    /// when a commit failed after its MANIFEST was already renamed.
+    pub(super) last_seq: u64,
+}
+
+impl ImageDir {
+    /// Opens the image at `path`, creating the directory (0700) if
+    /// missing; removes debris of interrupted saves. A MANIFEST that is
+    /// present must be valid.
+    pub fn open(path: &Path) -> Result<ImageDir> {
+        if !path.exists() {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(path)
+                .map_err(|e| Error::file(path, e))?;
+        }
+        let manifest = read_manifest(path)?;
+        let last_seq = manifest
+            .as_ref()
+            .and_then(|m| m.chain.last())
+            .map_or(0, |s| s.seq);
+        let dir = ImageDir {
+            path: path.to_path_buf(),
+            manifest,
+            last_seq,
+        };
+        dir.remove_debris();
+        Ok(dir)
+    }
+
+    /// Opens an existing image for reading only (`ramd image ...`).
+    pub fn open_existing(path: &Path) -> Result<ImageDir> {
+        match read_manifest(path)? {
+            Some(m) => Ok(ImageDir {
+                path: path.to_path_buf(),
+                last_seq: m.chain.last().map_or(0, |s| s.seq),
+                manifest: Some(m),
+            }),
+            None => Err(Error::file(
+                path.join(MANIFEST),
+                io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
+            )),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    /// The sequence number for the next save.
+    pub fn next_seq(&self) -> u64 {
+        self.last_seq + 1
+    }
+
+    pub fn seg_path(&self, seq: u64) -> PathBuf {
+        self.path.join(format!("seg-{seq:08}"))
+    }
+
+    /// Files not named by the MANIFEST: `.tmp` files and segments of
+    /// chains that a later full save replaced.
+    pub(super) fn remove_debris(&self) {
+        let keep: Vec<PathBuf> = self
+            .manifest
+            .iter()
+            .flat_map(|m| &m.chain)
+            .map(|s| self.seg_path(s.seq))
+            .collect();
+        let Ok(entries) = fs::read_dir(&self.path) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let ours = name.ends_with(".tmp") || name.starts_with("seg-");
+            if ours && !keep.contains(&e.path()) {
+                if let Err(err) = fs::remove_file(e.path()) {
+                    log::warn!("removing {}: {err}", e.path().display());
+                }
+            }
+        }
+    }
+
+    /// Makes a finished segment part of the image: the new MANIFEST is
+    /// written, fsynced and renamed over the old one; a full save then
+    /// removes the chain it replaces.
+    pub fn commit(&mut self, kind: DiskKind, size: u64, seg: SegEntry) -> Result<()> {
+        let mut m = match &self.manifest {
+            Some(m) if !seg.full => m.clone(),
+            _ => Manifest {
+                kind,
+                size,
+                chain: Vec::new(),
+            },
+        };
+        m.kind = kind;
+        m.size = size;
+        m.chain.push(seg);
+        let path = self.path.join(MANIFEST);
+        let tmp = self.path.join("MANIFEST.tmp");
+        let write = || -> io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(m.encode().as_bytes())?;
+            f.sync_all()
+        };
+        write().map_err(|e| Error::file(&tmp, e))?;
+        crash_if(Crash::ManifestWritten);
+        fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
+        crash_if(Crash::ManifestRenamed);
+        sync_dir(&self.path)?;
+        self.manifest = Some(m);
+        self.remove_debris();
+        Ok(())
+    }
+}
+
+pub(super) fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let path = dir.join(MANIFEST);
+    match fs::read(&path) {
+        Ok(text) => Manifest::decode(&path, &text).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::file(path, e)),
+    }
+}
+
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::file(dir, e))
+}

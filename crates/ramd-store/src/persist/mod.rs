@@ -1,0 +1,48 @@
+//! Persistence, in one place: the image format (`format.rs`, FORMAT.md is
+//! its specification), the image directory and its MANIFEST
+//! (`manifest.rs`), writing and reading segments (`writer.rs`,
+//! `reader.rs`), the store's side of a save (`session.rs`: changed pages,
+//! the switch, kept copies, restore), and when to save and how to load
+//! (`policy.rs`: `Persister`, `load`, `open_image`).
+//!
+//! The on-disk image of a disk: a directory holding one segment file per
+//! save and a MANIFEST naming the chain of segments that make up the latest
+//! complete save. FORMAT.md is the specification; this is its code.
+//!
+//! Crash safety rests on two facts of the filesystem below: `fsync` makes a
+//! file's data durable, and `rename` replaces a name atomically (made
+//! durable by fsync of the directory). A segment is written under a `.tmp`
+//! name, fsynced and renamed; the MANIFEST likewise, and its rename is the
+//! moment a save exists. Anything not named by the MANIFEST is debris.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aligned_vec::{AVec, ConstAlign};
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::PAGE_SIZE;
+
+mod format;
+mod manifest;
+mod policy;
+mod reader;
+mod session;
+#[cfg(test)]
+mod tests;
+mod writer;
+
+use format::*;
+use manifest::*;
+use writer::*;
+
+pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
+pub use manifest::{ImageDir, Manifest, SegEntry};
+pub use policy::{load, open_image, FlushMode, MetaFn, PersistStatus, Persister, SaveReport};
+pub(crate) use session::Kept;
+pub use session::{PageRef, SavePlan, SaveSession};
+pub use writer::SegWriter;
