@@ -1,4 +1,4 @@
-//! Fixed newstyle negotiation: greeting, client flags, then options until
+//! Newstyle negotiation: greeting, client flags, then options until
 //! the client picks an export (EXPORT_NAME or GO) or leaves.
 //!
 //! Every malformed option gets the error reply the protocol prescribes and
@@ -51,6 +51,11 @@ struct Negotiation<'a, S> {
     s: &'a mut S,
     exports: &'a Exports,
     peer: &'a str,
+    /// The client set FIXED_NEWSTYLE. Without it, only EXPORT_NAME is
+    /// served ("In non-fixed newstyle only one option can be set
+    /// (`NBD_OPT_EXPORT_NAME`)", proto.md); other options get
+    /// ERR_INVALID, as nbdkit answers them.
+    fixed: bool,
     structured: bool,
     /// Export for which base:allocation was last selected.
     meta_for: Option<Arc<Export>>,
@@ -64,9 +69,9 @@ pub(crate) fn negotiate<S: Read + Write>(
     write_greeting(s)?;
     s.flush()?;
     let client_flags = read_u32(s)?;
-    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
-        || client_flags & FLAG_C_FIXED_NEWSTYLE == 0
-    {
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        // "the server MUST drop the TCP connection if the client sets an
+        // unknown flag" (proto.md, "Client flags").
         log::warn!("{peer}: unsupported client flags {client_flags:#x}; disconnecting");
         return Ok(Outcome::Closed);
     }
@@ -75,6 +80,7 @@ pub(crate) fn negotiate<S: Read + Write>(
         s,
         exports,
         peer,
+        fixed: client_flags & FLAG_C_FIXED_NEWSTYLE != 0,
         structured: false,
         meta_for: None,
     };
@@ -96,7 +102,8 @@ impl<S: Read + Write> Negotiation<'_, S> {
         let opt = read_u32(self.s)?;
         let len = read_u32(self.s)?;
         if len > MAX_OPTION_LEN {
-            if len > MAX_OPTION_SKIP {
+            if len > MAX_OPTION_SKIP || Opt::from(opt) == Opt::ExportName {
+                // EXPORT_NAME has no error reply: the protocol says disconnect.
                 log::warn!(
                     "{}: option {opt} with {len} bytes of data; disconnecting",
                     self.peer
@@ -110,6 +117,13 @@ impl<S: Read + Write> Negotiation<'_, S> {
         self.s.read_exact(&mut data)?;
         let data = &data[..];
 
+        if !self.fixed && Opt::from(opt) != Opt::ExportName {
+            return self.reply(
+                opt,
+                REP_ERR_INVALID,
+                b"only EXPORT_NAME without fixed newstyle",
+            );
+        }
         match Opt::from(opt) {
             Opt::ExportName => self.export_name(data, no_zeroes),
             Opt::Abort => {
@@ -447,6 +461,37 @@ mod tests {
         assert_eq!(s.flags & TF_READ_ONLY, TF_READ_ONLY);
         assert_eq!(s.flags & (TF_SEND_TRIM | TF_SEND_WRITE_ZEROES), 0);
         assert!(!s.block_status);
+    }
+
+    #[test]
+    fn client_without_fixed_newstyle_gets_export_name_only() {
+        // Client flags 0: neither FIXED_NEWSTYLE nor NO_ZEROES.
+        let mut c = vec![0, 0, 0, 0];
+        c.extend(option(3, &[])); // LIST: refused, negotiation goes on
+        c.extend(option(1, b"disk"));
+        let mut s = Script {
+            input: Cursor::new(c),
+            output: Vec::new(),
+        };
+        let outcome = negotiate(&mut s, &exports(false), "test").unwrap();
+        assert!(matches!(outcome, Outcome::Transmit(_)));
+        let out = &s.output[18..];
+        assert_eq!(out[..16], option_reply(3, REP_ERR_INVALID, &[])[..16]);
+        let msg_len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+        let export = &out[20 + msg_len..];
+        // Size (1 MiB), transmission flags, then the 124 reserved zeroes.
+        assert_eq!(export.len(), 8 + 2 + 124);
+        assert_eq!(export[..8], (1u64 << 20).to_be_bytes());
+        assert!(export[10..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn oversized_export_name_disconnects() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(1, &vec![b'a'; 100 << 10]));
+        let (o, replies) = run(c, &exports(false));
+        assert!(matches!(o.unwrap(), Outcome::Closed));
+        assert!(replies.is_empty(), "EXPORT_NAME has no error reply");
     }
 
     #[test]

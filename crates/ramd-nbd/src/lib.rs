@@ -6,6 +6,8 @@
 //! The server translates; the [`ramd_store::Store`] behind each [`Export`]
 //! holds all storage logic.
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
 mod handshake;
 pub mod proto;
 mod transmission;

@@ -77,8 +77,14 @@ pub const ESHUTDOWN: u32 = 108;
 
 /// Longest string (export name, description, context name) we accept.
 pub const MAX_STRING: usize = 4096;
-/// Largest READ/WRITE payload: the protocol's portable maximum, 32 MiB.
+/// The maximum payload ramd advertises in `NBD_INFO_BLOCK_SIZE`: the
+/// protocol's portable default, 32 MiB.
 pub const MAX_PAYLOAD: u32 = 1 << 25;
+/// The largest READ/WRITE ramd serves. A client that negotiated no block
+/// size may go past the advertised 32 MiB; nbdkit serves up to 64 MiB
+/// (`MAX_REQUEST_SIZE`, `server/internal.h`), so ramd does too. Beyond it
+/// a request gets EINVAL (a WRITE's payload is skipped first).
+pub const MAX_REQUEST: u32 = 64 << 20;
 /// The one metadata context ramd offers, and the id it gets.
 pub const BASE_ALLOCATION: &str = "base:allocation";
 pub const BASE_ALLOCATION_ID: u32 = 1;

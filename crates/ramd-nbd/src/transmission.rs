@@ -121,9 +121,9 @@ impl Conn<'_> {
             let len = req.length as usize;
             match req.cmd {
                 Cmd::Disc => break,
-                Cmd::Write if req.length > MAX_PAYLOAD => {
+                Cmd::Write if req.length > MAX_REQUEST => {
                     discard(r, req.length as u64)?;
-                    let msg = format!("write of {len} bytes exceeds the 32 MiB maximum");
+                    let msg = format!("write of {len} bytes exceeds the 64 MiB maximum");
                     self.error_reply(&req, &Failure(EINVAL, msg), &mut out);
                 }
                 Cmd::Read | Cmd::Write | Cmd::Trim | Cmd::WriteZeroes | Cmd::BlockStatus
@@ -248,6 +248,17 @@ impl Conn<'_> {
             return fail(EPERM, "export is read-only");
         }
         if req.cmd == Cmd::Flush {
+            // "length and offset are reserved, and MUST be set to all-zero"
+            // (proto.md, NBD_CMD_FLUSH); nbdkit refuses them the same way.
+            if req.offset != 0 || req.length != 0 {
+                return fail(
+                    EINVAL,
+                    format!(
+                        "flush with offset {} length {}: both must be 0",
+                        req.offset, req.length
+                    ),
+                );
+            }
             return Ok(());
         }
         let size = s.export.store.size();
@@ -271,9 +282,9 @@ impl Conn<'_> {
             );
         }
         match req.cmd {
-            Cmd::Read if req.length > MAX_PAYLOAD => fail(
+            Cmd::Read if req.length > MAX_REQUEST => fail(
                 EINVAL,
-                format!("read of {} bytes exceeds the 32 MiB maximum", req.length),
+                format!("read of {} bytes exceeds the 64 MiB maximum", req.length),
             ),
             Cmd::BlockStatus if !s.block_status => {
                 fail(EINVAL, "base:allocation was not negotiated")
@@ -286,6 +297,16 @@ impl Conn<'_> {
     fn read(&self, req: &Request, out: &mut Vec<u8>) {
         let len = req.length as usize;
         let at = out.len();
+        if len == 0 && self.session.structured {
+            // An OFFSET_DATA chunk must carry at least one byte (its length
+            // is at least 9); a lone NONE chunk with DONE is "valid as a
+            // reply to any request" and means success (proto.md,
+            // "Structured reply chunk message types").
+            out.resize(at + STRUCTURED_REPLY_LEN, 0);
+            let (flags, kind) = (REPLY_FLAG_DONE, REPLY_TYPE_NONE);
+            structured_reply_header(&mut out[at..], flags, kind, req.cookie, 0);
+            return;
+        }
         let hdr = if self.session.structured {
             READ_HEADROOM
         } else {

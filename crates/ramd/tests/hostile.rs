@@ -218,19 +218,33 @@ fn bad_request_magic_disconnects() {
 
 #[test]
 fn oversized_requests_are_refused() {
-    let mut d = start();
-    // A read one page over the 32 MiB limit: an error, and the connection
-    // stays usable (there is no payload to skip).
+    let mut d = Ramd::start(&["--size", "128M", "--name", "victim"]);
+    // A read one page over the 64 MiB limit (nbdkit's): an error, and the
+    // connection stays usable (there is no payload to skip).
     let (mut r, _) = Raw::transmission(&d, "victim");
-    r.request(0, CMD_READ, 21, 0, (32 * MIB + PAGE) as u32);
+    r.request(0, CMD_READ, 21, 0, (64 * MIB + PAGE) as u32);
     let (err, cookie, _) = r.simple_reply(0);
     assert_eq!(cookie, 21);
     assert!(
         err == EINVAL || err == EOVERFLOW,
-        "read of 32 MiB + 4 KiB: error {err}"
+        "read of 64 MiB + 4 KiB: error {err}"
     );
     r.request(0, CMD_READ, 22, 0, 4096);
     assert_eq!(r.simple_reply(4096), (0, 22, vec![0u8; 4096]));
+
+    // A write one byte over the limit, payload and all: the payload is
+    // skipped, the write refused, and the next request is served.
+    let n = 64 * MIB + 1;
+    r.request(0, CMD_WRITE, 24, 0, n as u32);
+    r.send(&vec![0x5a; n as usize]);
+    let (err, cookie, _) = r.simple_reply(0);
+    assert_eq!((err, cookie), (EINVAL, 24), "write of 64 MiB + 1");
+    r.request(0, CMD_READ, 25, 0, 4096);
+    assert_eq!(
+        r.simple_reply(4096),
+        (0, 25, vec![0u8; 4096]),
+        "nothing landed"
+    );
 
     // A 1 GiB write header with no payload: refused with an error reply or
     // a hangup, never buffered; the server must not wait for the gigabyte.
@@ -251,9 +265,71 @@ fn oversized_requests_are_refused() {
         d.rss() < rss_before + 256 * MIB,
         "RSS grew by a huge write header"
     );
-    assert_serves(&mut d, 64 * MIB);
+    assert_serves(&mut d, 128 * MIB);
     // Nothing of it landed.
     qemu_io(d.uri(), &["read -P 0 0 64k".into()]);
+}
+
+#[test]
+fn requests_up_to_64_mib_are_served() {
+    // Clients that negotiated no block size may go past the advertised
+    // 32 MiB; nbdkit serves up to 64 MiB, and so does ramd.
+    let d = Ramd::start(&["--size", "160M", "--name", "victim"]);
+    let (mut r, _) = Raw::transmission(&d, "victim");
+    let n = 64 * MIB as usize;
+    let mut data = vec![0u8; n];
+    Rng::new(7).fill(&mut data);
+    r.request(0, CMD_WRITE, 31, 3 * MIB, n as u32);
+    r.send(&data);
+    assert_eq!(r.simple_reply(0), (0, 31, vec![]), "64 MiB write");
+    r.request(0, CMD_READ, 32, 3 * MIB, n as u32);
+    let (err, cookie, got) = r.simple_reply(n);
+    assert_eq!((err, cookie), (0, 32), "64 MiB read");
+    assert!(got == data, "64 MiB read back differs");
+    r.request(0, CMD_DISC, 33, 0, 0);
+    r.expect_hangup("after NBD_CMD_DISC");
+}
+
+#[test]
+fn client_without_fixed_newstyle_is_served_with_export_name() {
+    let mut d = start();
+    // Client flags 0: no FIXED_NEWSTYLE, no NO_ZEROES.
+    let mut r = Raw::connect(&d);
+    r.send(&0u32.to_be_bytes());
+    // Any option but EXPORT_NAME is refused, and negotiation goes on.
+    r.send_opt(OPT_GO, &go_data("victim"));
+    let (opt, ty, _) = r.opt_reply();
+    assert_eq!((opt, ty), (OPT_GO, REP_ERR_INVALID));
+    r.send_opt(OPT_EXPORT_NAME, b"victim");
+    let mut reply = [0u8; 8 + 2 + 124];
+    r.read_exact(&mut reply);
+    assert_eq!(u64::from_be_bytes(reply[..8].try_into().unwrap()), 64 * MIB);
+    assert!(reply[10..].iter().all(|&b| b == 0), "124 reserved zeroes");
+    r.request(0, CMD_WRITE, 1, 8192, 4);
+    r.send(b"ramd");
+    assert_eq!(r.simple_reply(0), (0, 1, vec![]));
+    r.request(0, CMD_READ, 2, 8190, 8);
+    assert_eq!(r.simple_reply(8), (0, 2, b"\0\0ramd\0\0".to_vec()));
+    r.request(0, CMD_DISC, 3, 0, 0);
+    r.expect_hangup("after NBD_CMD_DISC");
+    assert_serves(&mut d, 64 * MIB);
+}
+
+#[test]
+fn flush_with_nonzero_length_or_offset_is_einval() {
+    let mut d = start();
+    let (mut r, _) = Raw::transmission(&d, "victim");
+    for (cookie, off, len) in [(1, 0, 4096), (2, 4096, 0), (3, 0, 1)] {
+        r.request(0, CMD_FLUSH, cookie, off, len);
+        assert_eq!(
+            r.simple_reply(0),
+            (EINVAL, cookie, vec![]),
+            "flush {off} {len}"
+        );
+    }
+    r.request(0, CMD_FLUSH, 4, 0, 0);
+    assert_eq!(r.simple_reply(0), (0, 4, vec![]));
+    assert_serves(&mut d, 64 * MIB);
 }
 
 #[test]

@@ -70,3 +70,10 @@ fn the_largest_disk_2_pow_63_minus_1_bytes() {
     assert!(field(&s, "data_pages") <= 4, "{s}");
     assert_accounting(&s);
 }
+
+#[test]
+fn zero_length_reads_large_requests_and_old_newstyle_clients() {
+    let mut d = Ramd::start(&["--size", "256M"]);
+    nbd_script("conformance.py", &[d.uri()]);
+    d.assert_alive();
+}

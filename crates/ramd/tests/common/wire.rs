@@ -28,6 +28,7 @@ pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const CMD_READ: u16 = 0;
 pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
 pub const CMD_BLOCK_STATUS: u16 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 
