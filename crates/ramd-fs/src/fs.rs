@@ -50,20 +50,14 @@ const XATTR_SIZE_MAX: usize = 64 << 10;
 const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
 const DIRENT_COST: u64 = 48;
 
-/// An errno for the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Errno(pub i32);
+/// What a failed call answers the kernel: the store's errno vocabulary.
+pub use ramd_store::Errno;
 
-impl From<ramd_store::Error> for Errno {
-    fn from(e: ramd_store::Error) -> Errno {
-        Errno(e.errno())
-    }
-}
-
+/// A call's result; store errors become their errno with `?`.
 pub type Result<T> = std::result::Result<T, Errno>;
 
-fn err<T>(e: i32) -> Result<T> {
-    Err(Errno(e))
+fn err<T>(e: Errno) -> Result<T> {
+    Err(e)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,10 +229,10 @@ fn name_cost(name: &OsStr) -> u64 {
 
 fn check_name(name: &OsStr) -> Result<()> {
     if name.len() > NAME_MAX {
-        return err(libc::ENAMETOOLONG);
+        return err(Errno::ENAMETOOLONG);
     }
     if name.is_empty() || name == "." || name == ".." || name.as_bytes().contains(&b'/') {
-        return err(libc::EINVAL);
+        return err(Errno::EINVAL);
     }
     Ok(())
 }
@@ -292,14 +286,14 @@ impl Inode {
     fn entries(&self) -> Result<&BTreeMap<OsString, u64>> {
         match &self.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => err(libc::ENOTDIR),
+            _ => err(Errno::ENOTDIR),
         }
     }
 
     fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, u64>> {
         match &mut self.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => err(libc::ENOTDIR),
+            _ => err(Errno::ENOTDIR),
         }
     }
 
@@ -311,11 +305,11 @@ impl Inode {
 
 impl State {
     fn get(&self, ino: u64) -> Result<&Inode> {
-        self.inodes.get(&ino).ok_or(Errno(libc::ENOENT))
+        self.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
     fn get_mut(&mut self, ino: u64) -> Result<&mut Inode> {
-        self.inodes.get_mut(&ino).ok_or(Errno(libc::ENOENT))
+        self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
     /// Whether a new entry `name` may go into `parent`: a directory that
@@ -323,10 +317,10 @@ impl State {
     fn check_new_entry(&self, parent: u64, name: &OsStr) -> Result<&Inode> {
         let p = self.get(parent)?;
         if p.entries()?.contains_key(name) {
-            return err(libc::EEXIST);
+            return err(Errno::EEXIST);
         }
         if p.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         Ok(p)
     }
@@ -336,7 +330,7 @@ impl State {
             .entries()?
             .get(name)
             .copied()
-            .ok_or(Errno(libc::ENOENT))
+            .ok_or(Errno::ENOENT)
     }
 }
 
@@ -389,7 +383,7 @@ impl Fs {
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
         if name.len() > NAME_MAX {
-            return err(libc::ENAMETOOLONG);
+            return err(Errno::ENAMETOOLONG);
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
@@ -437,13 +431,13 @@ impl Fs {
             } = inode.data
             else {
                 return err(if inode.kind == Kind::Dir {
-                    libc::EISDIR
+                    Errno::EISDIR
                 } else {
-                    libc::EINVAL
+                    Errno::EINVAL
                 });
             };
             if size > MAX_FILE_SIZE {
-                return err(libc::EFBIG);
+                return err(Errno::EFBIG);
             }
             if size < inode.size || size < *alloc_end {
                 // Freed at once, like tmpfs: the tail becomes holes (the
@@ -512,7 +506,7 @@ impl Fs {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let target = match &self.state.read().get(ino)?.data {
             Data::Symlink(t) => t.as_bytes().to_vec(),
-            _ => return err(libc::EINVAL),
+            _ => return err(Errno::EINVAL),
         };
         self.accessed(ino);
         Ok(target)
@@ -536,9 +530,9 @@ impl Fs {
         rdev: u32,
     ) -> Result<Attr> {
         let _change = self.store.change();
-        let kind = Kind::from_mode(mode).ok_or(Errno(libc::EINVAL))?;
+        let kind = Kind::from_mode(mode).ok_or(Errno::EINVAL)?;
         if kind == Kind::Symlink {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         self.create_node(who, parent, name, kind, mode, rdev, None)
     }
@@ -551,7 +545,7 @@ impl Fs {
     pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         if target.len() >= libc::PATH_MAX as usize {
-            return err(libc::ENAMETOOLONG);
+            return err(Errno::ENAMETOOLONG);
         }
         self.create_node(who, parent, name, Kind::Symlink, 0o777, 0, Some(target))
     }
@@ -581,7 +575,7 @@ impl Fs {
         let mut st = self.state.write();
         let p = st.check_new_entry(parent, name)?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
-            return err(libc::ENOSPC);
+            return err(Errno::ENOSPC);
         }
         // setgid directories hand their group, and to subdirectories the
         // setgid bit, down to what is created in them.
@@ -606,7 +600,7 @@ impl Fs {
                     }
                     None => {
                         self.store.uncharge(cost);
-                        return err(libc::ENOSPC);
+                        return err(Errno::ENOSPC);
                     }
                 };
                 Data::File {
@@ -646,13 +640,13 @@ impl Fs {
         st.check_new_entry(newparent, newname)?;
         let inode = st.get(ino)?;
         if inode.kind == Kind::Dir {
-            return err(libc::EPERM);
+            return err(Errno::EPERM);
         }
         if inode.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         if inode.nlink >= u32::MAX - 1 {
-            return err(libc::EMLINK);
+            return err(Errno::EMLINK);
         }
         self.store.charge(name_cost(newname))?;
         let np = st.get_mut(newparent)?;
@@ -670,7 +664,7 @@ impl Fs {
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         if st.get(ino)?.kind == Kind::Dir {
-            return err(libc::EISDIR);
+            return err(Errno::EISDIR);
         }
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
@@ -679,16 +673,16 @@ impl Fs {
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
         let c = self.store.change();
         if name == "." {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         if name == ".." {
-            return err(libc::ENOTEMPTY);
+            return err(Errno::ENOTEMPTY);
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         let d = st.get(ino)?;
         if !d.entries()?.is_empty() {
-            return err(libc::ENOTEMPTY);
+            return err(Errno::ENOTEMPTY);
         }
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
@@ -767,7 +761,7 @@ impl Fs {
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
         let c = self.store.change();
         if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         check_name(newname)?;
         let now = SystemTime::now();
@@ -775,23 +769,23 @@ impl Fs {
         let src = st.child(parent, name)?;
         let dst = match st.child(newparent, newname) {
             Ok(d) => Some(d),
-            Err(Errno(libc::ENOENT)) => None,
+            Err(Errno::ENOENT) => None,
             Err(e) => return Err(e),
         };
         if st.get(newparent)?.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         let src_dir = st.get(src)?.kind == Kind::Dir;
         // Moving a directory below itself is refused by the VFS already;
         // checked again because a loop would orphan a subtree.
         if src_dir && parent != newparent && self.is_ancestor(&st, src, newparent) {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         if flags & EXCHANGE != 0 {
-            let dst = dst.ok_or(Errno(libc::ENOENT))?;
+            let dst = dst.ok_or(Errno::ENOENT)?;
             let dst_dir = st.get(dst)?.kind == Kind::Dir;
             if dst_dir && parent != newparent && self.is_ancestor(&st, dst, parent) {
-                return err(libc::EINVAL);
+                return err(Errno::EINVAL);
             }
             st.get_mut(parent)?
                 .entries_mut()?
@@ -813,7 +807,7 @@ impl Fs {
         }
         if let Some(dst) = dst {
             if flags & NOREPLACE != 0 {
-                return err(libc::EEXIST);
+                return err(Errno::EEXIST);
             }
             if dst == src {
                 // Two names of one inode: POSIX says do nothing.
@@ -821,9 +815,9 @@ impl Fs {
             }
             let d = st.get(dst)?;
             match (src_dir, d.kind == Kind::Dir) {
-                (true, false) => return err(libc::ENOTDIR),
-                (false, true) => return err(libc::EISDIR),
-                (true, true) if !d.entries()?.is_empty() => return err(libc::ENOTEMPTY),
+                (true, false) => return err(Errno::ENOTDIR),
+                (false, true) => return err(Errno::EISDIR),
+                (true, true) if !d.entries()?.is_empty() => return err(Errno::ENOTEMPTY),
                 _ => {}
             }
         }
@@ -878,7 +872,7 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
-            return err(libc::EISDIR);
+            return err(Errno::EISDIR);
         }
         inode.opens += 1;
         Ok(())
@@ -900,8 +894,8 @@ impl Fs {
         let inode = st.get(ino)?;
         match inode.data {
             Data::File { slot, .. } => Ok((base(slot), inode.size)),
-            _ if inode.kind == Kind::Dir => err(libc::EISDIR),
-            _ => err(libc::EINVAL),
+            _ if inode.kind == Kind::Dir => err(Errno::EISDIR),
+            _ => err(Errno::EINVAL),
         }
     }
 
@@ -957,7 +951,7 @@ impl Fs {
         let end = off
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
-            .ok_or(Errno(libc::EFBIG))?;
+            .ok_or(Errno::EFBIG)?;
         let mut delta = 0;
         let (done, r) = c.write_prefix(base + off, data, &mut delta);
         let (end, r) = match r {
@@ -999,18 +993,18 @@ impl Fs {
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
         let c = self.store.change();
         if mode & !(KEEP_SIZE | PUNCH | ZERO) != 0 || (mode & PUNCH != 0 && mode & ZERO != 0) {
-            return err(libc::EOPNOTSUPP);
+            return err(Errno::EOPNOTSUPP);
         }
         if mode & PUNCH != 0 && mode & KEEP_SIZE == 0 {
-            return err(libc::EOPNOTSUPP);
+            return err(Errno::EOPNOTSUPP);
         }
         let (base, size) = self.file(ino)?;
         let end = off
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
-            .ok_or(Errno(libc::EFBIG))?;
+            .ok_or(Errno::EFBIG)?;
         if len == 0 {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         let mut delta = 0;
         let r = if mode & PUNCH != 0 {
@@ -1057,7 +1051,7 @@ impl Fs {
     pub fn seek(&self, ino: u64, off: u64, whence: Whence) -> Result<u64> {
         let (base, size) = self.file(ino)?;
         if off >= size {
-            return err(libc::ENXIO);
+            return err(Errno::ENXIO);
         }
         let mut pos = off;
         while pos < size {
@@ -1073,7 +1067,7 @@ impl Fs {
         }
         match whence {
             Whence::Hole => Ok(size),
-            Whence::Data => err(libc::ENXIO),
+            Whence::Data => err(Errno::ENXIO),
         }
     }
 
@@ -1089,7 +1083,7 @@ impl Fs {
         let c = self.store.change();
         let (_, size_in) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         let len = len.min(size_in.saturating_sub(off_in));
         let mut buf = vec![0; len.min(1 << 20) as usize];
@@ -1113,7 +1107,7 @@ impl Fs {
         let mut st = self.state.write();
         let d = st.get(ino)?;
         let Data::Dir { entries, parent } = &d.data else {
-            return err(libc::ENOTDIR);
+            return err(Errno::ENOTDIR);
         };
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(DirEntry {
@@ -1149,7 +1143,7 @@ impl Fs {
             .dir_handles
             .get(&fh)
             .cloned()
-            .ok_or(Errno(libc::EBADF))?;
+            .ok_or(Errno::EBADF)?;
         if offset == 0 {
             self.accessed(ino);
         }
@@ -1189,16 +1183,16 @@ impl Fs {
         let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
-            return err(libc::E2BIG);
+            return err(Errno::E2BIG);
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         let old = inode.xattrs.get(name);
         if flags & libc::XATTR_CREATE != 0 && old.is_some() {
-            return err(libc::EEXIST);
+            return err(Errno::EEXIST);
         }
         if flags & libc::XATTR_REPLACE != 0 && old.is_none() {
-            return err(libc::ENODATA);
+            return err(Errno::ENODATA);
         }
         let new_cost = xattr_cost(name, value);
         let old_cost = old.map_or(0, |v| xattr_cost(name, v));
@@ -1215,11 +1209,7 @@ impl Fs {
     pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let st = self.state.read();
-        st.get(ino)?
-            .xattrs
-            .get(name)
-            .cloned()
-            .ok_or(Errno(libc::ENODATA))
+        st.get(ino)?.xattrs.get(name).cloned().ok_or(Errno::ENODATA)
     }
 
     /// All names, each followed by a NUL, as listxattr(2) returns them.
@@ -1238,7 +1228,7 @@ impl Fs {
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        let v = inode.xattrs.remove(name).ok_or(Errno(libc::ENODATA))?;
+        let v = inode.xattrs.remove(name).ok_or(Errno::ENODATA)?;
         self.store.uncharge(xattr_cost(name, &v));
         inode.ctime = SystemTime::now();
         Ok(())
@@ -1283,7 +1273,7 @@ fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {
 /// Namespaces tmpfs supports; ACLs (system.*) are not offered.
 fn check_xattr_name(name: &OsStr) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
-        return err(libc::ERANGE);
+        return err(Errno::ERANGE);
     }
     let b = name.as_bytes();
     let known = [&b"user."[..], b"trusted.", b"security."]
@@ -1292,6 +1282,6 @@ fn check_xattr_name(name: &OsStr) -> Result<()> {
     if known {
         Ok(())
     } else {
-        err(libc::EOPNOTSUPP)
+        err(Errno::EOPNOTSUPP)
     }
 }

@@ -24,7 +24,7 @@ const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
 
 /// Makes everything written so far durable; an errno if it could not.
-pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), i32> + Send + Sync>;
+pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), Errno> + Send + Sync>;
 
 /// Options of the FUSE session beyond the filesystem's own.
 #[derive(Clone, Default)]
@@ -62,15 +62,14 @@ impl FuseFs {
             None => reply.error(FErrno::ENOSYS),
             Some(sync) => match sync() {
                 Ok(()) => reply.ok(),
-                // Never a success by mistake: 0 or a negative errno is EIO.
-                Err(e) => reply.error(FErrno::from_i32(if e > 0 { e } else { libc::EIO })),
+                Err(e) => reply.error(ferr(e)),
             },
         }
     }
 }
 
 fn ferr(e: Errno) -> FErrno {
-    FErrno::from_i32(e.0)
+    FErrno::from_i32(e.get())
 }
 
 fn file_type(k: Kind) -> FileType {

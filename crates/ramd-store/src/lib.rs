@@ -15,7 +15,7 @@ mod store;
 mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
-pub use error::{Error, Result};
+pub use error::{Errno, Error, Result};
 pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::Scanner;

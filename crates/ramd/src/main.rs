@@ -455,7 +455,7 @@ fn serve_fs(args: ServeArgs, run_dir: &Path) -> Result<()> {
         }
         image => (
             Fs::new(store.clone(), fs_config)
-                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
+                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?,
             image.map(|(i, _)| i),
             None,
         ),
