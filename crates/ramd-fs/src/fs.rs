@@ -42,7 +42,21 @@ pub const FILE_SHIFT: u32 = 40;
 pub const MAX_FILE_SIZE: u64 = (1 << FILE_SHIFT) - 1;
 /// Files with data that fit in the store's 2^63-byte address space.
 const MAX_SLOTS: u64 = ramd_store::MAX_SIZE >> FILE_SHIFT;
-pub const ROOT_INO: u64 = 1;
+pub const ROOT_INO: Ino = Ino(1);
+
+/// An inode number, as the kernel knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ino(pub u64);
+
+impl std::fmt::Display for Ino {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An open directory's handle, as the kernel knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fh(pub u64);
 pub const NAME_MAX: usize = 255;
 const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 64 << 10;
@@ -97,7 +111,7 @@ pub struct Caller {
 /// A stat result.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attr {
-    pub ino: u64,
+    pub ino: Ino,
     pub kind: Kind,
     /// Permission bits including setuid, setgid and sticky (07777).
     pub perm: u16,
@@ -136,7 +150,7 @@ pub struct SetAttr {
 /// One directory entry as readdir returns it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
-    pub ino: u64,
+    pub ino: Ino,
     pub kind: Kind,
     pub name: OsString,
 }
@@ -171,8 +185,8 @@ enum Data {
         alloc_end: u64,
     },
     Dir {
-        entries: BTreeMap<OsString, u64>,
-        parent: u64,
+        entries: BTreeMap<OsString, Ino>,
+        parent: Ino,
     },
     Symlink(OsString),
     Special,
@@ -198,12 +212,12 @@ struct Inode {
 }
 
 struct State {
-    inodes: HashMap<u64, Inode>,
+    inodes: HashMap<Ino, Inode>,
     next_ino: u64,
     free_slots: Vec<u64>,
     next_slot: u64,
     /// Open directory handles: a snapshot taken at opendir.
-    dir_handles: HashMap<u64, Arc<Vec<DirEntry>>>,
+    dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
     next_fh: u64,
 }
 
@@ -260,7 +274,7 @@ impl Inode {
         }
     }
 
-    fn attr(&self, ino: u64) -> Attr {
+    fn attr(&self, ino: Ino) -> Attr {
         let blocks = match self.data {
             Data::File { pages, .. } => pages * (PAGE_SIZE as u64 / 512),
             Data::Symlink(ref t) => (t.len() as u64).div_ceil(512),
@@ -283,14 +297,14 @@ impl Inode {
         }
     }
 
-    fn entries(&self) -> Result<&BTreeMap<OsString, u64>> {
+    fn entries(&self) -> Result<&BTreeMap<OsString, Ino>> {
         match &self.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
         }
     }
 
-    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, u64>> {
+    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, Ino>> {
         match &mut self.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
@@ -304,17 +318,17 @@ impl Inode {
 }
 
 impl State {
-    fn get(&self, ino: u64) -> Result<&Inode> {
+    fn get(&self, ino: Ino) -> Result<&Inode> {
         self.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
-    fn get_mut(&mut self, ino: u64) -> Result<&mut Inode> {
+    fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
         self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
     /// Whether a new entry `name` may go into `parent`: a directory that
     /// still exists (not removed while a caller held it) without that name.
-    fn check_new_entry(&self, parent: u64, name: &OsStr) -> Result<&Inode> {
+    fn check_new_entry(&self, parent: Ino, name: &OsStr) -> Result<&Inode> {
         let p = self.get(parent)?;
         if p.entries()?.contains_key(name) {
             return err(Errno::EEXIST);
@@ -325,7 +339,7 @@ impl State {
         Ok(p)
     }
 
-    fn child(&self, parent: u64, name: &OsStr) -> Result<u64> {
+    fn child(&self, parent: Ino, name: &OsStr) -> Result<Ino> {
         self.get(parent)?
             .entries()?
             .get(name)
@@ -358,7 +372,7 @@ impl Fs {
             cfg,
             state: RwLock::new(State {
                 inodes,
-                next_ino: ROOT_INO + 1,
+                next_ino: ROOT_INO.0 + 1,
                 free_slots: Vec::new(),
                 next_slot: 0,
                 dir_handles: HashMap::new(),
@@ -381,7 +395,7 @@ impl Fs {
         &self.cfg
     }
 
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return err(Errno::ENAMETOOLONG);
         }
@@ -394,7 +408,7 @@ impl Fs {
 
     /// The kernel dropped `n` references taken by lookups and creations.
     /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
-    pub fn forget(&self, ino: u64, n: u64) {
+    pub fn forget(&self, ino: Ino, n: u64) {
         let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
@@ -403,7 +417,7 @@ impl Fs {
         self.maybe_free(&c, &mut st, ino);
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let st = self.state.read();
         Ok(st.get(ino)?.attr(ino))
     }
@@ -412,7 +426,7 @@ impl Fs {
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory and a truncate by an unprivileged caller
     /// drop setuid, setgid and file capabilities.
-    pub fn setattr(&self, who: Caller, ino: u64, set: SetAttr) -> Result<Attr> {
+    pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = SystemTime::now();
         let mut st = self.state.write();
@@ -503,7 +517,7 @@ impl Fs {
         }
     }
 
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         let target = match &self.state.read().get(ino)?.data {
             Data::Symlink(t) => t.as_bytes().to_vec(),
             _ => return err(Errno::EINVAL),
@@ -513,7 +527,7 @@ impl Fs {
     }
 
     /// Marks an access (read, readlink, readdir) as tmpfs's relatime does.
-    fn accessed(&self, ino: u64) {
+    fn accessed(&self, ino: Ino) {
         if !self.cfg.noatime {
             self.touch_atime(ino);
         }
@@ -524,7 +538,7 @@ impl Fs {
     pub fn mknod(
         &self,
         who: Caller,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
         mode: u32,
         rdev: u32,
@@ -537,12 +551,12 @@ impl Fs {
         self.create_node(who, parent, name, kind, mode, rdev, None)
     }
 
-    pub fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+    pub fn mkdir(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
     }
 
-    pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
+    pub fn symlink(&self, who: Caller, parent: Ino, name: &OsStr, target: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         if target.len() >= libc::PATH_MAX as usize {
             return err(Errno::ENAMETOOLONG);
@@ -551,7 +565,7 @@ impl Fs {
     }
 
     /// Creates and opens a regular file.
-    pub fn create(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+    pub fn create(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
         self.state.write().get_mut(attr.ino)?.opens += 1;
@@ -563,7 +577,7 @@ impl Fs {
     fn create_node(
         &self,
         who: Caller,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
         kind: Kind,
         mode: u32,
@@ -616,7 +630,7 @@ impl Fs {
             Kind::Symlink => Data::Symlink(target.expect("symlink target").to_owned()),
             _ => Data::Special,
         };
-        let ino = st.next_ino;
+        let ino = Ino(st.next_ino);
         st.next_ino += 1;
         let mut inode = Inode::new(kind, perm, who.uid, gid, data, now);
         inode.rdev = rdev;
@@ -632,7 +646,7 @@ impl Fs {
         Ok(attr)
     }
 
-    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         check_name(newname)?;
         let now = SystemTime::now();
@@ -659,7 +673,7 @@ impl Fs {
         Ok(inode.attr(ino))
     }
 
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
         let c = self.store.change();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
@@ -670,7 +684,7 @@ impl Fs {
         Ok(())
     }
 
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
         let c = self.store.change();
         if name == "." {
             return err(Errno::EINVAL);
@@ -690,7 +704,7 @@ impl Fs {
 
     /// Drops the entry `name` → `ino` from `parent`, with link counts, times
     /// and memory.
-    fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: u64, name: &OsStr, ino: u64) {
+    fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: Ino, name: &OsStr, ino: Ino) {
         let now = SystemTime::now();
         let p = st.inodes.get_mut(&parent).expect("parent exists");
         p.entries_mut().expect("parent is a dir").remove(name);
@@ -709,7 +723,7 @@ impl Fs {
 
     /// Frees what an inode no longer needs: data once unreachable and
     /// closed, the inode once the kernel forgot it too.
-    fn maybe_free(&self, c: &Change<'_>, st: &mut State, ino: u64) {
+    fn maybe_free(&self, c: &Change<'_>, st: &mut State, ino: Ino) {
         let Some(inode) = st.inodes.get_mut(&ino) else {
             return;
         };
@@ -751,9 +765,9 @@ impl Fs {
 
     pub fn rename(
         &self,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
-        newparent: u64,
+        newparent: Ino,
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
@@ -842,7 +856,7 @@ impl Fs {
     }
 
     /// Fixes ".." and the parents' link counts when a directory moves.
-    fn reparent(&self, st: &mut State, ino: u64, from: u64, to: u64) {
+    fn reparent(&self, st: &mut State, ino: Ino, from: Ino, to: Ino) {
         let Some(Inode {
             data: Data::Dir { parent, .. },
             ..
@@ -856,7 +870,7 @@ impl Fs {
     }
 
     /// Whether `a` is `b` or one of its ancestors.
-    fn is_ancestor(&self, st: &State, a: u64, mut b: u64) -> bool {
+    fn is_ancestor(&self, st: &State, a: Ino, mut b: Ino) -> bool {
         loop {
             if a == b {
                 return true;
@@ -868,7 +882,7 @@ impl Fs {
         }
     }
 
-    pub fn open(&self, ino: u64) -> Result<()> {
+    pub fn open(&self, ino: Ino) -> Result<()> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
@@ -879,7 +893,7 @@ impl Fs {
     }
 
     /// Takes the gate: the last close of an unlinked file frees its data.
-    pub fn release(&self, ino: u64) {
+    pub fn release(&self, ino: Ino) {
         let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
@@ -889,7 +903,7 @@ impl Fs {
     }
 
     /// Where a regular file's data starts in the store, and its size.
-    fn file(&self, ino: u64) -> Result<(u64, u64)> {
+    fn file(&self, ino: Ino) -> Result<(u64, u64)> {
         let st = self.state.read();
         let inode = st.get(ino)?;
         match inode.data {
@@ -900,7 +914,7 @@ impl Fs {
     }
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
-    pub fn read(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+    pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (base, size) = self.file(ino)?;
         if off >= size {
             return Ok(0);
@@ -912,7 +926,7 @@ impl Fs {
     }
 
     /// relatime: atime moves when it is older than mtime/ctime or a day old.
-    fn touch_atime(&self, ino: u64) {
+    fn touch_atime(&self, ino: Ino) {
         let now = SystemTime::now();
         let stale = |i: &Inode| {
             i.atime <= i.mtime
@@ -941,7 +955,7 @@ impl Fs {
     pub fn write(
         &self,
         c: &Change<'_>,
-        ino: u64,
+        ino: Ino,
         off: u64,
         data: &[u8],
         short_ok: bool,
@@ -987,7 +1001,7 @@ impl Fs {
         Ok((end - off) as usize)
     }
 
-    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
@@ -1048,7 +1062,7 @@ impl Fs {
 
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
-    pub fn seek(&self, ino: u64, off: u64, whence: Whence) -> Result<u64> {
+    pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
         let (base, size) = self.file(ino)?;
         if off >= size {
             return err(Errno::ENXIO);
@@ -1074,9 +1088,9 @@ impl Fs {
     /// Copies file data within the store; returns bytes copied.
     pub fn copy_range(
         &self,
-        ino_in: u64,
+        ino_in: Ino,
         off_in: u64,
-        ino_out: u64,
+        ino_out: Ino,
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
@@ -1103,7 +1117,7 @@ impl Fs {
         Ok(done)
     }
 
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
+    pub fn opendir(&self, ino: Ino) -> Result<Fh> {
         let mut st = self.state.write();
         let d = st.get(ino)?;
         let Data::Dir { entries, parent } = &d.data else {
@@ -1128,7 +1142,7 @@ impl Fs {
                 name: name.clone(),
             });
         }
-        let fh = st.next_fh;
+        let fh = Fh(st.next_fh);
         st.next_fh += 1;
         st.dir_handles.insert(fh, Arc::new(list));
         Ok(fh)
@@ -1136,7 +1150,7 @@ impl Fs {
 
     /// The snapshot of an open directory. Reading it from the start counts
     /// as an access of the directory.
-    pub fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+    pub fn dir_entries(&self, ino: Ino, fh: Fh, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
         let entries = self
             .state
             .read()
@@ -1151,14 +1165,14 @@ impl Fs {
     }
 
     /// For readdirplus: the attributes of an entry, counting a lookup.
-    pub fn lookup_ino(&self, ino: u64) -> Result<Attr> {
+    pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
         Ok(inode.attr(ino))
     }
 
-    pub fn releasedir(&self, fh: u64) {
+    pub fn releasedir(&self, fh: Fh) {
         self.state.write().dir_handles.remove(&fh);
     }
 
@@ -1179,7 +1193,7 @@ impl Fs {
         )
     }
 
-    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
@@ -1206,14 +1220,14 @@ impl Fs {
         Ok(())
     }
 
-    pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let st = self.state.read();
         st.get(ino)?.xattrs.get(name).cloned().ok_or(Errno::ENODATA)
     }
 
     /// All names, each followed by a NUL, as listxattr(2) returns them.
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
         let st = self.state.read();
         let mut out = Vec::new();
         for name in st.get(ino)?.xattrs.keys() {
@@ -1223,7 +1237,7 @@ impl Fs {
         Ok(out)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<()> {
+    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         let mut st = self.state.write();

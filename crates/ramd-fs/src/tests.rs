@@ -306,7 +306,7 @@ fn metadata_is_charged_and_returned() {
     f.unlink(d.ino, n("file")).unwrap();
     f.unlink(d.ino, n("ln")).unwrap();
     f.rmdir(ROOT_INO, n("dir")).unwrap();
-    for ino in [d.ino, a.ino, a.ino + 1] {
+    for ino in [d.ino, a.ino, Ino(a.ino.0 + 1)] {
         f.forget(ino, 1);
     }
     assert_eq!(f.store().stats().memory_used, before);
@@ -508,7 +508,7 @@ struct Seen {
     attr: Attr,
     xattrs: Vec<(OsString, Vec<u8>)>,
     /// Directory listing (with "." and ".."), symlink target, or file data.
-    entries: Vec<(OsString, u64)>,
+    entries: Vec<(OsString, Ino)>,
     target: Option<Vec<u8>>,
     data: Option<Vec<u8>>,
     /// (start, end) of each data run, by SEEK_DATA / SEEK_HOLE.
@@ -572,7 +572,7 @@ fn walk(f: &Fs) -> Vec<Seen> {
     out
 }
 
-fn set_times(f: &Fs, ino: u64, atime: SystemTime, mtime: SystemTime, ctime: SystemTime) {
+fn set_times(f: &Fs, ino: Ino, atime: SystemTime, mtime: SystemTime, ctime: SystemTime) {
     let set = SetAttr {
         atime: Some(SetTime::At(atime)),
         mtime: Some(SetTime::At(mtime)),
@@ -590,9 +590,9 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 struct Built {
     /// Unlinked but still open when saved.
-    orphan: u64,
+    orphan: Ino,
     /// Removed directory still known to the kernel.
-    gone_dir: u64,
+    gone_dir: Ino,
     orphan_pages: u64,
 }
 
@@ -818,7 +818,7 @@ fn save_and_load_keep_everything_and_its_cost() {
 }
 
 /// Unlinks everything below `dir` (inodes with no lookups go at once).
-fn remove_all(f: &Fs, dir: u64) {
+fn remove_all(f: &Fs, dir: Ino) {
     let fh = f.opendir(dir).unwrap();
     let entries = f.dir_entries(dir, fh, 0).unwrap();
     f.releasedir(fh);
@@ -946,12 +946,12 @@ fn edit(meta: &[u8], change: impl FnOnce(&mut SavedMeta<'static>)) -> Vec<u8> {
 
 fn inode<'m>(
     m: &'m mut SavedMeta<'static>,
-    ino: u64,
+    ino: Ino,
 ) -> &'m mut crate::fs::meta::SavedInode<'static> {
-    m.inodes.iter_mut().find(|i| i.ino == ino).unwrap()
+    m.inodes.iter_mut().find(|i| i.ino == ino.0).unwrap()
 }
 
-fn entries<'m>(m: &'m mut SavedMeta<'static>, ino: u64) -> &'m mut Vec<(Bytes<'static>, u64)> {
+fn entries<'m>(m: &'m mut SavedMeta<'static>, ino: Ino) -> &'m mut Vec<(Bytes<'static>, u64)> {
     match &mut inode(m, ino).data {
         SavedData::Dir { entries, .. } => entries,
         _ => panic!("not a dir"),
@@ -1029,7 +1029,7 @@ fn inconsistent_trees_are_refused() {
         ),
         (
             "no root",
-            Box::new(|m| m.inodes.retain(|i| i.ino != ROOT_INO)),
+            Box::new(|m| m.inodes.retain(|i| i.ino != ROOT_INO.0)),
         ),
         (
             "root is not a directory",
@@ -1101,19 +1101,19 @@ fn inconsistent_trees_are_refused() {
         (
             "is listed 2 times",
             Box::new(move |m| {
-                entries(m, ROOT_INO).push((name("again"), d));
+                entries(m, ROOT_INO).push((name("again"), d.0));
                 inode(m, ROOT_INO).nlink += 1;
             }),
         ),
         (
             "names the root",
-            Box::new(move |m| entries(m, d).push((name("up"), ROOT_INO))),
+            Box::new(move |m| entries(m, d).push((name("up"), ROOT_INO.0))),
         ),
         (
             "its parent is",
             Box::new(move |m| {
                 if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
-                    *parent = d;
+                    *parent = d.0;
                 }
             }),
         ),
@@ -1121,12 +1121,12 @@ fn inconsistent_trees_are_refused() {
             "cut off from the root",
             Box::new(move |m| {
                 // d listed in itself instead of the root: counts still add up.
-                entries(m, ROOT_INO).retain(|e| e.1 != d);
+                entries(m, ROOT_INO).retain(|e| e.1 != d.0);
                 inode(m, ROOT_INO).nlink -= 1;
-                entries(m, d).push((name("self"), d));
+                entries(m, d).push((name("self"), d.0));
                 inode(m, d).nlink += 1;
                 if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
-                    *parent = d;
+                    *parent = d.0;
                 }
             }),
         ),
