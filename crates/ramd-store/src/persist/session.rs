@@ -94,6 +94,7 @@ pub struct SavePlan {
 /// [`SaveSession::finish`]. Dropped unfinished, it aborts the save, so no
 /// path out of a saver (an error, an early return, a panic) can leave pages
 /// marked `saving` or kept copies behind.
+#[must_use = "dropping a SaveSession aborts the save"]
 pub struct SaveSession<'a> {
     store: &'a Store,
     plan: SavePlan,
