@@ -152,7 +152,7 @@ impl Store {
         let cost = kept.cost();
         if !self.room_to_keep(cost) {
             // The save can no longer be the disk at its switch: it fails
-            // (the saver checks `save_broken`) and the next one is full.
+            // (the saver checks `SaveSession::broken`) and the next one is full.
             self.c.save_broken.store(true, Relaxed);
             chunk.saving.fetch_and(!bit, Relaxed);
             return;

@@ -247,7 +247,7 @@ pub(crate) struct Counters {
     pub(crate) decompress_ns: AtomicU64,
     pub(crate) background_ns: AtomicU64,
     pub(crate) compacted: AtomicU64,
-    /// Bytes of pages kept for the save under way (see `persist.rs`).
+    /// Bytes of pages kept for the save under way (see `persist/session.rs`).
     pub(crate) kept: AtomicU64,
     /// The save under way could not keep a page it needed.
     pub(crate) save_broken: std::sync::atomic::AtomicBool,
