@@ -502,7 +502,7 @@ fn open_fs(
         }
         image => Ok((
             Fs::new(store.clone(), cfg)
-                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.0))?,
+                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?,
             image.map(|(i, _)| i),
             None,
         )),

@@ -42,7 +42,21 @@ pub const FILE_SHIFT: u32 = 40;
 pub const MAX_FILE_SIZE: u64 = (1 << FILE_SHIFT) - 1;
 /// Files with data that fit in the store's 2^63-byte address space.
 const MAX_SLOTS: u64 = ramd_store::MAX_SIZE >> FILE_SHIFT;
-pub const ROOT_INO: u64 = 1;
+pub const ROOT_INO: Ino = Ino(1);
+
+/// An inode number, as the kernel knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ino(pub u64);
+
+impl std::fmt::Display for Ino {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An open directory's handle, as the kernel knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fh(pub u64);
 pub const NAME_MAX: usize = 255;
 const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 64 << 10;
@@ -50,20 +64,14 @@ const XATTR_SIZE_MAX: usize = 64 << 10;
 const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
 const DIRENT_COST: u64 = 48;
 
-/// An errno for the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Errno(pub i32);
+/// What a failed call answers the kernel: the store's errno vocabulary.
+pub use ramd_store::Errno;
 
-impl From<ramd_store::Error> for Errno {
-    fn from(e: ramd_store::Error) -> Errno {
-        Errno(e.errno())
-    }
-}
-
+/// A call's result; store errors become their errno with `?`.
 pub type Result<T> = std::result::Result<T, Errno>;
 
-fn err<T>(e: i32) -> Result<T> {
-    Err(Errno(e))
+fn err<T>(e: Errno) -> Result<T> {
+    Err(e)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +111,7 @@ pub struct Caller {
 /// A stat result.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attr {
-    pub ino: u64,
+    pub ino: Ino,
     pub kind: Kind,
     /// Permission bits including setuid, setgid and sticky (07777).
     pub perm: u16,
@@ -142,7 +150,7 @@ pub struct SetAttr {
 /// One directory entry as readdir returns it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
-    pub ino: u64,
+    pub ino: Ino,
     pub kind: Kind,
     pub name: OsString,
 }
@@ -177,8 +185,8 @@ enum Data {
         alloc_end: u64,
     },
     Dir {
-        entries: BTreeMap<OsString, u64>,
-        parent: u64,
+        entries: BTreeMap<OsString, Ino>,
+        parent: Ino,
     },
     Symlink(OsString),
     Special,
@@ -204,12 +212,12 @@ struct Inode {
 }
 
 struct State {
-    inodes: HashMap<u64, Inode>,
+    inodes: HashMap<Ino, Inode>,
     next_ino: u64,
     free_slots: Vec<u64>,
     next_slot: u64,
     /// Open directory handles: a snapshot taken at opendir.
-    dir_handles: HashMap<u64, Arc<Vec<DirEntry>>>,
+    dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
     next_fh: u64,
 }
 
@@ -235,10 +243,10 @@ fn name_cost(name: &OsStr) -> u64 {
 
 fn check_name(name: &OsStr) -> Result<()> {
     if name.len() > NAME_MAX {
-        return err(libc::ENAMETOOLONG);
+        return err(Errno::ENAMETOOLONG);
     }
     if name.is_empty() || name == "." || name == ".." || name.as_bytes().contains(&b'/') {
-        return err(libc::EINVAL);
+        return err(Errno::EINVAL);
     }
     Ok(())
 }
@@ -266,7 +274,7 @@ impl Inode {
         }
     }
 
-    fn attr(&self, ino: u64) -> Attr {
+    fn attr(&self, ino: Ino) -> Attr {
         let blocks = match self.data {
             Data::File { pages, .. } => pages * (PAGE_SIZE as u64 / 512),
             Data::Symlink(ref t) => (t.len() as u64).div_ceil(512),
@@ -289,17 +297,17 @@ impl Inode {
         }
     }
 
-    fn entries(&self) -> Result<&BTreeMap<OsString, u64>> {
+    fn entries(&self) -> Result<&BTreeMap<OsString, Ino>> {
         match &self.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => err(libc::ENOTDIR),
+            _ => err(Errno::ENOTDIR),
         }
     }
 
-    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, u64>> {
+    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, Ino>> {
         match &mut self.data {
             Data::Dir { entries, .. } => Ok(entries),
-            _ => err(libc::ENOTDIR),
+            _ => err(Errno::ENOTDIR),
         }
     }
 
@@ -310,33 +318,33 @@ impl Inode {
 }
 
 impl State {
-    fn get(&self, ino: u64) -> Result<&Inode> {
-        self.inodes.get(&ino).ok_or(Errno(libc::ENOENT))
+    fn get(&self, ino: Ino) -> Result<&Inode> {
+        self.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
-    fn get_mut(&mut self, ino: u64) -> Result<&mut Inode> {
-        self.inodes.get_mut(&ino).ok_or(Errno(libc::ENOENT))
+    fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
     /// Whether a new entry `name` may go into `parent`: a directory that
     /// still exists (not removed while a caller held it) without that name.
-    fn check_new_entry(&self, parent: u64, name: &OsStr) -> Result<&Inode> {
+    fn check_new_entry(&self, parent: Ino, name: &OsStr) -> Result<&Inode> {
         let p = self.get(parent)?;
         if p.entries()?.contains_key(name) {
-            return err(libc::EEXIST);
+            return err(Errno::EEXIST);
         }
         if p.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         Ok(p)
     }
 
-    fn child(&self, parent: u64, name: &OsStr) -> Result<u64> {
+    fn child(&self, parent: Ino, name: &OsStr) -> Result<Ino> {
         self.get(parent)?
             .entries()?
             .get(name)
             .copied()
-            .ok_or(Errno(libc::ENOENT))
+            .ok_or(Errno::ENOENT)
     }
 }
 
@@ -364,7 +372,7 @@ impl Fs {
             cfg,
             state: RwLock::new(State {
                 inodes,
-                next_ino: ROOT_INO + 1,
+                next_ino: ROOT_INO.0 + 1,
                 free_slots: Vec::new(),
                 next_slot: 0,
                 dir_handles: HashMap::new(),
@@ -387,9 +395,9 @@ impl Fs {
         &self.cfg
     }
 
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
         if name.len() > NAME_MAX {
-            return err(libc::ENAMETOOLONG);
+            return err(Errno::ENAMETOOLONG);
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
@@ -400,7 +408,7 @@ impl Fs {
 
     /// The kernel dropped `n` references taken by lookups and creations.
     /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
-    pub fn forget(&self, ino: u64, n: u64) {
+    pub fn forget(&self, ino: Ino, n: u64) {
         let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
@@ -409,7 +417,7 @@ impl Fs {
         self.maybe_free(&c, &mut st, ino);
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let st = self.state.read();
         Ok(st.get(ino)?.attr(ino))
     }
@@ -418,7 +426,7 @@ impl Fs {
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory and a truncate by an unprivileged caller
     /// drop setuid, setgid and file capabilities.
-    pub fn setattr(&self, who: Caller, ino: u64, set: SetAttr) -> Result<Attr> {
+    pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = SystemTime::now();
         let mut st = self.state.write();
@@ -437,13 +445,13 @@ impl Fs {
             } = inode.data
             else {
                 return err(if inode.kind == Kind::Dir {
-                    libc::EISDIR
+                    Errno::EISDIR
                 } else {
-                    libc::EINVAL
+                    Errno::EINVAL
                 });
             };
             if size > MAX_FILE_SIZE {
-                return err(libc::EFBIG);
+                return err(Errno::EFBIG);
             }
             if size < inode.size || size < *alloc_end {
                 // Freed at once, like tmpfs: the tail becomes holes (the
@@ -509,17 +517,17 @@ impl Fs {
         }
     }
 
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         let target = match &self.state.read().get(ino)?.data {
             Data::Symlink(t) => t.as_bytes().to_vec(),
-            _ => return err(libc::EINVAL),
+            _ => return err(Errno::EINVAL),
         };
         self.accessed(ino);
         Ok(target)
     }
 
     /// Marks an access (read, readlink, readdir) as tmpfs's relatime does.
-    fn accessed(&self, ino: u64) {
+    fn accessed(&self, ino: Ino) {
         if !self.cfg.noatime {
             self.touch_atime(ino);
         }
@@ -530,34 +538,34 @@ impl Fs {
     pub fn mknod(
         &self,
         who: Caller,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
         mode: u32,
         rdev: u32,
     ) -> Result<Attr> {
         let _change = self.store.change();
-        let kind = Kind::from_mode(mode).ok_or(Errno(libc::EINVAL))?;
+        let kind = Kind::from_mode(mode).ok_or(Errno::EINVAL)?;
         if kind == Kind::Symlink {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         self.create_node(who, parent, name, kind, mode, rdev, None)
     }
 
-    pub fn mkdir(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+    pub fn mkdir(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
     }
 
-    pub fn symlink(&self, who: Caller, parent: u64, name: &OsStr, target: &OsStr) -> Result<Attr> {
+    pub fn symlink(&self, who: Caller, parent: Ino, name: &OsStr, target: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         if target.len() >= libc::PATH_MAX as usize {
-            return err(libc::ENAMETOOLONG);
+            return err(Errno::ENAMETOOLONG);
         }
         self.create_node(who, parent, name, Kind::Symlink, 0o777, 0, Some(target))
     }
 
     /// Creates and opens a regular file.
-    pub fn create(&self, who: Caller, parent: u64, name: &OsStr, mode: u32) -> Result<Attr> {
+    pub fn create(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
         self.state.write().get_mut(attr.ino)?.opens += 1;
@@ -569,7 +577,7 @@ impl Fs {
     fn create_node(
         &self,
         who: Caller,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
         kind: Kind,
         mode: u32,
@@ -581,7 +589,7 @@ impl Fs {
         let mut st = self.state.write();
         let p = st.check_new_entry(parent, name)?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
-            return err(libc::ENOSPC);
+            return err(Errno::ENOSPC);
         }
         // setgid directories hand their group, and to subdirectories the
         // setgid bit, down to what is created in them.
@@ -606,7 +614,7 @@ impl Fs {
                     }
                     None => {
                         self.store.uncharge(cost);
-                        return err(libc::ENOSPC);
+                        return err(Errno::ENOSPC);
                     }
                 };
                 Data::File {
@@ -622,7 +630,7 @@ impl Fs {
             Kind::Symlink => Data::Symlink(target.expect("symlink target").to_owned()),
             _ => Data::Special,
         };
-        let ino = st.next_ino;
+        let ino = Ino(st.next_ino);
         st.next_ino += 1;
         let mut inode = Inode::new(kind, perm, who.uid, gid, data, now);
         inode.rdev = rdev;
@@ -638,7 +646,7 @@ impl Fs {
         Ok(attr)
     }
 
-    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         check_name(newname)?;
         let now = SystemTime::now();
@@ -646,13 +654,13 @@ impl Fs {
         st.check_new_entry(newparent, newname)?;
         let inode = st.get(ino)?;
         if inode.kind == Kind::Dir {
-            return err(libc::EPERM);
+            return err(Errno::EPERM);
         }
         if inode.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         if inode.nlink >= u32::MAX - 1 {
-            return err(libc::EMLINK);
+            return err(Errno::EMLINK);
         }
         self.store.charge(name_cost(newname))?;
         let np = st.get_mut(newparent)?;
@@ -665,30 +673,30 @@ impl Fs {
         Ok(inode.attr(ino))
     }
 
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
         let c = self.store.change();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         if st.get(ino)?.kind == Kind::Dir {
-            return err(libc::EISDIR);
+            return err(Errno::EISDIR);
         }
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
 
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
         let c = self.store.change();
         if name == "." {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         if name == ".." {
-            return err(libc::ENOTEMPTY);
+            return err(Errno::ENOTEMPTY);
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
         let d = st.get(ino)?;
         if !d.entries()?.is_empty() {
-            return err(libc::ENOTEMPTY);
+            return err(Errno::ENOTEMPTY);
         }
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
@@ -696,7 +704,7 @@ impl Fs {
 
     /// Drops the entry `name` → `ino` from `parent`, with link counts, times
     /// and memory.
-    fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: u64, name: &OsStr, ino: u64) {
+    fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: Ino, name: &OsStr, ino: Ino) {
         let now = SystemTime::now();
         let p = st.inodes.get_mut(&parent).expect("parent exists");
         p.entries_mut().expect("parent is a dir").remove(name);
@@ -715,7 +723,7 @@ impl Fs {
 
     /// Frees what an inode no longer needs: data once unreachable and
     /// closed, the inode once the kernel forgot it too.
-    fn maybe_free(&self, c: &Change<'_>, st: &mut State, ino: u64) {
+    fn maybe_free(&self, c: &Change<'_>, st: &mut State, ino: Ino) {
         let Some(inode) = st.inodes.get_mut(&ino) else {
             return;
         };
@@ -757,9 +765,9 @@ impl Fs {
 
     pub fn rename(
         &self,
-        parent: u64,
+        parent: Ino,
         name: &OsStr,
-        newparent: u64,
+        newparent: Ino,
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
@@ -767,7 +775,7 @@ impl Fs {
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
         let c = self.store.change();
         if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         check_name(newname)?;
         let now = SystemTime::now();
@@ -775,23 +783,23 @@ impl Fs {
         let src = st.child(parent, name)?;
         let dst = match st.child(newparent, newname) {
             Ok(d) => Some(d),
-            Err(Errno(libc::ENOENT)) => None,
+            Err(Errno::ENOENT) => None,
             Err(e) => return Err(e),
         };
         if st.get(newparent)?.nlink == 0 {
-            return err(libc::ENOENT);
+            return err(Errno::ENOENT);
         }
         let src_dir = st.get(src)?.kind == Kind::Dir;
         // Moving a directory below itself is refused by the VFS already;
         // checked again because a loop would orphan a subtree.
         if src_dir && parent != newparent && self.is_ancestor(&st, src, newparent) {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         if flags & EXCHANGE != 0 {
-            let dst = dst.ok_or(Errno(libc::ENOENT))?;
+            let dst = dst.ok_or(Errno::ENOENT)?;
             let dst_dir = st.get(dst)?.kind == Kind::Dir;
             if dst_dir && parent != newparent && self.is_ancestor(&st, dst, parent) {
-                return err(libc::EINVAL);
+                return err(Errno::EINVAL);
             }
             st.get_mut(parent)?
                 .entries_mut()?
@@ -813,7 +821,7 @@ impl Fs {
         }
         if let Some(dst) = dst {
             if flags & NOREPLACE != 0 {
-                return err(libc::EEXIST);
+                return err(Errno::EEXIST);
             }
             if dst == src {
                 // Two names of one inode: POSIX says do nothing.
@@ -821,9 +829,9 @@ impl Fs {
             }
             let d = st.get(dst)?;
             match (src_dir, d.kind == Kind::Dir) {
-                (true, false) => return err(libc::ENOTDIR),
-                (false, true) => return err(libc::EISDIR),
-                (true, true) if !d.entries()?.is_empty() => return err(libc::ENOTEMPTY),
+                (true, false) => return err(Errno::ENOTDIR),
+                (false, true) => return err(Errno::EISDIR),
+                (true, true) if !d.entries()?.is_empty() => return err(Errno::ENOTEMPTY),
                 _ => {}
             }
         }
@@ -848,7 +856,7 @@ impl Fs {
     }
 
     /// Fixes ".." and the parents' link counts when a directory moves.
-    fn reparent(&self, st: &mut State, ino: u64, from: u64, to: u64) {
+    fn reparent(&self, st: &mut State, ino: Ino, from: Ino, to: Ino) {
         let Some(Inode {
             data: Data::Dir { parent, .. },
             ..
@@ -862,7 +870,7 @@ impl Fs {
     }
 
     /// Whether `a` is `b` or one of its ancestors.
-    fn is_ancestor(&self, st: &State, a: u64, mut b: u64) -> bool {
+    fn is_ancestor(&self, st: &State, a: Ino, mut b: Ino) -> bool {
         loop {
             if a == b {
                 return true;
@@ -874,18 +882,18 @@ impl Fs {
         }
     }
 
-    pub fn open(&self, ino: u64) -> Result<()> {
+    pub fn open(&self, ino: Ino) -> Result<()> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
-            return err(libc::EISDIR);
+            return err(Errno::EISDIR);
         }
         inode.opens += 1;
         Ok(())
     }
 
     /// Takes the gate: the last close of an unlinked file frees its data.
-    pub fn release(&self, ino: u64) {
+    pub fn release(&self, ino: Ino) {
         let c = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
@@ -895,18 +903,18 @@ impl Fs {
     }
 
     /// Where a regular file's data starts in the store, and its size.
-    fn file(&self, ino: u64) -> Result<(u64, u64)> {
+    fn file(&self, ino: Ino) -> Result<(u64, u64)> {
         let st = self.state.read();
         let inode = st.get(ino)?;
         match inode.data {
             Data::File { slot, .. } => Ok((base(slot), inode.size)),
-            _ if inode.kind == Kind::Dir => err(libc::EISDIR),
-            _ => err(libc::EINVAL),
+            _ if inode.kind == Kind::Dir => err(Errno::EISDIR),
+            _ => err(Errno::EINVAL),
         }
     }
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
-    pub fn read(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+    pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (base, size) = self.file(ino)?;
         if off >= size {
             return Ok(0);
@@ -918,7 +926,7 @@ impl Fs {
     }
 
     /// relatime: atime moves when it is older than mtime/ctime or a day old.
-    fn touch_atime(&self, ino: u64) {
+    fn touch_atime(&self, ino: Ino) {
         let now = SystemTime::now();
         let stale = |i: &Inode| {
             i.atime <= i.mtime
@@ -947,7 +955,7 @@ impl Fs {
     pub fn write(
         &self,
         c: &Change<'_>,
-        ino: u64,
+        ino: Ino,
         off: u64,
         data: &[u8],
         short_ok: bool,
@@ -957,7 +965,7 @@ impl Fs {
         let end = off
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
-            .ok_or(Errno(libc::EFBIG))?;
+            .ok_or(Errno::EFBIG)?;
         let mut delta = 0;
         let (done, r) = c.write_prefix(base + off, data, &mut delta);
         let (end, r) = match r {
@@ -993,24 +1001,24 @@ impl Fs {
         Ok((end - off) as usize)
     }
 
-    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
         let c = self.store.change();
         if mode & !(KEEP_SIZE | PUNCH | ZERO) != 0 || (mode & PUNCH != 0 && mode & ZERO != 0) {
-            return err(libc::EOPNOTSUPP);
+            return err(Errno::EOPNOTSUPP);
         }
         if mode & PUNCH != 0 && mode & KEEP_SIZE == 0 {
-            return err(libc::EOPNOTSUPP);
+            return err(Errno::EOPNOTSUPP);
         }
         let (base, size) = self.file(ino)?;
         let end = off
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
-            .ok_or(Errno(libc::EFBIG))?;
+            .ok_or(Errno::EFBIG)?;
         if len == 0 {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         let mut delta = 0;
         let r = if mode & PUNCH != 0 {
@@ -1054,10 +1062,10 @@ impl Fs {
 
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
-    pub fn seek(&self, ino: u64, off: u64, whence: Whence) -> Result<u64> {
+    pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
         let (base, size) = self.file(ino)?;
         if off >= size {
-            return err(libc::ENXIO);
+            return err(Errno::ENXIO);
         }
         let mut pos = off;
         while pos < size {
@@ -1073,23 +1081,23 @@ impl Fs {
         }
         match whence {
             Whence::Hole => Ok(size),
-            Whence::Data => err(libc::ENXIO),
+            Whence::Data => err(Errno::ENXIO),
         }
     }
 
     /// Copies file data within the store; returns bytes copied.
     pub fn copy_range(
         &self,
-        ino_in: u64,
+        ino_in: Ino,
         off_in: u64,
-        ino_out: u64,
+        ino_out: Ino,
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
         let c = self.store.change();
         let (_, size_in) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
-            return err(libc::EINVAL);
+            return err(Errno::EINVAL);
         }
         let len = len.min(size_in.saturating_sub(off_in));
         let mut buf = vec![0; len.min(1 << 20) as usize];
@@ -1109,11 +1117,11 @@ impl Fs {
         Ok(done)
     }
 
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
+    pub fn opendir(&self, ino: Ino) -> Result<Fh> {
         let mut st = self.state.write();
         let d = st.get(ino)?;
         let Data::Dir { entries, parent } = &d.data else {
-            return err(libc::ENOTDIR);
+            return err(Errno::ENOTDIR);
         };
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(DirEntry {
@@ -1134,7 +1142,7 @@ impl Fs {
                 name: name.clone(),
             });
         }
-        let fh = st.next_fh;
+        let fh = Fh(st.next_fh);
         st.next_fh += 1;
         st.dir_handles.insert(fh, Arc::new(list));
         Ok(fh)
@@ -1142,14 +1150,14 @@ impl Fs {
 
     /// The snapshot of an open directory. Reading it from the start counts
     /// as an access of the directory.
-    pub fn dir_entries(&self, ino: u64, fh: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+    pub fn dir_entries(&self, ino: Ino, fh: Fh, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
         let entries = self
             .state
             .read()
             .dir_handles
             .get(&fh)
             .cloned()
-            .ok_or(Errno(libc::EBADF))?;
+            .ok_or(Errno::EBADF)?;
         if offset == 0 {
             self.accessed(ino);
         }
@@ -1157,14 +1165,14 @@ impl Fs {
     }
 
     /// For readdirplus: the attributes of an entry, counting a lookup.
-    pub fn lookup_ino(&self, ino: u64) -> Result<Attr> {
+    pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
         Ok(inode.attr(ino))
     }
 
-    pub fn releasedir(&self, fh: u64) {
+    pub fn releasedir(&self, fh: Fh) {
         self.state.write().dir_handles.remove(&fh);
     }
 
@@ -1185,20 +1193,20 @@ impl Fs {
         )
     }
 
-    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
-            return err(libc::E2BIG);
+            return err(Errno::E2BIG);
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         let old = inode.xattrs.get(name);
         if flags & libc::XATTR_CREATE != 0 && old.is_some() {
-            return err(libc::EEXIST);
+            return err(Errno::EEXIST);
         }
         if flags & libc::XATTR_REPLACE != 0 && old.is_none() {
-            return err(libc::ENODATA);
+            return err(Errno::ENODATA);
         }
         let new_cost = xattr_cost(name, value);
         let old_cost = old.map_or(0, |v| xattr_cost(name, v));
@@ -1212,18 +1220,14 @@ impl Fs {
         Ok(())
     }
 
-    pub fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let st = self.state.read();
-        st.get(ino)?
-            .xattrs
-            .get(name)
-            .cloned()
-            .ok_or(Errno(libc::ENODATA))
+        st.get(ino)?.xattrs.get(name).cloned().ok_or(Errno::ENODATA)
     }
 
     /// All names, each followed by a NUL, as listxattr(2) returns them.
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
         let st = self.state.read();
         let mut out = Vec::new();
         for name in st.get(ino)?.xattrs.keys() {
@@ -1233,12 +1237,12 @@ impl Fs {
         Ok(out)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<()> {
+    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        let v = inode.xattrs.remove(name).ok_or(Errno(libc::ENODATA))?;
+        let v = inode.xattrs.remove(name).ok_or(Errno::ENODATA)?;
         self.store.uncharge(xattr_cost(name, &v));
         inode.ctime = SystemTime::now();
         Ok(())
@@ -1283,7 +1287,7 @@ fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {
 /// Namespaces tmpfs supports; ACLs (system.*) are not offered.
 fn check_xattr_name(name: &OsStr) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
-        return err(libc::ERANGE);
+        return err(Errno::ERANGE);
     }
     let b = name.as_bytes();
     let known = [&b"user."[..], b"trusted.", b"security."]
@@ -1292,6 +1296,6 @@ fn check_xattr_name(name: &OsStr) -> Result<()> {
     if known {
         Ok(())
     } else {
-        err(libc::EOPNOTSUPP)
+        err(Errno::EOPNOTSUPP)
     }
 }

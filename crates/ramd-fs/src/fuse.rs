@@ -14,7 +14,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::fs::{Attr, Caller, Errno, Fs, Kind, SetAttr, SetTime, Whence, NAME_MAX};
+use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
 
 /// How long the kernel may trust names and attributes it was given. All
 /// changes go through this mount and the kernel invalidates what an
@@ -24,7 +24,7 @@ const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
 
 /// Makes everything written so far durable; an errno if it could not.
-pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), i32> + Send + Sync>;
+pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), Errno> + Send + Sync>;
 
 /// Options of the FUSE session beyond the filesystem's own.
 #[derive(Clone, Default)]
@@ -62,15 +62,14 @@ impl FuseFs {
             None => reply.error(FErrno::ENOSYS),
             Some(sync) => match sync() {
                 Ok(()) => reply.ok(),
-                // Never a success by mistake: 0 or a negative errno is EIO.
-                Err(e) => reply.error(FErrno::from_i32(if e > 0 { e } else { libc::EIO })),
+                Err(e) => reply.error(ferr(e)),
             },
         }
     }
 }
 
 fn ferr(e: Errno) -> FErrno {
-    FErrno::from_i32(e.0)
+    FErrno::from_i32(e.get())
 }
 
 fn file_type(k: Kind) -> FileType {
@@ -87,7 +86,7 @@ fn file_type(k: Kind) -> FileType {
 
 fn fattr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino),
+        ino: INodeNo(a.ino.0),
         size: a.size,
         blocks: a.blocks,
         atime: a.atime,
@@ -166,15 +165,15 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(parent.0, name));
+        entry(reply, self.fs.lookup(Ino(parent.0), name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.fs.forget(Ino(ino.0), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.fs.getattr(Ino(ino.0)) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(ferr(e)),
         }
@@ -207,14 +206,14 @@ impl fuser::Filesystem for FuseFs {
             mtime: mtime.map(set_time),
             ctime,
         };
-        match self.fs.setattr(caller(req), ino.0, set) {
+        match self.fs.setattr(caller(req), Ino(ino.0), set) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(ferr(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.fs.readlink(Ino(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(ferr(e)),
         }
@@ -232,7 +231,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         entry(
             reply,
-            self.fs.mknod(caller(req), parent.0, name, mode, rdev),
+            self.fs.mknod(caller(req), Ino(parent.0), name, mode, rdev),
         );
     }
 
@@ -245,15 +244,15 @@ impl fuser::Filesystem for FuseFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.mkdir(caller(req), parent.0, name, mode));
+        entry(reply, self.fs.mkdir(caller(req), Ino(parent.0), name, mode));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(parent.0, name));
+        empty(reply, self.fs.unlink(Ino(parent.0), name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.rmdir(parent.0, name));
+        empty(reply, self.fs.rmdir(Ino(parent.0), name));
     }
 
     fn symlink(
@@ -266,7 +265,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         let r = self
             .fs
-            .symlink(caller(req), parent.0, link_name, target.as_os_str());
+            .symlink(caller(req), Ino(parent.0), link_name, target.as_os_str());
         entry(reply, r);
     }
 
@@ -282,7 +281,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         let r = self
             .fs
-            .rename(parent.0, name, newparent.0, newname, flags.bits());
+            .rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits());
         empty(reply, r);
     }
 
@@ -294,11 +293,11 @@ impl fuser::Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.link(ino.0, newparent.0, newname));
+        entry(reply, self.fs.link(Ino(ino.0), Ino(newparent.0), newname));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(ino.0) {
+        match self.fs.open(Ino(ino.0)) {
             Ok(()) => reply.opened(FileHandle(0), open_flags()),
             Err(e) => reply.error(ferr(e)),
         }
@@ -323,7 +322,7 @@ impl fuser::Filesystem for FuseFs {
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
-            match self.fs.read(ino.0, offset, &mut buf[..size as usize]) {
+            match self.fs.read(Ino(ino.0), offset, &mut buf[..size as usize]) {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(ferr(e)),
             }
@@ -346,9 +345,14 @@ impl fuser::Filesystem for FuseFs {
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = self
-            .fs
-            .write(&self.fs.change(), ino.0, offset, data, short_ok, drop_privs);
+        let r = self.fs.write(
+            &self.fs.change(),
+            Ino(ino.0),
+            offset,
+            data,
+            short_ok,
+            drop_privs,
+        );
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
@@ -378,7 +382,7 @@ impl fuser::Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(ino.0);
+        self.fs.release(Ino(ino.0));
         reply.ok();
     }
 
@@ -398,8 +402,8 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        match self.fs.opendir(Ino(ino.0)) {
+            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::empty()),
             Err(e) => reply.error(ferr(e)),
         }
     }
@@ -412,13 +416,13 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.dir_entries(ino.0, fh.0, offset) {
+        let entries = match self.fs.dir_entries(Ino(ino.0), Fh(fh.0), offset) {
             Ok(e) => e,
             Err(e) => return reply.error(ferr(e)),
         };
         for (i, e) in entries.iter().enumerate().skip(offset as usize) {
             // The offset handed back is where the next call resumes.
-            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+            if reply.add(INodeNo(e.ino.0), i as u64 + 1, file_type(e.kind), &e.name) {
                 break;
             }
         }
@@ -433,7 +437,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.fs.dir_entries(ino.0, fh.0, offset) {
+        let entries = match self.fs.dir_entries(Ino(ino.0), Fh(fh.0), offset) {
             Ok(e) => e,
             Err(e) => return reply.error(ferr(e)),
         };
@@ -450,7 +454,7 @@ impl fuser::Filesystem for FuseFs {
                 continue;
             };
             if reply.add(
-                INodeNo(e.ino),
+                INodeNo(e.ino.0),
                 i as u64 + 1,
                 &e.name,
                 &TTL,
@@ -475,7 +479,7 @@ impl fuser::Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.releasedir(fh.0);
+        self.fs.releasedir(Fh(fh.0));
         reply.ok();
     }
 
@@ -516,19 +520,19 @@ impl fuser::Filesystem for FuseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.setxattr(ino.0, name, value, flags));
+        empty(reply, self.fs.setxattr(Ino(ino.0), name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.getxattr(ino.0, name));
+        xattr_reply(reply, size, self.fs.getxattr(Ino(ino.0), name));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.listxattr(ino.0));
+        xattr_reply(reply, size, self.fs.listxattr(Ino(ino.0)));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(ino.0, name));
+        empty(reply, self.fs.removexattr(Ino(ino.0), name));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -546,7 +550,7 @@ impl fuser::Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fs.create(caller(req), parent.0, name, mode) {
+        match self.fs.create(caller(req), Ino(parent.0), name, mode) {
             Ok(a) => reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(0), open_flags()),
             Err(e) => reply.error(ferr(e)),
         }
@@ -562,7 +566,7 @@ impl fuser::Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fallocate(ino.0, offset, length, mode));
+        empty(reply, self.fs.fallocate(Ino(ino.0), offset, length, mode));
     }
 
     fn lseek(
@@ -583,7 +587,7 @@ impl fuser::Filesystem for FuseFs {
         if offset < 0 {
             return reply.error(FErrno::ENXIO);
         }
-        match self.fs.seek(ino.0, offset as u64, whence) {
+        match self.fs.seek(Ino(ino.0), offset as u64, whence) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(ferr(e)),
         }
@@ -606,7 +610,7 @@ impl fuser::Filesystem for FuseFs {
         let len = len.min(1 << 30);
         match self
             .fs
-            .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
+            .copy_range(Ino(ino_in.0), offset_in, Ino(ino_out.0), offset_out, len)
         {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),

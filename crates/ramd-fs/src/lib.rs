@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use fs::{Fs, FsConfig, FsStats};
+pub use fs::{Fh, Fs, FsConfig, FsStats, Ino};
 pub use fuse::{is_mount_point, mount_device, FuseFs, FuseOptions, SyncFn};
 
 /// A mounted filesystem, not yet serving: [`fuser::Session::run`] serves

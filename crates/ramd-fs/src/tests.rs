@@ -113,13 +113,10 @@ fn directories_links_and_counts() {
     let x = f.mknod(ME, d.ino, n("x"), REG, 0).unwrap();
     let l = f.link(x.ino, ROOT_INO, n("x2")).unwrap();
     assert_eq!(l.nlink, 2);
-    assert_eq!(f.rmdir(ROOT_INO, n("d")), Err(Errno(libc::ENOTEMPTY)));
-    assert_eq!(f.unlink(ROOT_INO, n("d")), Err(Errno(libc::EISDIR)));
-    assert_eq!(
-        f.mkdir(ME, ROOT_INO, n("d"), 0o755),
-        Err(Errno(libc::EEXIST))
-    );
-    assert_eq!(f.link(d.ino, ROOT_INO, n("dl")), Err(Errno(libc::EPERM)));
+    assert_eq!(f.rmdir(ROOT_INO, n("d")), Err(Errno::ENOTEMPTY));
+    assert_eq!(f.unlink(ROOT_INO, n("d")), Err(Errno::EISDIR));
+    assert_eq!(f.mkdir(ME, ROOT_INO, n("d"), 0o755), Err(Errno::EEXIST));
+    assert_eq!(f.link(d.ino, ROOT_INO, n("dl")), Err(Errno::EPERM));
     f.unlink(d.ino, n("x")).unwrap();
     assert_eq!(f.getattr(x.ino).unwrap().nlink, 1);
     f.rmdir(ROOT_INO, n("d")).unwrap();
@@ -127,9 +124,9 @@ fn directories_links_and_counts() {
     let long = "x".repeat(256);
     assert_eq!(
         f.mkdir(ME, ROOT_INO, n(&long), 0o755),
-        Err(Errno(libc::ENAMETOOLONG))
+        Err(Errno::ENAMETOOLONG)
     );
-    assert_eq!(f.mkdir(ME, x.ino, n("y"), 0o755), Err(Errno(libc::ENOTDIR)));
+    assert_eq!(f.mkdir(ME, x.ino, n("y"), 0o755), Err(Errno::ENOTDIR));
 }
 
 #[test]
@@ -141,22 +138,22 @@ fn rename_rules() {
     // Directory into its own subtree.
     assert_eq!(
         f.rename(ROOT_INO, n("a"), a.ino, n("sub"), 0),
-        Err(Errno(libc::EINVAL))
+        Err(Errno::EINVAL)
     );
     // Non-directory over a directory and back.
     assert_eq!(
         f.rename(a.ino, n("f"), ROOT_INO, n("b"), 0),
-        Err(Errno(libc::EISDIR))
+        Err(Errno::EISDIR)
     );
     f.create(ME, ROOT_INO, n("g"), REG).unwrap();
     assert_eq!(
         f.rename(ROOT_INO, n("b"), ROOT_INO, n("g"), 0),
-        Err(Errno(libc::ENOTDIR))
+        Err(Errno::ENOTDIR)
     );
     // NOREPLACE refuses an existing target.
     assert_eq!(
         f.rename(a.ino, n("f"), ROOT_INO, n("g"), libc::RENAME_NOREPLACE),
-        Err(Errno(libc::EEXIST))
+        Err(Errno::EEXIST)
     );
     // Moving a directory fixes both parents' link counts and "..".
     f.rename(ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
@@ -208,7 +205,7 @@ fn limits_give_enospc_and_keep_data() {
     f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
     assert_eq!(
         f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, false),
-        Err(Errno(libc::ENOSPC))
+        Err(Errno::ENOSPC)
     );
     let mut back = vec![0; 1 << 20];
     assert_eq!(f.read(a.ino, 0, &mut back).unwrap(), 1 << 20);
@@ -218,7 +215,7 @@ fn limits_give_enospc_and_keep_data() {
         .unwrap();
     assert_eq!(
         f.mkdir(ME, ROOT_INO, n("d"), 0o755),
-        Err(Errno(libc::ENOSPC)),
+        Err(Errno::ENOSPC),
         "4 inodes: root, a, b, c"
     );
     let (blocks, bfree, files, ffree) = f.statfs();
@@ -237,7 +234,7 @@ fn fallocate_modes_and_seek() {
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
-    assert_eq!(f.seek(a.ino, 5 * p, Whence::Data), Err(Errno(libc::ENXIO)));
+    assert_eq!(f.seek(a.ino, 5 * p, Whence::Data), Err(Errno::ENXIO));
     // Default mode allocates without touching data and extends the size.
     f.fallocate(a.ino, 0, 8 * p, 0).unwrap();
     let attr = f.getattr(a.ino).unwrap();
@@ -248,7 +245,7 @@ fn fallocate_modes_and_seek() {
     // Punch needs KEEP_SIZE, and frees the pages.
     assert_eq!(
         f.fallocate(a.ino, 0, p, libc::FALLOC_FL_PUNCH_HOLE),
-        Err(Errno(libc::EOPNOTSUPP))
+        Err(Errno::EOPNOTSUPP)
     );
     let keep = libc::FALLOC_FL_KEEP_SIZE;
     f.fallocate(a.ino, 0, 8 * p, libc::FALLOC_FL_PUNCH_HOLE | keep)
@@ -279,20 +276,20 @@ fn xattrs() {
     f.setxattr(a.ino, n("user.x"), b"1", 0).unwrap();
     assert_eq!(
         f.setxattr(a.ino, n("user.x"), b"2", libc::XATTR_CREATE),
-        Err(Errno(libc::EEXIST))
+        Err(Errno::EEXIST)
     );
     assert_eq!(
         f.setxattr(a.ino, n("user.y"), b"2", libc::XATTR_REPLACE),
-        Err(Errno(libc::ENODATA))
+        Err(Errno::ENODATA)
     );
     f.setxattr(a.ino, n("trusted.t"), b"", 0).unwrap();
     assert_eq!(f.getxattr(a.ino, n("user.x")).unwrap(), b"1");
     assert_eq!(f.listxattr(a.ino).unwrap(), b"trusted.t\0user.x\0");
     f.removexattr(a.ino, n("user.x")).unwrap();
-    assert_eq!(f.getxattr(a.ino, n("user.x")), Err(Errno(libc::ENODATA)));
+    assert_eq!(f.getxattr(a.ino, n("user.x")), Err(Errno::ENODATA));
     assert_eq!(
         f.setxattr(a.ino, n("system.posix_acl_access"), b"", 0),
-        Err(Errno(libc::EOPNOTSUPP))
+        Err(Errno::EOPNOTSUPP)
     );
 }
 
@@ -309,7 +306,7 @@ fn metadata_is_charged_and_returned() {
     f.unlink(d.ino, n("file")).unwrap();
     f.unlink(d.ino, n("ln")).unwrap();
     f.rmdir(ROOT_INO, n("dir")).unwrap();
-    for ino in [d.ino, a.ino, a.ino + 1] {
+    for ino in [d.ino, a.ino, Ino(a.ino.0 + 1)] {
         f.forget(ino, 1);
     }
     assert_eq!(f.store().stats().memory_used, before);
@@ -329,7 +326,7 @@ fn copy_range_and_efbig() {
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
         f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, false),
-        Err(Errno(libc::EFBIG))
+        Err(Errno::EFBIG)
     );
     assert_eq!(
         f.setattr(
@@ -341,7 +338,7 @@ fn copy_range_and_efbig() {
             }
         )
         .map(|_| ()),
-        Err(Errno(libc::EFBIG))
+        Err(Errno::EFBIG)
     );
 }
 
@@ -353,7 +350,7 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     // A cache flush fails whole and leaves nothing past EOF...
     assert_eq!(
         f.write(&f.change(), a.ino, 0, &data, false, false),
-        Err(Errno(libc::ENOSPC))
+        Err(Errno::ENOSPC)
     );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
     // Nothing written past EOF shows when the file grows.
@@ -379,12 +376,12 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     );
     assert_eq!(
         f.write(&f.change(), c.ino, short as u64, &data, true, false),
-        Err(Errno(libc::ENOSPC))
+        Err(Errno::ENOSPC)
     );
     f.release(c.ino);
     f.unlink(ROOT_INO, n("c")).unwrap();
     let b2 = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    assert_eq!(f.fallocate(b2.ino, 0, 4 << 20, 0), Err(Errno(libc::ENOSPC)));
+    assert_eq!(f.fallocate(b2.ino, 0, 4 << 20, 0), Err(Errno::ENOSPC));
     assert_eq!(f.getattr(b2.ino).unwrap().blocks, 0);
     for (ino, name) in [(a.ino, "a"), (b2.ino, "b")] {
         f.release(ino);
@@ -443,7 +440,7 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     assert_eq!(attr.perm, 0o755, "setuid and (group-exec) setgid dropped");
     assert_eq!(
         f.getxattr(a.ino, n("security.capability")),
-        Err(Errno(libc::ENODATA))
+        Err(Errno::ENODATA)
     );
     // setgid without group-exec is mandatory locking, not privilege: kept.
     let mode = |m| SetAttr {
@@ -511,7 +508,7 @@ struct Seen {
     attr: Attr,
     xattrs: Vec<(OsString, Vec<u8>)>,
     /// Directory listing (with "." and ".."), symlink target, or file data.
-    entries: Vec<(OsString, u64)>,
+    entries: Vec<(OsString, Ino)>,
     target: Option<Vec<u8>>,
     data: Option<Vec<u8>>,
     /// (start, end) of each data run, by SEEK_DATA / SEEK_HOLE.
@@ -575,7 +572,7 @@ fn walk(f: &Fs) -> Vec<Seen> {
     out
 }
 
-fn set_times(f: &Fs, ino: u64, atime: SystemTime, mtime: SystemTime, ctime: SystemTime) {
+fn set_times(f: &Fs, ino: Ino, atime: SystemTime, mtime: SystemTime, ctime: SystemTime) {
     let set = SetAttr {
         atime: Some(SetTime::At(atime)),
         mtime: Some(SetTime::At(mtime)),
@@ -593,9 +590,9 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 struct Built {
     /// Unlinked but still open when saved.
-    orphan: u64,
+    orphan: Ino,
     /// Removed directory still known to the kernel.
-    gone_dir: u64,
+    gone_dir: Ino,
     orphan_pages: u64,
 }
 
@@ -780,10 +777,10 @@ fn save_and_load_keep_everything_and_its_cost() {
     assert_eq!(walk(&f2), before);
     assert_eq!(
         f2.getattr(built.orphan),
-        Err(Errno(libc::ENOENT)),
+        Err(Errno::ENOENT),
         "unlinked inodes are not saved"
     );
-    assert_eq!(f2.getattr(built.gone_dir), Err(Errno(libc::ENOENT)));
+    assert_eq!(f2.getattr(built.gone_dir), Err(Errno::ENOENT));
     // The original, once its unsaved inodes go, is what was loaded: same
     // memory, to the byte, and the orphan's data trimmed from the copy.
     let mut buf = [0; 4];
@@ -821,7 +818,7 @@ fn save_and_load_keep_everything_and_its_cost() {
 }
 
 /// Unlinks everything below `dir` (inodes with no lookups go at once).
-fn remove_all(f: &Fs, dir: u64) {
+fn remove_all(f: &Fs, dir: Ino) {
     let fh = f.opendir(dir).unwrap();
     let entries = f.dir_entries(dir, fh, 0).unwrap();
     f.releasedir(fh);
@@ -949,12 +946,12 @@ fn edit(meta: &[u8], change: impl FnOnce(&mut SavedMeta<'static>)) -> Vec<u8> {
 
 fn inode<'m>(
     m: &'m mut SavedMeta<'static>,
-    ino: u64,
+    ino: Ino,
 ) -> &'m mut crate::fs::meta::SavedInode<'static> {
-    m.inodes.iter_mut().find(|i| i.ino == ino).unwrap()
+    m.inodes.iter_mut().find(|i| i.ino == ino.0).unwrap()
 }
 
-fn entries<'m>(m: &'m mut SavedMeta<'static>, ino: u64) -> &'m mut Vec<(Bytes<'static>, u64)> {
+fn entries<'m>(m: &'m mut SavedMeta<'static>, ino: Ino) -> &'m mut Vec<(Bytes<'static>, u64)> {
     match &mut inode(m, ino).data {
         SavedData::Dir { entries, .. } => entries,
         _ => panic!("not a dir"),
@@ -1032,7 +1029,7 @@ fn inconsistent_trees_are_refused() {
         ),
         (
             "no root",
-            Box::new(|m| m.inodes.retain(|i| i.ino != ROOT_INO)),
+            Box::new(|m| m.inodes.retain(|i| i.ino != ROOT_INO.0)),
         ),
         (
             "root is not a directory",
@@ -1104,19 +1101,19 @@ fn inconsistent_trees_are_refused() {
         (
             "is listed 2 times",
             Box::new(move |m| {
-                entries(m, ROOT_INO).push((name("again"), d));
+                entries(m, ROOT_INO).push((name("again"), d.0));
                 inode(m, ROOT_INO).nlink += 1;
             }),
         ),
         (
             "names the root",
-            Box::new(move |m| entries(m, d).push((name("up"), ROOT_INO))),
+            Box::new(move |m| entries(m, d).push((name("up"), ROOT_INO.0))),
         ),
         (
             "its parent is",
             Box::new(move |m| {
                 if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
-                    *parent = d;
+                    *parent = d.0;
                 }
             }),
         ),
@@ -1124,12 +1121,12 @@ fn inconsistent_trees_are_refused() {
             "cut off from the root",
             Box::new(move |m| {
                 // d listed in itself instead of the root: counts still add up.
-                entries(m, ROOT_INO).retain(|e| e.1 != d);
+                entries(m, ROOT_INO).retain(|e| e.1 != d.0);
                 inode(m, ROOT_INO).nlink -= 1;
-                entries(m, d).push((name("self"), d));
+                entries(m, d).push((name("self"), d.0));
                 inode(m, d).nlink += 1;
                 if let SavedData::Dir { parent, .. } = &mut inode(m, d).data {
-                    *parent = d;
+                    *parent = d.0;
                 }
             }),
         ),
@@ -1175,10 +1172,7 @@ fn limits_lower_than_the_tree_still_load() {
     let used = f.stats().inodes;
     let g = Fs::load(new_store(DISK), cfg(2), &meta).unwrap();
     assert_eq!(g.stats().inodes, used);
-    assert_eq!(
-        g.mkdir(ME, ROOT_INO, n("more"), 0o755),
-        Err(Errno(libc::ENOSPC))
-    );
+    assert_eq!(g.mkdir(ME, ROOT_INO, n("more"), 0o755), Err(Errno::ENOSPC));
     // Memory is a hard limit: a tree that does not fit is refused.
     let tiny = Arc::new(
         Store::new(StoreConfig {

@@ -17,6 +17,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::sync::mpsc;
 
 use parking_lot::Mutex;
+use ramd_store::Errno;
 
 use crate::handshake::Session;
 use crate::proto::*;
@@ -58,17 +59,22 @@ fn fail<T>(errno: u32, msg: impl Into<String>) -> Result<T, Failure> {
 
 impl From<ramd_store::Error> for Failure {
     fn from(e: ramd_store::Error) -> Failure {
-        let errno = match e.errno() {
-            libc::EPERM => EPERM,
-            libc::ENOMEM => ENOMEM,
-            libc::EINVAL => EINVAL,
-            libc::ENOSPC | libc::EDQUOT | libc::EFBIG => ENOSPC,
-            libc::EOVERFLOW => EOVERFLOW,
-            libc::ENOTSUP => ENOTSUP,
-            libc::ESHUTDOWN => ESHUTDOWN,
-            _ => EIO,
-        };
-        Failure(errno, e.to_string())
+        Failure(nbd_error(e.errno()), e.to_string())
+    }
+}
+
+/// The NBD error value for an errno: the protocol has a few; the rest are
+/// EIO.
+fn nbd_error(e: Errno) -> u32 {
+    match e {
+        Errno::EPERM => EPERM,
+        Errno::ENOMEM => ENOMEM,
+        Errno::EINVAL => EINVAL,
+        Errno::ENOSPC | Errno::EDQUOT | Errno::EFBIG => ENOSPC,
+        Errno::EOVERFLOW => EOVERFLOW,
+        Errno::ENOTSUP => ENOTSUP,
+        Errno::ESHUTDOWN => ESHUTDOWN,
+        _ => EIO,
     }
 }
 

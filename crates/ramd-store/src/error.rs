@@ -2,6 +2,7 @@
 //! client (NBD error field today, FUSE reply later).
 
 use std::io;
+use std::num::NonZeroI32;
 
 /// Every way an engine operation can fail.
 #[derive(Debug, thiserror::Error)]
@@ -80,19 +81,19 @@ pub enum Error {
 }
 
 impl Error {
-    /// The Linux errno this error means for a client.
-    pub fn errno(&self) -> i32 {
+    /// The errno this error means for a client.
+    pub fn errno(&self) -> Errno {
         match self {
             Error::NoSpace { .. }
             | Error::SharedNoSpace { .. }
             | Error::DiskFull { .. }
-            | Error::HostMemoryLow { .. } => libc::ENOSPC,
-            Error::OutOfRange { .. } | Error::Invalid(_) | Error::Unusable(_) => libc::EINVAL,
+            | Error::HostMemoryLow { .. } => Errno::ENOSPC,
+            Error::OutOfRange { .. } | Error::Invalid(_) | Error::Unusable(_) => Errno::EINVAL,
             Error::Context { inner, .. } => inner.errno(),
-            Error::ReadOnly => libc::EPERM,
-            Error::Corrupt(_) | Error::Image { .. } => libc::EIO,
+            Error::ReadOnly => Errno::EPERM,
+            Error::Corrupt(_) | Error::Image { .. } => Errno::EIO,
             Error::Os { source, .. } | Error::File { source, .. } => {
-                source.raw_os_error().unwrap_or(libc::EIO)
+                source.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
             }
         }
     }
@@ -125,6 +126,84 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// An errno a client sees: the one vocabulary of failures for every
+/// frontend (FUSE replies, NBD error codes). Never 0, so never a success
+/// by mistake.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(NonZeroI32);
+
+impl Errno {
+    pub const E2BIG: Errno = Errno::known(libc::E2BIG);
+    pub const EACCES: Errno = Errno::known(libc::EACCES);
+    pub const EBADF: Errno = Errno::known(libc::EBADF);
+    pub const EDQUOT: Errno = Errno::known(libc::EDQUOT);
+    pub const EEXIST: Errno = Errno::known(libc::EEXIST);
+    pub const EFBIG: Errno = Errno::known(libc::EFBIG);
+    pub const EINVAL: Errno = Errno::known(libc::EINVAL);
+    pub const EIO: Errno = Errno::known(libc::EIO);
+    pub const EISDIR: Errno = Errno::known(libc::EISDIR);
+    pub const EMLINK: Errno = Errno::known(libc::EMLINK);
+    pub const ENAMETOOLONG: Errno = Errno::known(libc::ENAMETOOLONG);
+    pub const ENODATA: Errno = Errno::known(libc::ENODATA);
+    pub const ENOENT: Errno = Errno::known(libc::ENOENT);
+    pub const ENOMEM: Errno = Errno::known(libc::ENOMEM);
+    pub const ENOSPC: Errno = Errno::known(libc::ENOSPC);
+    pub const ENOSYS: Errno = Errno::known(libc::ENOSYS);
+    pub const ENOTDIR: Errno = Errno::known(libc::ENOTDIR);
+    pub const ENOTEMPTY: Errno = Errno::known(libc::ENOTEMPTY);
+    pub const ENOTSUP: Errno = Errno::known(libc::ENOTSUP);
+    pub const ENXIO: Errno = Errno::known(libc::ENXIO);
+    pub const EOPNOTSUPP: Errno = Errno::known(libc::EOPNOTSUPP);
+    pub const EOVERFLOW: Errno = Errno::known(libc::EOVERFLOW);
+    pub const EPERM: Errno = Errno::known(libc::EPERM);
+    pub const ERANGE: Errno = Errno::known(libc::ERANGE);
+    pub const ESHUTDOWN: Errno = Errno::known(libc::ESHUTDOWN);
+    pub const EXDEV: Errno = Errno::known(libc::EXDEV);
+
+    const fn known(e: i32) -> Errno {
+        match NonZeroI32::new(e) {
+            Some(n) => Errno(n),
+            None => panic!("errno 0"),
+        }
+    }
+
+    /// `e` as an errno; 0 or a negative value (no errno at all) is EIO.
+    pub fn from_raw(e: i32) -> Errno {
+        match NonZeroI32::new(e) {
+            Some(n) if e > 0 => Errno(n),
+            _ => Errno::EIO,
+        }
+    }
+
+    /// The raw value, as Linux numbers it.
+    pub fn get(self) -> i32 {
+        self.0.get()
+    }
+}
+
+impl From<Error> for Errno {
+    fn from(e: Error) -> Errno {
+        e.errno()
+    }
+}
+
+impl std::fmt::Debug for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Errno({}: {})",
+            self.get(),
+            io::Error::from_raw_os_error(self.get())
+        )
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        io::Error::from_raw_os_error(self.get()).fmt(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +216,7 @@ mod tests {
                 limit: 2
             }
             .errno(),
-            libc::ENOSPC
+            Errno::ENOSPC
         );
         assert_eq!(
             Error::OutOfRange {
@@ -146,8 +225,11 @@ mod tests {
                 size: 1
             }
             .errno(),
-            libc::EINVAL
+            Errno::EINVAL
         );
-        assert_eq!(Error::ReadOnly.errno(), libc::EPERM);
+        assert_eq!(Error::ReadOnly.errno(), Errno::EPERM);
+        assert_eq!(Errno::from_raw(0), Errno::EIO);
+        assert_eq!(Errno::from_raw(-5), Errno::EIO);
+        assert_eq!(Errno::from_raw(libc::ENOENT).get(), libc::ENOENT);
     }
 }

@@ -1,10 +1,12 @@
 //! ramd's engine: a sparse, memory-bounded store of 4 KiB pages.
 //!
-//! Every frontend (NBD today, FUSE, persistence and stats later) goes through
-//! [`Store`]'s narrow interface: `read`, `write`, `zero`, `trim`, `flush`,
-//! `extents`, `stats`. Callers validate requests at their own edge; the store
-//! checks ranges once more and returns [`Error`], whose [`Error::errno`] is
-//! what a client should see.
+//! Every frontend (NBD, FUSE) goes through [`Store`]'s narrow interface:
+//! `read`, `flush`, `extents`, `stats`, and, to change data, `write`,
+//! `zero`, `trim` and `allocate` on a [`Change`] (which holds the save gate:
+//! see [`Store::change`]). Callers validate requests at their own edge; the
+//! store checks ranges once more and returns [`Error`], whose
+//! [`Error::errno`] is the [`Errno`] a client should see. Images (saving,
+//! loading, their format) live in [`persist`].
 
 mod codec;
 mod error;
@@ -15,7 +17,7 @@ mod store;
 mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
-pub use error::{Error, Result};
+pub use error::{Errno, Error, Result};
 pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{mem_available, mem_total, PoolStats};
 pub use scanner::{ScanHandle, Scanner, ScannerPool};

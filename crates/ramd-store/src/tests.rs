@@ -156,7 +156,7 @@ fn max_memory_gives_enospc_and_keeps_data() {
     let first = rng.bytes(MIB as usize);
     s.write(0, &first).unwrap();
     let err = s.write(MIB, &rng.bytes(PAGE_SIZE)).unwrap_err();
-    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert_eq!(err.errno(), crate::Errno::ENOSPC, "{err}");
     let err = s.write(0, &rng.bytes(10)).map(|_| ());
     assert!(err.is_ok(), "overwriting an existing page needs no memory");
     let mut back = vec![0; MIB as usize];
@@ -174,7 +174,7 @@ fn max_memory_gives_enospc_and_keeps_data() {
 fn out_of_range_is_einval_and_changes_nothing() {
     let s = store(MIB);
     let e = s.write(MIB - 1, &[1, 2]).unwrap_err();
-    assert_eq!(e.errno(), libc::EINVAL);
+    assert_eq!(e.errno(), crate::Errno::EINVAL);
     assert!(s.read(u64::MAX, &mut [0; 2]).is_err());
     assert!(s.trim(1, u64::MAX).is_err());
     assert!(s.extents(MIB, 1, 1).is_err());
@@ -314,7 +314,7 @@ fn page_limit_caps_non_hole_pages() {
         .unwrap();
     assert_eq!(s.pages_used(), (4, 4));
     let e = s.write(8 * PAGE_SIZE as u64, &rng.bytes(10)).unwrap_err();
-    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(e.errno(), crate::Errno::ENOSPC, "{e}");
     assert!(s
         .zero(9 * PAGE_SIZE as u64, PAGE_SIZE as u64, false)
         .is_err());
@@ -373,7 +373,7 @@ fn failed_allocate_gives_back_what_it_took() {
     s.write(3 * p, &[5; PAGE_SIZE]).unwrap();
     let mut pages = 0;
     let e = s.allocate(0, 20 * p, &mut pages).unwrap_err();
-    assert_eq!(e.errno(), libc::ENOSPC);
+    assert_eq!(e.errno(), crate::Errno::ENOSPC);
     assert_eq!(pages, 0);
     assert_eq!(s.pages_used(), (1, 10));
     let mut b = [0; PAGE_SIZE];
@@ -679,7 +679,7 @@ mod compressed {
                 Err(e) => break e,
             }
         };
-        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        assert_eq!(err.errno(), crate::Errno::ENOSPC, "{err}");
         assert!(
             written >= 3 * MIB,
             "only {written} bytes of text fit in {limit}"
@@ -694,7 +694,7 @@ mod compressed {
         assert_adds_up(&s);
         // Incompressible data hits the limit too, and keeps the old page.
         let e = s.write(0, &rng.bytes(PAGE_SIZE * 64)).unwrap_err();
-        assert_eq!(e.errno(), libc::ENOSPC);
+        assert_eq!(e.errno(), crate::Errno::ENOSPC);
         assert_adds_up(&s);
     }
 
@@ -1042,7 +1042,7 @@ mod review {
                 let d = data(rng, l);
                 let (done, r) = s.write_prefix(off, &d, &mut 0);
                 if let Err(e) = r {
-                    assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                    assert_eq!(e.errno(), crate::Errno::ENOSPC, "{name}: {e}");
                 }
                 // Pages before the failing one hold the new data, the rest
                 // the old: `done` ends at a page boundary (or is 0).
@@ -1060,7 +1060,7 @@ mod review {
                 match r {
                     Ok(()) => flat = zeroed,
                     Err(e) => {
-                        assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                        assert_eq!(e.errno(), crate::Errno::ENOSPC, "{name}: {e}");
                         // Each page is either as it was or zeroed.
                         let mut back = vec![0; g.len() * P];
                         s.read(base as u64, &mut back).unwrap();
@@ -1080,7 +1080,7 @@ mod review {
             6 => {
                 let r = s.allocate(off, len, &mut 0);
                 if let Err(e) = r {
-                    assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}");
+                    assert_eq!(e.errno(), crate::Errno::ENOSPC, "{name}: {e}");
                 }
             }
             _ => {
@@ -1256,7 +1256,9 @@ mod review {
                                 let mut g = m.lock(off, P as u64);
                                 match s.write(off, &d) {
                                     Ok(()) => g[0].copy_from_slice(&d),
-                                    Err(e) => assert_eq!(e.errno(), libc::ENOSPC, "{name}: {e}"),
+                                    Err(e) => {
+                                        assert_eq!(e.errno(), crate::Errno::ENOSPC, "{name}: {e}")
+                                    }
                                 }
                             }
                             6 => client_op(&s, &m, &mut rng, &name),

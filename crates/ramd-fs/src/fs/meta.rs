@@ -155,7 +155,7 @@ impl Fs {
     /// no change is half done.
     pub fn save_meta(&self) -> Vec<u8> {
         let st = self.state.read();
-        let mut inos: Vec<u64> = st
+        let mut inos: Vec<Ino> = st
             .inodes
             .iter()
             .filter(|(_, i)| i.nlink > 0)
@@ -167,7 +167,7 @@ impl Fs {
             .map(|ino| {
                 let i = &st.inodes[ino];
                 SavedInode {
-                    ino: *ino,
+                    ino: ino.0,
                     kind: i.kind.into(),
                     perm: i.perm,
                     nlink: i.nlink,
@@ -192,8 +192,8 @@ impl Fs {
                             alloc_end,
                         },
                         Data::Dir { entries, parent } => SavedData::Dir {
-                            parent: *parent,
-                            entries: entries.iter().map(|(k, &v)| (bytes(k), v)).collect(),
+                            parent: parent.0,
+                            entries: entries.iter().map(|(k, &v)| (bytes(k), v.0)).collect(),
                         },
                         Data::Symlink(t) => SavedData::Symlink(bytes(t)),
                         Data::Special => SavedData::Special,
@@ -268,19 +268,19 @@ impl Fs {
 /// The live state a saved tree describes, and the memory it costs, or why
 /// the tree is not one that `Fs` could have built.
 fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
-    if saved.next_ino <= ROOT_INO {
+    if saved.next_ino <= ROOT_INO.0 {
         return bad(format!("next inode number {} is too low", saved.next_ino));
     }
     if saved.next_slot > MAX_SLOTS {
         return bad(format!("next file slot {} is too high", saved.next_slot));
     }
-    let mut inodes: HashMap<u64, Inode> = HashMap::with_capacity(saved.inodes.len());
+    let mut inodes: HashMap<Ino, Inode> = HashMap::with_capacity(saved.inodes.len());
     let mut slots = HashSet::new();
     let mut cost = 0u64;
     for s in saved.inodes {
-        let ino = s.ino;
+        let ino = Ino(s.ino);
         let fail = |msg: String| format!("filesystem metadata: inode {ino}: {msg}");
-        if ino == 0 || ino >= saved.next_ino {
+        if s.ino == 0 || s.ino >= saved.next_ino {
             return Err(fail(format!("number not below next ({})", saved.next_ino)));
         }
         if inodes.contains_key(&ino) {
@@ -354,13 +354,13 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                         return Err(fail(format!("bad entry name {name:?}")));
                     }
                     cost += name_cost(&name);
-                    if map.insert(name.clone(), child).is_some() {
+                    if map.insert(name.clone(), Ino(child)).is_some() {
                         return Err(fail(format!("entry {name:?} twice")));
                     }
                 }
                 Data::Dir {
                     entries: map,
-                    parent,
+                    parent: Ino(parent),
                 }
             }
             SavedData::Symlink(t) => {
@@ -419,14 +419,14 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
 /// keeps: every entry names an inode, a directory is listed once (in its
 /// parent) and has 2 + subdirectories links, anything else one link per
 /// entry, and everything is reachable from the root.
-fn check_tree(inodes: &HashMap<u64, Inode>) -> std::result::Result<(), String> {
+fn check_tree(inodes: &HashMap<Ino, Inode>) -> std::result::Result<(), String> {
     match inodes.get(&ROOT_INO).map(|r| &r.data) {
         None => return bad("no root directory"),
         Some(Data::Dir { parent, .. }) if *parent == ROOT_INO => {}
         Some(Data::Dir { parent, .. }) => return bad(format!("the root's parent is {parent}")),
         Some(_) => return bad("the root is not a directory"),
     }
-    let mut refs: HashMap<u64, u64> = HashMap::new();
+    let mut refs: HashMap<Ino, u64> = HashMap::new();
     for (&ino, inode) in inodes {
         let Data::Dir { entries, .. } = &inode.data else {
             continue;

@@ -94,6 +94,7 @@ pub struct SavePlan {
 /// [`SaveSession::finish`]. Dropped unfinished, it aborts the save, so no
 /// path out of a saver (an error, an early return, a panic) can leave pages
 /// marked `saving` or kept copies behind.
+#[must_use = "dropping a SaveSession aborts the save"]
 pub struct SaveSession<'a> {
     store: &'a Store,
     plan: SavePlan,
@@ -151,7 +152,7 @@ impl Store {
         let cost = kept.cost();
         if !self.room_to_keep(cost) {
             // The save can no longer be the disk at its switch: it fails
-            // (the saver checks `save_broken`) and the next one is full.
+            // (the saver checks `SaveSession::broken`) and the next one is full.
             self.c.save_broken.store(true, Relaxed);
             chunk.saving.fetch_and(!bit, Relaxed);
             return;

@@ -33,17 +33,13 @@ pub struct Extent {
 /// save waiting for the gate would deadlock them), and never call
 /// [`Store::flush`] while holding one: a flush may wait for a save, which
 /// waits for the gate.
+#[must_use = "a Change holds the gate until it is dropped"]
 pub struct Change<'a> {
     store: &'a Store,
     _gate: RwLockReadGuard<'a, ()>,
 }
 
-impl<'a> Change<'a> {
-    /// The store this change is to.
-    pub fn store(&self) -> &'a Store {
-        self.store
-    }
-
+impl Change<'_> {
     /// Writes `data` at `offset`. On error the pages before the failing one
     /// hold the new data, the failing one and those after it the old data.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -161,18 +157,12 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `data` at `offset`. On error the pages before the failing one
-    /// hold the new data, the failing one and those after it the old data.
+    /// [`Change::write`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_prefix(offset, data, &mut 0).1
     }
 
-    /// [`Store::write`], adding to `pages` how many pages stopped being
-    /// holes (even when it fails part way), so that a frontend can keep
-    /// per-object block counts without scanning; it also says how many
-    /// leading bytes of `data` are stored when it fails part way (pages are
-    /// written in order and the first failure stops it), so a filesystem
-    /// can answer with a short write as POSIX asks when the disk fills up.
+    /// [`Change::write_prefix`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn write_prefix(
         &self,
         offset: u64,
@@ -220,15 +210,12 @@ impl Store {
         (done, Ok(()))
     }
 
-    /// Makes `[offset, offset+length)` read as zeros. With `punch`, whole
-    /// pages become holes; without, they become zero pages (allocated zeros,
-    /// as NBD's NO_HOLE asks). Needs memory only to rewrite part of a page
-    /// that is not raw.
+    /// [`Change::zero`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<()> {
         self.zero_counted(offset, length, punch, &mut 0)
     }
 
-    /// [`Store::zero`] with a page delta, as [`Store::write_prefix`].
+    /// [`Change::zero_counted`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn zero_counted(
         &self,
         offset: u64,
@@ -263,15 +250,12 @@ impl Store {
         Ok(())
     }
 
-    /// Discards a range: it reads as zeros afterwards and costs nothing.
+    /// [`Change::trim`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.zero(offset, length, true)
     }
 
-    /// Makes every hole that `[offset, offset+length)` touches an allocated
-    /// zero page (fallocate's default mode); data is left alone. Counts
-    /// against `page_limit`, costs no page memory. All or nothing: if the
-    /// disk fills up part way, what this call allocated is given back.
+    /// [`Change::allocate`]'s work; callers hold a `Change` (or are tests).
     pub(crate) fn allocate(&self, offset: u64, length: u64, pages: &mut i64) -> Result<()> {
         self.check_range(offset, length)?;
         // Disk offsets of the pages this call turned from holes into zeros.

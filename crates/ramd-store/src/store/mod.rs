@@ -252,7 +252,7 @@ pub(crate) struct Counters {
     pub(crate) decompress_ns: AtomicU64,
     pub(crate) background_ns: AtomicU64,
     pub(crate) compacted: AtomicU64,
-    /// Bytes of pages kept for the save under way (see `persist.rs`).
+    /// Bytes of pages kept for the save under way (see `persist/session.rs`).
     pub(crate) kept: AtomicU64,
     /// The save under way could not keep a page it needed.
     pub(crate) save_broken: std::sync::atomic::AtomicBool,
@@ -363,7 +363,7 @@ impl Store {
         self.max_memory
     }
 
-    /// How often the background scanner should run [`Store::background_pass`];
+    /// How often the background scanner ([`crate::Scanner`]) should run a pass;
     /// `None` when this store needs no background work.
     pub fn scanner_period(&self) -> Option<Duration> {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)

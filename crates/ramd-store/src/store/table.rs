@@ -82,7 +82,7 @@ pub(crate) struct Chunk {
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
     /// (and it keeps no pages for a save).
     pub(crate) live: u32,
-    /// Slots changed since the last save's switch (see `persist.rs`).
+    /// Slots changed since the last save's switch (see `persist/session.rs`).
     pub(crate) dirty: u64,
     /// Slots the save under way has still to write; atomic because the
     /// saver clears them under a shared lock.
