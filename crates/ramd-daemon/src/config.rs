@@ -142,13 +142,7 @@ fn read(path: &Path) -> Result<(String, ConfigFile)> {
 fn daemon_settings(path: &Path, text: &str, t: &Table) -> Result<DaemonSettings> {
     let mut d = DaemonSettings::default();
     for (key, value) in t {
-        let at = |msg: String| {
-            anyhow::anyhow!(
-                "{}:{}: daemon.{key}: {msg}",
-                path.display(),
-                line_of(text, value.span().start)
-            )
-        };
+        let at = at(path, text, value, format!("daemon.{key}"));
         let v = value.get_ref();
         let size = || match v {
             toml::Value::String(s) => parse_size(s),
@@ -211,13 +205,7 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
     let mut flags: Vec<OsString> = vec!["--name".into(), name.into()];
     let mut kind = None;
     for (key, value) in table {
-        let at = |msg: String| {
-            anyhow::anyhow!(
-                "{}:{}: disk.{name}.{key}: {msg}",
-                path.display(),
-                line_of(text, value.span().start)
-            )
-        };
+        let at = at(path, text, value, format!("disk.{name}.{key}"));
         if key == "kind" {
             match value.get_ref().as_str() {
                 Some(k @ ("block" | "fs")) => kind = Some((k, line_of(text, value.span().start))),
@@ -329,6 +317,18 @@ fn clap_whole(e: &clap::Error) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Makes errors about `value`, the value of `key` in the file: `FILE:LINE:
+/// KEY: message`.
+fn at<'a>(
+    path: &'a Path,
+    text: &'a str,
+    value: &Spanned<toml::Value>,
+    key: String,
+) -> impl Fn(String) -> anyhow::Error + 'a {
+    let line = line_of(text, value.span().start);
+    move |msg| anyhow::anyhow!("{}:{line}: {key}: {msg}", path.display())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {

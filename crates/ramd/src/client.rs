@@ -127,23 +127,18 @@ pub fn down(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
             );
         }
         None => {
-            // Daemons of `ramd up` first: they stop all their disks at once.
-            for sock in control::sockets(run_dir, "daemon")? {
-                match control::request(&sock, "down", None) {
-                    Ok(v) => stopped.push(v),
-                    Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
-                        log::debug!("{}: {e:#}", sock.display())
+            // Daemons of `ramd up` first: they stop all their disks at once;
+            // then the disks of `ramd serve` processes.
+            for (ext, line) in [("daemon", "down"), ("ctl", "stop")] {
+                for sock in control::sockets(run_dir, ext)? {
+                    match control::request(&sock, line, None) {
+                        Ok(v) => stopped.push(v),
+                        // Gone meanwhile, or left over from a killed daemon.
+                        Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
+                            log::debug!("{}: {e:#}", sock.display())
+                        }
+                        Err(e) => return Err(e.context(format!("{}", sock.display()))),
                     }
-                    Err(e) => return Err(e.context(format!("{}", sock.display()))),
-                }
-            }
-            for sock in control::sockets(run_dir, "ctl")? {
-                match control::request(&sock, "stop", None) {
-                    Ok(v) => stopped.push(v),
-                    Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
-                        log::debug!("{}: {e:#}", sock.display())
-                    }
-                    Err(e) => return Err(e.context(format!("{}", sock.display()))),
                 }
             }
         }
