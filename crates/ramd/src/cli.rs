@@ -78,6 +78,29 @@ pub enum Command {
     /// Inspect, check and convert images offline.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Write a systemd unit that runs `ramd up` at boot (Type=notify: ready
+    /// once every disk serves; `ramd down` saves at stop). Runs no systemctl.
+    #[command(
+        after_help = "Then: systemctl daemon-reload && systemctl enable --now ramd\n\
+                      `systemctl reload ramd` runs `ramd reload`; `systemctl stop ramd` runs \
+                      `ramd down`, which saves every disk that has an image."
+    )]
+    InstallSystemd(InstallSystemdArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InstallSystemdArgs {
+    /// The config file the unit's `ramd up -c` reads.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ramd/ramd.toml")]
+    pub config: PathBuf,
+
+    /// The ramd binary the unit runs (default: this one).
+    #[arg(long, value_name = "PATH")]
+    pub bin: Option<PathBuf>,
+
+    /// Where to write ramd.service.
+    #[arg(long, value_name = "DIR", default_value = "/etc/systemd/system")]
+    pub unit_dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]

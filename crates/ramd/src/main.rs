@@ -6,6 +6,7 @@
 mod cli;
 mod client;
 mod image_cmd;
+mod systemd;
 
 use std::path::PathBuf;
 
@@ -62,6 +63,7 @@ fn main() {
         Command::Status(args) => client::status(&dir(), args.name.as_deref(), args.json),
         Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.json),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::InstallSystemd(a) => systemd::install(&a.config, a.bin.as_deref(), &a.unit_dir),
     };
     if let Err(e) = result {
         eprintln!("ramd: error: {e:#}");
