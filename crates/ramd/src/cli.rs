@@ -25,7 +25,7 @@ use ramd_store::Codec;
         ramd serve --size 4G --image /var/lib/ramd/db --autosave 5m   # persistent\n  \
         ramd snapshot ram0\n  \
         ramd up -c /etc/ramd/ramd.toml             # every disk of a config file\n  \
-        ramd status\n  \
+        ramd status --watch --interval 1s          # like top, until Ctrl-C\n  \
         ramd down ram0                             # stop (and save) one disk"
 )]
 pub struct Cli {
@@ -71,7 +71,8 @@ pub enum Command {
     /// adds, stop (and save) those it removes, leave the others alone. A
     /// file that does not parse changes nothing.
     Reload(ReloadArgs),
-    /// Show every running disk: size, use, memory, pages, last save.
+    /// Show every running disk: size, use, memory, pages, last save
+    /// (`--watch`: refreshed until Ctrl-C).
     Status(StatusArgs),
     /// Save a running disk to its image now (needs `serve --image`).
     Snapshot(SnapshotArgs),
@@ -216,6 +217,34 @@ pub struct StatusArgs {
 
     /// Only this disk.
     pub name: Option<String>,
+
+    /// Refresh until Ctrl-C, like `watch`: in place on a terminal; one
+    /// table after another (blank-line separated, or a JSON line each with
+    /// --json) when stdout is a pipe or a file.
+    #[arg(short, long)]
+    pub watch: bool,
+
+    /// How often --watch refreshes (`500ms`, `2s`, `1m`).
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "DURATION",
+        default_value = "2s",
+        value_parser = parse_interval,
+        requires = "watch"
+    )]
+    pub interval: std::time::Duration,
+}
+
+/// A --watch interval: a duration of at least 100 ms.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = ramd_daemon::units::parse_duration(s)?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err(format!(
+            "{s}: refreshing more often than every 100ms only costs CPU"
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
