@@ -25,6 +25,7 @@ use ramd_store::Codec;
         ramd serve --size 4G --image /var/lib/ramd/db --autosave 5m   # persistent\n  \
         ramd snapshot ram0\n  \
         ramd up -c /etc/ramd/ramd.toml             # every disk of a config file\n  \
+        ramd status\n  \
         ramd status --watch --interval 1s          # like top, until Ctrl-C\n  \
         ramd down ram0                             # stop (and save) one disk"
 )]
@@ -87,6 +88,34 @@ pub enum Command {
                       `ramd down`, which saves every disk that has an image."
     )]
     InstallSystemd(InstallSystemdArgs),
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:\n  \
+            ramd completions bash > /etc/bash_completion.d/ramd\n  \
+            ramd completions zsh > \"${fpath[1]}/_ramd\"\n  \
+            ramd completions fish > ~/.config/fish/completions/ramd.fish")]
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) of ramd or of one of its commands.
+    #[command(after_help = "Examples:\n  \
+            ramd man | man -l -\n  \
+            ramd man status | man -l -\n  \
+            ramd man --out-dir /usr/local/share/man/man1   # every page, ramd*.1")]
+    Man(ManArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ManArgs {
+    /// The command whose page to print (`status`, `image verify`; default:
+    /// ramd's own page).
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+
+    /// Write every page (ramd.1, ramd-serve.1, ...) into this directory
+    /// instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

@@ -5,6 +5,7 @@
 
 mod cli;
 mod client;
+mod help;
 mod image_cmd;
 mod systemd;
 
@@ -66,6 +67,8 @@ fn main() {
         Command::Status(a) => client::status(&dir(), a.name.as_deref(), a.json),
         Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.json),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::Completions { shell } => help::completions(shell),
+        Command::Man(a) => help::man(&a.command, a.out_dir.as_deref()),
         Command::InstallSystemd(a) => systemd::install(&a.config, a.bin.as_deref(), &a.unit_dir),
     };
     if let Err(e) = result {
