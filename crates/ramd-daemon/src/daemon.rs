@@ -23,6 +23,7 @@ use crate::config::{self, DaemonSettings, Plan};
 use crate::control::{self, ControlServer, Request};
 use crate::disk::{self, Disk, Shared};
 use crate::frontend::{Claim, Registry};
+use crate::notify;
 use crate::status::DaemonStatus;
 
 /// What the daemon's loop acts on.
@@ -93,6 +94,7 @@ impl Daemon {
             "{}",
             disk.disk.endpoints().first().cloned().unwrap_or_default()
         );
+        notify::ready(&d.summary());
         d.run()
     }
 
@@ -119,6 +121,7 @@ impl Daemon {
         for r in d.disks.values() {
             println!("{} {}", r.disk.name(), r.disk.endpoints().join(" "));
         }
+        notify::ready(&d.summary());
         d.run()
     }
 
@@ -256,7 +259,7 @@ impl Daemon {
             let Ok(event) = self.rx.recv() else { break };
             match event {
                 Event::Signal(n) => {
-                    self.ending = true;
+                    self.end();
                     for r in self.disks.values() {
                         r.disk.stop(n > 1);
                     }
@@ -291,6 +294,10 @@ impl Daemon {
     /// Starts stopping a disk: its frontends stop, and its finisher waits
     /// for them and saves. `req` is answered once it is gone.
     fn finish(&mut self, name: &str, req: Option<Request>) {
+        if matches!(self.mode, Mode::Serve) {
+            // `serve` ends with its disk.
+            self.end();
+        }
         let Some(r) = self.disks.get_mut(name) else {
             if let Some(req) = req {
                 req.answer(Err(format!("no running disk named {name:?}")));
@@ -320,6 +327,20 @@ impl Daemon {
             let result = Err(anyhow::anyhow!("starting its finisher: {e}"));
             self.finished(&name, result);
         }
+    }
+
+    /// From now on the daemon stops: every disk, then the process.
+    fn end(&mut self) {
+        if !self.ending {
+            notify::stopping();
+        }
+        self.ending = true;
+    }
+
+    /// `STATUS=` for systemd.
+    fn summary(&self) -> String {
+        let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
+        format!("serving {} disk(s): {}", names.len(), names.join(" "))
     }
 
     fn finish_all(&mut self) {
@@ -364,7 +385,7 @@ impl Daemon {
                 req.answer(Ok(json!({ "daemon": status })))
             }
             ("down", None) => {
-                self.ending = true;
+                self.end();
                 self.down_all.push(req);
                 self.finish_all();
             }
@@ -418,6 +439,13 @@ impl Daemon {
     /// takes `ramd down NAME` and another reload). A file that does not
     /// parse or check changes nothing.
     fn reload(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
+        notify::reloading();
+        let r = self.reload_inner(path);
+        notify::ready(&self.summary());
+        r
+    }
+
+    fn reload_inner(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
         let Mode::Up { config, settings } = &self.mode else {
             return Err("only `ramd up` reloads".into());
         };

@@ -26,6 +26,7 @@ use ramd_store::Codec;
         ramd snapshot ram0\n  \
         ramd up -c /etc/ramd/ramd.toml             # every disk of a config file\n  \
         ramd status\n  \
+        ramd status --watch --interval 1s          # like top, until Ctrl-C\n  \
         ramd down ram0                             # stop (and save) one disk"
 )]
 pub struct Cli {
@@ -71,13 +72,65 @@ pub enum Command {
     /// adds, stop (and save) those it removes, leave the others alone. A
     /// file that does not parse changes nothing.
     Reload(ReloadArgs),
-    /// Show every running disk: size, use, memory, pages, last save.
+    /// Show every running disk: size, use, memory, pages, last save
+    /// (`--watch`: refreshed until Ctrl-C).
     Status(StatusArgs),
     /// Save a running disk to its image now (needs `serve --image`).
     Snapshot(SnapshotArgs),
     /// Inspect, check and convert images offline.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Write a systemd unit that runs `ramd up` at boot (Type=notify: ready
+    /// once every disk serves; `ramd down` saves at stop). Runs no systemctl.
+    #[command(
+        after_help = "Then: systemctl daemon-reload && systemctl enable --now ramd\n\
+                      `systemctl reload ramd` runs `ramd reload`; `systemctl stop ramd` runs \
+                      `ramd down`, which saves every disk that has an image."
+    )]
+    InstallSystemd(InstallSystemdArgs),
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:\n  \
+            ramd completions bash > /etc/bash_completion.d/ramd\n  \
+            ramd completions zsh > \"${fpath[1]}/_ramd\"\n  \
+            ramd completions fish > ~/.config/fish/completions/ramd.fish")]
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) of ramd or of one of its commands.
+    #[command(after_help = "Examples:\n  \
+            ramd man | man -l -\n  \
+            ramd man status | man -l -\n  \
+            ramd man --out-dir /usr/local/share/man/man1   # every page, ramd*.1")]
+    Man(ManArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ManArgs {
+    /// The command whose page to print (`status`, `image verify`; default:
+    /// ramd's own page).
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+
+    /// Write every page (ramd.1, ramd-serve.1, ...) into this directory
+    /// instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    pub out_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InstallSystemdArgs {
+    /// The config file the unit's `ramd up -c` reads.
+    #[arg(long, value_name = "FILE", default_value = "/etc/ramd/ramd.toml")]
+    pub config: PathBuf,
+
+    /// The ramd binary the unit runs (default: this one).
+    #[arg(long, value_name = "PATH")]
+    pub bin: Option<PathBuf>,
+
+    /// Where to write ramd.service.
+    #[arg(long, value_name = "DIR", default_value = "/etc/systemd/system")]
+    pub unit_dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -193,6 +246,34 @@ pub struct StatusArgs {
 
     /// Only this disk.
     pub name: Option<String>,
+
+    /// Refresh until Ctrl-C, like `watch`: in place on a terminal; one
+    /// table after another (blank-line separated, or a JSON line each with
+    /// --json) when stdout is a pipe or a file.
+    #[arg(short, long)]
+    pub watch: bool,
+
+    /// How often --watch refreshes (`500ms`, `2s`, `1m`).
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "DURATION",
+        default_value = "2s",
+        value_parser = parse_interval,
+        requires = "watch"
+    )]
+    pub interval: std::time::Duration,
+}
+
+/// A --watch interval: a duration of at least 100 ms.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = ramd_daemon::units::parse_duration(s)?;
+    if d < std::time::Duration::from_millis(100) {
+        return Err(format!(
+            "{s}: refreshing more often than every 100ms only costs CPU"
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! The commands that talk to running daemons through their control
-//! sockets (see `ramd_daemon::control`): status, snapshot, down, reload.
+//! sockets (see `ramd_daemon::control`): status (once or `--watch`),
+//! snapshot, down, reload.
 
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -46,6 +48,13 @@ fn daemons(run_dir: &Path) -> Result<Vec<DaemonStatus>> {
 
 /// `ramd status`: every disk of every daemon in `run_dir`.
 pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+    print!("{}", status_text(run_dir, name, as_json)?);
+    Ok(())
+}
+
+/// What `ramd status` prints: the table and the daemons' lines, or one
+/// line of JSON.
+fn status_text(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<String> {
     let mut disks = disks(run_dir)?;
     let daemons = daemons(run_dir)?;
     if let Some(name) = name {
@@ -60,12 +69,94 @@ pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
             true => json!({ "disks": disks }),
             false => json!({ "disks": disks, "daemons": daemons }),
         };
-        println!("{v}");
+        Ok(format!("{v}\n"))
     } else {
-        print!("{}", status::table(&disks));
-        print!("{}", status::daemon_lines(&daemons));
+        Ok(status::table(&disks) + &status::daemon_lines(&daemons))
+    }
+}
+
+/// `ramd status --watch`: the status again every `interval` until SIGINT
+/// or SIGTERM (then exit 0). On a terminal the table is redrawn in place,
+/// like `watch`; otherwise (a pipe, a file) each refresh is printed after
+/// the last one: tables separated by a blank line, or one JSON line each.
+/// A disk that goes away mid-watch shows as an error line, not an exit.
+pub fn watch(run_dir: &Path, name: Option<&str>, as_json: bool, interval: Duration) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let mut out = std::io::stdout().lock();
+    let terminal = out.is_terminal() && !as_json;
+    let mut first = true;
+    while !stop.load(Ordering::Relaxed) {
+        let body = status_text(run_dir, name, as_json).unwrap_or_else(|e| format!("ramd: {e:#}\n"));
+        let frame = if terminal {
+            // Home, each line erased to its end, the rest of the screen
+            // erased: no flicker, no leftovers from a longer table.
+            let head = format!(
+                "Every {}: ramd status{}    {}\n\n",
+                humantime(interval),
+                name.map(|n| format!(" {n}")).unwrap_or_default(),
+                clock()
+            );
+            let lines: String = (head + &body)
+                .lines()
+                .map(|l| format!("{l}\x1b[K\n"))
+                .collect();
+            format!("{}\x1b[H{lines}\x1b[J", if first { "\x1b[2J" } else { "" })
+        } else if as_json || first {
+            body
+        } else {
+            format!("\n{body}")
+        };
+        first = false;
+        // A closed pipe (`| head`) ends the watch quietly.
+        if out
+            .write_all(frame.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+        // The pause, cut short by a signal.
+        let deadline = Instant::now() + interval;
+        while !stop.load(Ordering::Relaxed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
     }
     Ok(())
+}
+
+/// `2s`, `500ms`, `1.5s`.
+fn humantime(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// The local time of day, `HH:MM:SS`.
+fn clock() -> String {
+    // SAFETY: time(NULL) has no preconditions; localtime_r writes only the
+    // `tm` we pass, which is valid and writable.
+    unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return String::new();
+        }
+        format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+    }
 }
 
 /// `ramd snapshot NAME [--full]`: saves the disk through its socket.

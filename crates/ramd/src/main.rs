@@ -5,7 +5,9 @@
 
 mod cli;
 mod client;
+mod help;
 mod image_cmd;
+mod systemd;
 
 use std::path::PathBuf;
 
@@ -59,9 +61,15 @@ fn main() {
         }),
         Command::Down(a) => client::down(&dir(), a.name.as_deref(), a.json),
         Command::Reload(a) => client::reload(&dir(), a.config.as_deref(), a.json),
-        Command::Status(args) => client::status(&dir(), args.name.as_deref(), args.json),
+        Command::Status(a) if a.watch => {
+            client::watch(&dir(), a.name.as_deref(), a.json, a.interval)
+        }
+        Command::Status(a) => client::status(&dir(), a.name.as_deref(), a.json),
         Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.json),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::Completions { shell } => help::completions(shell),
+        Command::Man(a) => help::man(&a.command, a.out_dir.as_deref()),
+        Command::InstallSystemd(a) => systemd::install(&a.config, a.bin.as_deref(), &a.unit_dir),
     };
     if let Err(e) = result {
         eprintln!("ramd: error: {e:#}");
