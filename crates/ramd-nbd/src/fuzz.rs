@@ -38,10 +38,11 @@ fn exports() -> &'static Exports {
     })
 }
 
-/// The client's bytes in, the server's bytes out.
-struct Script {
-    input: Cursor<Vec<u8>>,
-    output: Vec<u8>,
+/// A scripted client: the client's bytes in, the server's bytes out (also
+/// handshake's unit tests).
+pub(crate) struct Script {
+    pub(crate) input: Cursor<Vec<u8>>,
+    pub(crate) output: Vec<u8>,
 }
 
 impl Read for Script {

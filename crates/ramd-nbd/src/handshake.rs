@@ -302,27 +302,9 @@ impl<S: Read + Write> Negotiation<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuzz::Script;
     use ramd_store::{Store, StoreConfig};
     use std::io::Cursor;
-
-    /// A scripted client: reads come from `input`, writes land in `output`.
-    struct Script {
-        input: Cursor<Vec<u8>>,
-        output: Vec<u8>,
-    }
-    impl Read for Script {
-        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-            self.input.read(b)
-        }
-    }
-    impl Write for Script {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.output.write(b)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn exports(read_only: bool) -> Exports {
         let mut cfg = StoreConfig::new(1 << 20);
