@@ -501,11 +501,19 @@ fn block_round_trip(extra: &[&str], compressible: bool, wait_frames: bool) {
     assert_accounting_identities(&d.stats());
 }
 
+/// Status once `cond` holds, read so that it can serve as a reference: the
+/// per-kind page counters are read one by one, so a reading taken while the
+/// scanner moves a page (count −1 for the old slot, +1 for the new) can be a
+/// page short; two readings in a row that agree on the page counts are not.
 fn wait_for(d: &Ramd, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
     wait_until(SCANNER_DEADLINE, what, || {
+        let first = d.stats();
         last = d.stats();
-        cond(&last)
+        let settled = ["data_pages", "used_bytes", "zero_pages", "fill_pages"]
+            .iter()
+            .all(|k| first[k] == last[k]);
+        settled && cond(&last)
     });
     last
 }
