@@ -278,10 +278,6 @@ impl Disk {
         }
     }
 
-    pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
     /// Step 4: waits for the frontends, then saves at stop if the disk has
     /// an image. An error is a frontend that failed or a save that did not
     /// happen (the image then keeps its previous save).

@@ -24,5 +24,3 @@ mod frontends;
 pub mod notify;
 pub mod status;
 pub mod units;
-
-pub use frontends::fuse::check_mount_point;

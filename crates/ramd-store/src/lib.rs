@@ -20,7 +20,7 @@ pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{mem_available, mem_total, PoolStats};
-pub use scanner::{ScanHandle, Scanner, ScannerPool};
+pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,
     Extent, ExtentKind, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,

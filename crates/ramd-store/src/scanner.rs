@@ -6,7 +6,6 @@
 //! with one leader thread; a pass of one store is split over `threads`
 //! threads, and passes of different stores take turns, so background work
 //! never takes more than `threads` cores whatever the number of disks.
-//! [`Scanner`] is a pool of one store.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -148,28 +147,6 @@ impl Drop for ScannerPool {
         if let Some(t) = self.leader.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// One store's own background threads: a pool of one.
-pub struct Scanner {
-    // Declared first: the store leaves the pool before the pool stops.
-    _handle: ScanHandle,
-    _pool: ScannerPool,
-}
-
-impl Scanner {
-    /// Starts the scanner if the store has background work (`None` if not).
-    pub fn start(store: Arc<Store>, threads: usize) -> std::io::Result<Option<Scanner>> {
-        if store.scanner_period().is_none() {
-            return Ok(None);
-        }
-        let pool = ScannerPool::new(threads)?;
-        let handle = pool.add(store).expect("the store has background work");
-        Ok(Some(Scanner {
-            _handle: handle,
-            _pool: pool,
-        }))
     }
 }
 

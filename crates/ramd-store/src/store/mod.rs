@@ -363,7 +363,7 @@ impl Store {
         self.max_memory
     }
 
-    /// How often the background scanner ([`crate::Scanner`]) should run a pass;
+    /// How often the background scanner ([`crate::ScannerPool`]) should run a pass;
     /// `None` when this store needs no background work.
     pub fn scanner_period(&self) -> Option<Duration> {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
