@@ -38,7 +38,7 @@ pub struct BenchArgs {
 
     /// The data set each workload scales from: dd writes this much,
     /// sysbench spreads it over 16 files, IOMeter spans it.
-    #[arg(long, default_value = "128M", value_parser = parse_bench_size, value_name = "SIZE")]
+    #[arg(long, default_value = "256M", value_parser = parse_bench_size, value_name = "SIZE")]
     pub size: u64,
 
     /// IOMeter's outstanding I/Os: threads doing pread/pwrite on files and

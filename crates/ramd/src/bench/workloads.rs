@@ -77,22 +77,23 @@ impl Plan {
     pub fn sb_file(&self) -> u64 {
         self.size / SB_FILES as u64 / SB_BLOCK * SB_BLOCK
     }
-    /// rndrw requests: a quarter of the data set's blocks.
+    /// rndrw requests: as many as the data set has blocks.
     pub fn rndrw_ops(&self) -> u64 {
-        (self.sb_file() * SB_FILES as u64 / SB_BLOCK / 4).max(100)
+        (self.sb_file() * SB_FILES as u64 / SB_BLOCK).max(100)
     }
+    /// Enough that even tmpfs (~1 µs each) takes tens of milliseconds.
     pub fn pg_ops(&self) -> u64 {
-        (self.size / (64 * KIB)).max(64)
+        (self.size / (4 * KIB)).max(64)
     }
     pub fn io_span(&self) -> u64 {
         self.size / IO_BLOCK * IO_BLOCK
     }
-    /// IOMeter requests: half the span's blocks.
+    /// IOMeter requests: as many as the span has blocks.
     pub fn io_ops(&self) -> u64 {
-        (self.io_span() / IO_BLOCK / 2).max(self.qd as u64)
+        (self.io_span() / IO_BLOCK).max(self.qd as u64)
     }
     pub fn rh_loops(&self) -> u64 {
-        (self.size / RH_BLOCK).max(4)
+        (2 * self.size / RH_BLOCK).max(4)
     }
     pub fn meta_files(&self) -> u64 {
         (self.size / (32 * KIB)).max(64)
