@@ -502,6 +502,95 @@ fn export_name(
 mod tests {
     use super::*;
 
+    /// A server's side of a negotiation: its greeting, then `replies`.
+    fn server_bytes(flags: u16, replies: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"NBDMAGIC");
+        b.extend_from_slice(b"IHAVEOPT");
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(replies);
+        b
+    }
+
+    fn option_reply(opt: u32, kind: u32, data: &[u8]) -> Vec<u8> {
+        let mut b = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&opt.to_be_bytes());
+        b.extend_from_slice(&kind.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        b
+    }
+
+    #[test]
+    fn negotiates_with_opt_go() {
+        // NBD_REP_INFO / NBD_INFO_EXPORT: size 1 MiB, flags HAS_FLAGS|SEND_FLUSH.
+        let mut info = proto::INFO_EXPORT.to_be_bytes().to_vec();
+        info.extend_from_slice(&(1u64 << 20).to_be_bytes());
+        info.extend_from_slice(&(proto::TF_HAS_FLAGS | proto::TF_SEND_FLUSH).to_be_bytes());
+        let mut replies = option_reply(OPT_GO, proto::REP_INFO, &info);
+        replies.extend(option_reply(OPT_GO, proto::REP_ACK, &[]));
+        let input = server_bytes(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES, &replies);
+        let mut sent = Vec::new();
+        let got = negotiate(&mut &input[..], &mut sent, "disk").unwrap();
+        assert_eq!(got, (1 << 20, proto::TF_HAS_FLAGS | proto::TF_SEND_FLUSH));
+        // Client flags FIXED_NEWSTYLE|NO_ZEROES, then IHAVEOPT, NBD_OPT_GO
+        // (7), length 10: name length 4, "disk", no information requests.
+        let mut want = 3u32.to_be_bytes().to_vec();
+        want.extend_from_slice(b"IHAVEOPT");
+        want.extend_from_slice(&7u32.to_be_bytes());
+        want.extend_from_slice(&10u32.to_be_bytes());
+        want.extend_from_slice(&4u32.to_be_bytes());
+        want.extend_from_slice(b"disk");
+        want.extend_from_slice(&0u16.to_be_bytes());
+        assert_eq!(sent, want);
+    }
+
+    #[test]
+    fn falls_back_to_export_name_when_go_is_unknown() {
+        // NBD_REP_ERR_UNSUP to OPT_GO; then EXPORT_NAME's reply: size,
+        // flags and (no NO_ZEROES) 124 zero bytes.
+        let mut replies = option_reply(OPT_GO, proto::REP_ERR_UNSUP, &[]);
+        replies.extend_from_slice(&4096u64.to_be_bytes());
+        replies.extend_from_slice(&proto::TF_HAS_FLAGS.to_be_bytes());
+        replies.extend_from_slice(&[0u8; 124]);
+        let input = server_bytes(proto::FLAG_FIXED_NEWSTYLE, &replies);
+        let mut sent = Vec::new();
+        let got = negotiate(&mut &input[..], &mut sent, "x").unwrap();
+        assert_eq!(got, (4096, proto::TF_HAS_FLAGS));
+        // The last message: IHAVEOPT, NBD_OPT_EXPORT_NAME (1), length 1, "x".
+        let mut tail = b"IHAVEOPT".to_vec();
+        tail.extend_from_slice(&1u32.to_be_bytes());
+        tail.extend_from_slice(&1u32.to_be_bytes());
+        tail.extend_from_slice(b"x");
+        assert!(sent.ends_with(&tail), "{sent:?}");
+        // Client flags: FIXED_NEWSTYLE only, since the server lacks NO_ZEROES.
+        assert_eq!(&sent[..4], &1u32.to_be_bytes());
+    }
+
+    #[test]
+    fn refuses_servers_it_cannot_speak_to() {
+        let mut sent = Vec::new();
+        let oldstyle = [
+            b"NBDMAGIC".as_slice(),
+            &0x0000_4202_8186_1253_u64.to_be_bytes(),
+        ]
+        .concat();
+        let e = negotiate(&mut &oldstyle[..], &mut sent, "").unwrap_err();
+        assert!(e.to_string().contains("oldstyle"), "{e}");
+        let unfixed = server_bytes(0, &[]);
+        let e = negotiate(&mut &unfixed[..], &mut sent, "").unwrap_err();
+        assert!(e.to_string().contains("fixed newstyle"), "{e}");
+        // NBD_REP_ERR_UNKNOWN with a message: no such export, named.
+        let replies = option_reply(OPT_GO, proto::REP_ERR_UNKNOWN, b"not here");
+        let input = server_bytes(proto::FLAG_FIXED_NEWSTYLE, &replies);
+        let e = negotiate(&mut &input[..], &mut Vec::new(), "nope").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"nope\"") && msg.contains("no such export") && msg.contains("not here"),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn parses_uris() {
         let a = Address::parse("nbd+unix:///ram0?socket=/run/ramd/ram0.sock").unwrap();

@@ -92,7 +92,7 @@ pub enum Command {
     /// side with the articles' workloads: dd, sysbench fileio,
     /// pg_test_fsync, IOMeter, RedHawk's seek+8 MiB loop, untar/stat/rm.
     #[command(
-        after_help = "Each measurement runs on every target in turn (A B C, A B C…), \
+        after_help = "Each measurement runs on every target in turn (A B C, A B C, ...), \
                       --runs times; the table gives medians and ratios to the first target. \
                       A raw disk or export must read as zeros over its first MiB (or pass \
                       --destructive); the range used is zeroed again at the end.\n\n\

@@ -33,7 +33,7 @@ pub struct BenchArgs {
     pub targets: Vec<String>,
 
     /// Run only these workloads (comma-separated; default: all).
-    #[arg(long, value_delimiter = ',', value_name = "NAME,…")]
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub only: Vec<Workload>,
 
     /// The data set each workload scales from: dd writes this much,
