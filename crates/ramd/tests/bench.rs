@@ -314,6 +314,39 @@ fn refuses_a_raw_file_or_export_holding_data_unless_destructive() {
 }
 
 #[test]
+fn a_block_device_is_a_raw_disk() {
+    let dir = scratch();
+    let img = dir.path().join("loop.img");
+    fs::write(&img, vec![0u8; 24 << 20]).unwrap();
+    let dev = Loop::attach(&img);
+    let out = bench(&[
+        dev.dev(),
+        "--size",
+        "16M",
+        "--runs",
+        "1",
+        "--only",
+        "dd,seqrd,redhawk,metadata",
+        "--json",
+    ])
+    .ok();
+    let j: Value = serde_json::from_str(&out).unwrap();
+    let t = &j["targets"][0];
+    assert_eq!(t["kind"], "block-device");
+    metric(&t["results"], "dd", "read_mib_s");
+    metric(&t["results"], "seqrd", "mib_s");
+    // The loop device takes O_DIRECT: no fallback note.
+    metric(&t["results"], "redhawk", "write_ms");
+    assert!(t["results"]["redhawk"]["note"].is_null(), "{t}");
+    assert_eq!(t["results"]["metadata"]["skipped"], "not a directory");
+    dev.detach();
+    assert!(
+        fs::read(&img).unwrap().iter().all(|&b| b == 0),
+        "not zeroed"
+    );
+}
+
+#[test]
 fn bad_targets_and_options_are_refused_before_anything_is_written() {
     let dir = scratch();
     let ok = dir.path().join("ok");

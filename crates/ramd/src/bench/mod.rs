@@ -15,6 +15,8 @@ mod workloads;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -118,6 +120,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bail!("{}: given twice", t.spec);
         }
     }
+    // Ctrl-C ends the bench between two measurements, so that the
+    // targets are cleaned up; a second one ends it at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .context("installing signal handlers")?;
+    }
     for t in &mut targets {
         t.prepare()?;
     }
@@ -143,6 +153,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for run in 0..runs {
         for (wi, &w) in chosen.iter().enumerate() {
             for (ti, t) in targets.iter_mut().enumerate() {
+                if stop.load(Ordering::Relaxed) {
+                    bar.finish_and_clear();
+                    for t in &mut targets {
+                        t.finish()?;
+                    }
+                    bail!("interrupted; the targets were cleaned up");
+                }
                 bar.set_message(format!("run {}/{runs} {} on {}", run + 1, w.name(), t.spec));
                 // The same data and offsets on every target, new each run.
                 let seed = (run as u64) << 8 | wi as u64;
