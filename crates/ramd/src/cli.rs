@@ -95,7 +95,8 @@ pub enum Command {
         after_help = "Each measurement runs on every target in turn (A B C, A B C, ...), \
                       --runs times; the table gives medians and ratios to the first target. \
                       A raw disk or export must read as zeros over its first MiB (or pass \
-                      --destructive); the range used is zeroed again at the end.\n\n\
+                      --destructive); the range used is zeroed again at the end. Ctrl-C stops \
+                      between two measurements and cleans up the same way.\n\n\
                       Examples:\n  \
             ramd bench /dev/shm /mnt/ram                 # tmpfs vs a ramd filesystem disk\n  \
             ramd bench /tmp/x 'nbd+unix:///ram0?socket=/run/ramd/ram0.sock' --json\n  \
