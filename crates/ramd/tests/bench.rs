@@ -70,8 +70,20 @@ fn tmpfs_disk_dir_and_ramd_export_side_by_side() {
     require_tool("rsvg-convert");
     let dir = scratch();
     let tmpfs = Mount::tmpfs(&dir.path().join("tmpfs"), "64M", &[]);
-    let on_disk = dir.path().join("disk");
-    fs::create_dir(&on_disk).unwrap();
+    // Under the target directory: on disk, whatever /tmp is on this host.
+    let disk_dir = tempfile::Builder::new()
+        .prefix("ramd-bench-test.")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let on_disk = disk_dir.path().to_path_buf();
+    let fstype = run_ok(&mut cmd(
+        "stat",
+        ["-f", "-c", "%T", on_disk.to_str().unwrap()],
+    ));
+    assert!(
+        !["tmpfs", "ramfs", "fuseblk", "fuse"].contains(&fstype.trim()),
+        "{on_disk:?} is on {fstype}, not a disk"
+    );
     let ramd = Ramd::start(&["--size", "64M"]);
     let uri = ramd.uri().to_string();
     let svg = dir.path().join("bench.svg");
