@@ -21,17 +21,15 @@
 #             from a random file on a separate tmpfs; then read it back after
 #             drop_caches ("cold") and again ("warm"); after another
 #             drop_caches the copy is compared with its source (cmp), untimed
-#   sysbench  fileio, 1 GiB in 128 files, 1 thread, 16 KiB blocks, fsync every
-#             100 requests, no extra open flags (sysbench's defaults): prepare,
-#             then 6 s each of seqwr, seqrd, rndrw
-#   fsync     pg_test_fsync -s 1: 8 kB write + fdatasync, ops/s (its first
-#             "fdatasync" line), and its non-synced 8 kB write line
 #   fio       4 KiB randread then randwrite, buffered, QD1 (psync), 512 MiB
 #             file, 15 s each: IOPS and p99 completion latency; then 5 s of
 #             randread with the page cache kept (--invalidate=0) after a
 #             sequential read of the file
-#   meta      python3: create (O_CREAT|O_EXCL, 100-byte write, close), stat,
-#             readdir, unlink of 100 000 files in one directory; ops/s per phase
+#   bench     `ramd bench TMPFS RAMD RAMD-WB --runs N --size 1G --json --only
+#             seqwr,seqrd,rndrw,pg-fsync,metadata` (it alternates the mounts
+#             itself): sysbench-fileio-style seqwr, seqrd, rndrw (16 KiB
+#             blocks, 16 files), pg_test_fsync-style 8 kB write + fdatasync,
+#             untar/stat/remove of a tree of small files
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -72,20 +70,17 @@ bench_lock
 [[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' must be a positive integer"
 
 if ((quick)); then
-    dd_mib=256 sb_size=256M sb_time=3 pg_secs=1 fio_size=128M fio_time=3 fio_warm_time=2 meta_files=10000
+    dd_mib=256 bench_size=256M fio_size=128M fio_time=3 fio_warm_time=2
 else
-    dd_mib=1024 sb_size=1G sb_time=6 pg_secs=1 fio_size=512M fio_time=15 fio_warm_time=5 meta_files=100000
+    dd_mib=1024 bench_size=1G fio_size=512M fio_time=15 fio_warm_time=5
 fi
 
 # --- tools -------------------------------------------------------------------
 ((EUID == 0)) || die "run as root: it mounts tmpfs and writes /proc/sys/vm/drop_caches"
-pg_test_fsync=/usr/lib/postgresql/15/bin/pg_test_fsync
 need cargo "cargo (or rustup)"
 need fio fio
-need sysbench sysbench
 need python3 python3
 need findmnt util-linux
-[[ -x $pg_test_fsync ]] || die "$pg_test_fsync not found: install it with 'apt-get install postgresql-15'"
 avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # Three 2 GiB mounts (each job removes its files before the next) and the
 # random source file; 6 GiB leaves room for everyone else.
@@ -94,7 +89,8 @@ avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # --- build --------------------------------------------------------------------
 note "building ramd (release)"
 (cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $repo/target/release/ramd ]] || die "$repo/target/release/ramd was not built"
+built=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
+[[ -x $built ]] || die "$built was not built"
 # What was measured: the commit, whether the sources differ from it, and the
 # binary's hash (a copy, so a rebuild during the run cannot swap it).
 commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -142,7 +138,7 @@ trap 'exit 143' TERM
 
 mkdir -p "$work/raw" "${mnt_of[@]}" "$work/src"
 ramd=$work/ramd
-cp "$repo/target/release/ramd" "$ramd"
+cp "$built" "$ramd"
 ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
 
 # start_ramd TARGET [ramd options...]: serve a 2 GiB fs disk at TARGET's mount
@@ -216,62 +212,6 @@ job_dd() {
     rm -f "$d/dd.rand"
 }
 
-# sb_field FILE PATTERN: the number after PATTERN in sysbench's output.
-sb_field() {
-    awk -v p="$2" 'index($0, p) { print $NF; ok = 1; exit } END { exit !ok }' "$1" ||
-        die "no '$2' in $1: $(cat "$1")"
-}
-
-job_sysbench() {
-    local t=$1 r=$2 d=${mnt_of[$1]}/sysbench raw=$work/raw/sysbench.$1.$2 mode v
-    local sb=(sysbench fileio "--file-total-size=$sb_size" --threads=1)
-    rm -rf "$d" && mkdir "$d"
-    (cd "$d" && timeout 300 "${sb[@]}" prepare >"$raw.prepare" 2>&1) || die "sysbench prepare on $t failed: $(cat "$raw.prepare")"
-    # "1073741824 bytes written in 1.23 seconds (832.52 MiB/sec)."
-    v=$(awk '/bytes written in/ { gsub(/[(]/, "", $7); print $7; ok = 1 } END { exit !ok }' "$raw.prepare") ||
-        die "no 'bytes written in' line from sysbench prepare on $t: $(cat "$raw.prepare")"
-    record sb-prep "sysbench fileio prepare (128 files)" MiB/s seq "$t" "$r" "$v"
-    for mode in seqwr seqrd rndrw; do
-        (cd "$d" && timeout 300 "${sb[@]}" "--file-test-mode=$mode" "--time=$sb_time" --max-requests=0 run \
-            >"$raw.$mode" 2>&1) || die "sysbench $mode on $t failed: $(cat "$raw.$mode")"
-        grep -qi 'error\|fatal' "$raw.$mode" && die "sysbench $mode on $t reported an error: $(cat "$raw.$mode")"
-        case $mode in
-        seqwr)
-            v=$(sb_field "$raw.$mode" "written, MiB/s:")
-            record sb-seqwr "sysbench seqwr 16 KiB" MiB/s seq "$t" "$r" "$v"
-            ;;
-        seqrd)
-            v=$(sb_field "$raw.$mode" "read, MiB/s:")
-            record sb-seqrd "sysbench seqrd 16 KiB" MiB/s seq "$t" "$r" "$v"
-            ;;
-        rndrw)
-            local rd wr fs
-            rd=$(sb_field "$raw.$mode" "reads/s:")
-            wr=$(sb_field "$raw.$mode" "writes/s:")
-            fs=$(sb_field "$raw.$mode" "fsyncs/s:")
-            record sb-rndrw "sysbench rndrw 16 KiB, reads+writes" ops/s - "$t" "$r" "$(awk -v a="$rd" -v b="$wr" 'BEGIN { print a + b }')"
-            record sb-rndrw-fs "sysbench rndrw, fsyncs (1 per 100 I/Os per file)" ops/s - "$t" "$r" "$fs"
-            ;;
-        esac
-    done
-    (cd "$d" && "${sb[@]}" cleanup >/dev/null 2>&1) || true
-    rm -rf "$d"
-}
-
-job_fsync() {
-    local t=$1 r=$2 d=${mnt_of[$1]} raw=$work/raw/fsync.$1.$2 v
-    timeout 300 "$pg_test_fsync" -f "$d/pg_test_fsync.tmp" -s "$pg_secs" >"$raw" 2>&1 ||
-        die "pg_test_fsync on $t failed: $(cat "$raw")"
-    # The first "fdatasync" line: "Compare file sync methods using one 8kB write".
-    v=$(awk '$1 == "fdatasync" { print $2; ok = 1; exit } END { exit !ok }' "$raw") ||
-        die "no fdatasync line in pg_test_fsync output on $t: $(cat "$raw")"
-    record pg-fdatasync "pg_test_fsync: 8 kB write + fdatasync" ops/s fsync "$t" "$r" "$v"
-    v=$(awk '$1 == "write" && $3 == "ops/sec" { print $2; ok = 1; exit } END { exit !ok }' "$raw") ||
-        die "no non-synced write line in pg_test_fsync output on $t"
-    record pg-write "pg_test_fsync: 8 kB write, no sync" ops/s - "$t" "$r" "$v"
-    rm -f "$d/pg_test_fsync.tmp"
-}
-
 # fio_val JSON EXPR: a figure from fio's JSON (j = jobs[0]); fails on a job error.
 fio_val() {
     python3 - "$1" "$2" <<'EOF'
@@ -313,67 +253,42 @@ job_fio() {
     rm -f "$f"
 }
 
-job_meta() {
-    local t=$1 r=$2 d=${mnt_of[$1]}/meta raw=$work/raw/meta.$1.$2 phase rate
-    rm -rf "$d" && mkdir "$d"
-    timeout 600 python3 - "$d" "$meta_files" >"$raw" 2>&1 <<'EOF' || die "metadata job on $t failed: $(cat "$raw")"
-import os, sys, time
-d, n = sys.argv[1], int(sys.argv[2])
-names = [os.path.join(d, f"f{i:06d}") for i in range(n)]
-data = b"x" * 100
-flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
-
-def phase(name, fn):
-    t0 = time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    print(f"{name}\t{n / dt:.0f}")
-
-def create():
-    for p in names:
-        fd = os.open(p, flags, 0o644)
-        os.write(fd, data)
-        os.close(fd)
-
-def stat():
-    for p in names:
-        if os.stat(p).st_size != 100:
-            sys.exit(f"{p}: size {os.stat(p).st_size}, expected 100")
-
-def readdir():
-    got = sum(1 for _ in os.scandir(d))
-    if got != n:
-        sys.exit(f"readdir found {got} entries, expected {n}")
-
-def unlink():
-    for p in names:
-        os.unlink(p)
-
-phase("create", create)
-phase("stat", stat)
-phase("readdir", readdir)
-phase("unlink", unlink)
-if os.listdir(d):
-    sys.exit("directory not empty after unlink")
+# job_bench: sysbench-, pg_test_fsync- and untar-style jobs by `ramd bench`,
+# on all three mounts in one call (it alternates them per measurement
+# itself); each run's figure becomes one record.
+job_bench() {
+    local raw=$work/raw/ramd-bench.json
+    timeout 1800 "$ramd" bench "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-wb]}" \
+        --only seqwr,seqrd,rndrw,pg-fsync,metadata --size "$bench_size" --runs "$runs" --json \
+        >"$raw" 2>"$work/raw/ramd-bench.log" || die "ramd bench failed: $(cat "$work/raw/ramd-bench.log")"
+    python3 - "$raw" "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-wb]}" >>"$results" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+name = dict(zip(sys.argv[2:], ["tmpfs", "ramd", "ramd-wb"]))
+# (workload, figure) -> (key, label, goal): the goals the sysbench and
+# pg_test_fsync rows had.
+rows = {
+    ("seqwr", "mib_s"): ("sb-seqwr", "ramd bench seqwr: 16 KiB, 16 files (sysbench-style)", "seq"),
+    ("seqrd", "mib_s"): ("sb-seqrd", "ramd bench seqrd: 16 KiB, 16 files (sysbench-style)", "seq"),
+    ("rndrw", "ops_s"): ("sb-rndrw", "ramd bench rndrw: 16 KiB reads+writes (sysbench-style)", "-"),
+    ("pg-fsync", "ops_s"): ("pg-fdatasync", "ramd bench pg-fsync: 8 kB write + fdatasync", "fsync"),
+    ("metadata", "create_files_s"): ("meta-create", "ramd bench metadata: untar", "-"),
+    ("metadata", "stat_files_s"): ("meta-stat", "ramd bench metadata: stat", "-"),
+    ("metadata", "remove_files_s"): ("meta-remove", "ramd bench metadata: remove", "-"),
+}
+for (w, k), (key, label, goal) in rows.items():
+    for t in j["targets"]:
+        m = t["results"][w]["metrics"][k]
+        for r, v in enumerate(m["runs"], 1):
+            print(f"{key}\t{label}\t{m['unit']}\t{goal}\t{name[t['target']]}\t{r}\t{v}")
 EOF
-    for phase in create stat readdir unlink; do
-        rate=$(awk -v p="$phase" '$1 == p { print $2; ok = 1 } END { exit !ok }' "$raw") ||
-            die "no $phase figure from the metadata job on $t: $(cat "$raw")"
-        case $phase in
-        create) record meta-create "metadata: create + 100 B write + close" ops/s - "$t" "$r" "$rate" ;;
-        stat) record meta-stat "metadata: stat" ops/s - "$t" "$r" "$rate" ;;
-        readdir) record meta-readdir "metadata: readdir (entries/s)" entries/s - "$t" "$r" "$rate" ;;
-        unlink) record meta-unlink "metadata: unlink" ops/s - "$t" "$r" "$rate" ;;
-        esac
-    done
-    rmdir "$d"
 }
 
 cpu_log=$work/raw/cpu.tsv
 : >"$cpu_log"
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 t_start=$SECONDS
-jobs=(dd sysbench fsync fio meta)
+jobs=(dd fio)
 for job in "${jobs[@]}"; do
     for ((r = 1; r <= runs; r++)); do
         # Rotate the order of targets from run to run.
@@ -393,6 +308,8 @@ for job in "${jobs[@]}"; do
         done
     done
 done
+note "ramd bench: seqwr, seqrd, rndrw, pg-fsync, metadata on all three mounts ($((SECONDS - t_start)) s so far)"
+job_bench
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report -------------------------------------------------------------------
@@ -400,9 +317,9 @@ warnings=$(cat "$work"/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
 {
     echo "# ramd fs (FUSE) vs kernel tmpfs, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
     echo "# host: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '$1 == "MemTotal:" { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
-    echo "# $("$ramd" --version) (commit $commit; binary sha256 $ramd_sha), $(fio --version), $(sysbench --version), pg_test_fsync $("$pg_test_fsync" --version | awk '{ print $3 }')"
+    echo "# $("$ramd" --version) (commit $commit; binary sha256 $ramd_sha), $(fio --version)"
     echo "# ramd: --size 2G${threads:+ --threads $threads}; load average at start $load_start, at end $load_end"
-    echo "# median of $runs run(s); dd ${dd_mib} MiB, sysbench ${sb_size} ${sb_time} s, pg_test_fsync -s $pg_secs, fio ${fio_size} ${fio_time} s (warm ${fio_warm_time} s), ${meta_files} files"
+    echo "# median of $runs run(s); dd ${dd_mib} MiB, fio ${fio_size} ${fio_time} s (warm ${fio_warm_time} s), ramd bench --size $bench_size"
     echo
     CLK_TCK=$(getconf CLK_TCK) python3 - "$results" "$cpu_log" <<'EOF'
 import os, statistics, sys
@@ -465,7 +382,7 @@ print("ramd CPU while each job ran on it (CPU-seconds per wall-second, all threa
 print()
 print("| job | ramd | ramd-wb |")
 print("|---|---:|---:|")
-for job in ["dd", "sysbench", "fsync", "fio", "meta"]:
+for job in ["dd", "fio"]:
     if cpu[("ramd", job)]:
         print(f"| {job} | {statistics.median(cpu[('ramd', job)]):.2f} | {statistics.median(cpu[('ramd-wb', job)]):.2f} |")
 print()

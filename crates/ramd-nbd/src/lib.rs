@@ -6,6 +6,7 @@
 //! The server translates; the [`ramd_store::Store`] behind each [`Export`]
 //! holds all storage logic.
 
+pub mod client;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 mod handshake;

@@ -88,6 +88,21 @@ pub enum Command {
                       `ramd down`, which saves every disk that has an image."
     )]
     InstallSystemd(InstallSystemdArgs),
+    /// Measure directories, files, block devices or NBD exports side by
+    /// side with the articles' workloads: dd, sysbench fileio,
+    /// pg_test_fsync, IOMeter, RedHawk's seek+8 MiB loop, untar/stat/rm.
+    #[command(
+        after_help = "Each measurement runs on every target in turn (A B C, A B C, ...), \
+                      --runs times; the table gives medians and ratios to the first target. \
+                      A raw disk or export must read as zeros over its first MiB (or pass \
+                      --destructive); the range used is zeroed again at the end. Ctrl-C stops \
+                      between two measurements and cleans up the same way.\n\n\
+                      Examples:\n  \
+            ramd bench /dev/shm /mnt/ram                 # tmpfs vs a ramd filesystem disk\n  \
+            ramd bench /tmp/x 'nbd+unix:///ram0?socket=/run/ramd/ram0.sock' --json\n  \
+            ramd bench /mnt/ram --only dd,pg-fsync --size 1G --svg bench.svg"
+    )]
+    Bench(crate::bench::BenchArgs),
     /// Print a shell completion script.
     #[command(after_help = "Examples:\n  \
             ramd completions bash > /etc/bash_completion.d/ramd\n  \

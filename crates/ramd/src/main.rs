@@ -3,6 +3,7 @@
 //! `ramd-fs`; this binary parses the command line, picks the frontends
 //! (the registry below), and talks to running daemons.
 
+mod bench;
 mod cli;
 mod client;
 mod help;
@@ -67,6 +68,7 @@ fn main() {
         Command::Status(a) => client::status(&dir(), a.name.as_deref(), a.json),
         Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.json),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::Bench(a) => bench::run(a),
         Command::Completions { shell } => help::completions(shell),
         Command::Man(a) => help::man(&a.command, a.out_dir.as_deref()),
         Command::InstallSystemd(a) => systemd::install(&a.config, a.bin.as_deref(), &a.unit_dir),

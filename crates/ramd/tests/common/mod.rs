@@ -1059,6 +1059,26 @@ impl Mount {
         }
     }
 
+    /// A kernel tmpfs of `size` (e.g. "64M") at `target`, with extra
+    /// mount options such as "ro" in `opts`.
+    pub fn tmpfs(target: &Path, size: &str, opts: &[&str]) -> Mount {
+        require_tool("mount");
+        fs::create_dir_all(target).unwrap();
+        let mut o = format!("size={size}");
+        for x in opts {
+            o.push(',');
+            o.push_str(x);
+        }
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &o, "tmpfs"])
+                .arg(target),
+        );
+        Mount {
+            target: Some(target.to_path_buf()),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         self.target.as_deref().unwrap()
     }
