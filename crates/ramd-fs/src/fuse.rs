@@ -133,9 +133,16 @@ fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
 }
 
 /// Page cache kept across opens: every change goes through this mount, so
-/// the kernel's cached pages are never stale.
-fn open_flags() -> FopenFlags {
-    FopenFlags::FOPEN_KEEP_CACHE
+/// the kernel's cached pages are never stale. Except when a read now would
+/// move atime: a read served from the cache never reaches `Fs`, so the
+/// cache is dropped and the first read comes here (relatime: once after
+/// each change; strictatime: once per open).
+fn open_flags(fs: &Fs, ino: Ino) -> FopenFlags {
+    if fs.read_moves_atime(ino) {
+        FopenFlags::empty()
+    } else {
+        FopenFlags::FOPEN_KEEP_CACHE
+    }
 }
 
 impl fuser::Filesystem for FuseFs {
@@ -298,7 +305,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(Ino(ino.0)) {
-            Ok(()) => reply.opened(FileHandle(0), open_flags()),
+            Ok(()) => reply.opened(FileHandle(0), open_flags(&self.fs, Ino(ino.0))),
             Err(e) => reply.error(ferr(e)),
         }
     }
@@ -551,7 +558,13 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         match self.fs.create(caller(req), Ino(parent.0), name, mode) {
-            Ok(a) => reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(0), open_flags()),
+            Ok(a) => reply.created(
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+                FileHandle(0),
+                open_flags(&self.fs, a.ino),
+            ),
             Err(e) => reply.error(ferr(e)),
         }
     }

@@ -29,7 +29,7 @@ fn fs_with(size: u64, nr_inodes: u64) -> Fs {
             mode: 0o1777,
             uid: 0,
             gid: 0,
-            noatime: false,
+            atime: Atime::default(),
         },
     )
     .unwrap()
@@ -497,7 +497,10 @@ fn cfg(nr_inodes: u64) -> FsConfig {
         mode: 0o1777,
         uid: 0,
         gid: 0,
-        noatime: true,
+        atime: Atime {
+            mode: AtimeMode::Never,
+            nodiratime: false,
+        },
     }
 }
 
