@@ -30,6 +30,10 @@ pub struct MountRequest {
     pub run_dir: Option<PathBuf>,
     /// The config keys given explicitly (a remount changes only these).
     pub given: Vec<String>,
+    /// `sync` and `dirsync`: VFS flags only, nothing ramd does differently
+    /// (it has no cache that could make a write late).
+    pub sync: bool,
+    pub dirsync: bool,
 }
 
 /// Keys that are not mount options: the mount point and source come from
@@ -52,9 +56,9 @@ const NOT_OPTIONS: [&str; 11] = [
 /// mount(8)'s words that ramd has nothing to do with (fstab's business,
 /// systemd's, mount(8)'s for user mounts, or libmount's `helper=` marker,
 /// which it passes back on a remount).
-const IGNORED: [&str; 13] = [
+const IGNORED: [&str; 12] = [
     "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail",
-    "async", "helper", "uhelper",
+    "helper", "uhelper",
 ];
 
 /// FUSE's own options, which /proc/mounts shows and mount(8) therefore
@@ -82,6 +86,8 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
     let mut strictatime = false;
     let mut nodiratime = false;
     let mut remount = false;
+    let mut sync = false;
+    let mut dirsync = false;
     let mut run_dir = None;
     // Each key once: a later value replaces an earlier one.
     let mut keyed: Vec<(String, Vec<OsString>)> = Vec::new();
@@ -110,6 +116,9 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
             "diratime" => word(&mut nodiratime, false)?,
             "nodiratime" => word(&mut nodiratime, true)?,
             "remount" => word(&mut remount, true)?,
+            "sync" => word(&mut sync, true)?,
+            "async" => word(&mut sync, false)?,
+            "dirsync" => word(&mut dirsync, true)?,
             "atime" | "relatime" | "norelatime" | "nostrictatime" => {
                 word(&mut noatime, false)?;
                 strictatime = false;
@@ -209,6 +218,8 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
         remount,
         run_dir,
         given,
+        sync,
+        dirsync,
     })
 }
 
@@ -307,7 +318,8 @@ mod tests {
             "rw,relatime,remount,user_id=0,group_id=0,default_permissions,allow_other,\
                     helper=fuse.ramd,size=4G,writeback_cache,run_dir=/tmp/r",
         );
-        assert!(r.remount && r.disk.writeback_cache);
+        assert!(r.remount && r.disk.writeback_cache && !r.sync);
+        assert!(ok("sync,dirsync").sync && !ok("sync,async").sync && ok("dirsync").dirsync);
         assert_eq!(r.run_dir.as_deref(), Some(Path::new("/tmp/r")));
     }
 

@@ -367,6 +367,8 @@ impl VfsFlags {
             (d.strictatime, libc::MS_STRICTATIME),
             (!d.noatime && !d.strictatime, libc::MS_RELATIME),
             (d.nodiratime, libc::MS_NODIRATIME),
+            (req.sync, libc::MS_SYNCHRONOUS),
+            (req.dirsync, libc::MS_DIRSYNC),
         ] {
             if on {
                 f |= bit;

@@ -205,6 +205,21 @@ fn mount_t_and_an_fstab_line_keep_data_across_umount() {
     let mut c = s.cmd("mount", &["-T", p(&fstab), p(&dir)]);
     let m = Mount::by(&mut c, &dir);
     assert_eq!(sha256(&data), sum, "the data after a mount from fstab");
+    // The source matches the fstab line, so `mount -a` sees it mounted.
+    run_ok(&mut s.cmd("mount", &["-a", "-T", p(&fstab)]));
+    let lines = fs::read_to_string("/proc/mounts").unwrap();
+    let n = lines
+        .lines()
+        .filter(|l| l.starts_with("ramd-test-a "))
+        .count();
+    assert_eq!(n, 1, "mount -a mounted it again:\n{lines}");
+    // A remount of an fstab line gets the line's options again (image,
+    // compress): unchanged, they are fine.
+    run_ok(&mut s.cmd(
+        "mount",
+        &["-T", p(&fstab), "-o", "remount,size=128M", p(&dir)],
+    ));
+    assert_eq!(df_size(&dir), 128 * MIB);
     assert_eq!(fs::read_to_string(dir.join("note")).unwrap(), "kept");
     let (source, fstype, _) = mounts_entry(&dir).unwrap();
     assert_eq!(
@@ -290,8 +305,8 @@ fn remount_resizes_and_switches_ro_and_rw() {
     assert!(has_option(&dir, "rw"));
     fs::write(dir.join("new"), "x").unwrap();
     // A plain flag remount through the same path.
-    run_ok(&mut s.cmd("mount", &["-o", "remount,nosuid,nodev", p(&dir)]));
-    assert!(has_option(&dir, "nosuid") && has_option(&dir, "nodev"));
+    run_ok(&mut s.cmd("mount", &["-o", "remount,nosuid,nodev,sync", p(&dir)]));
+    assert!(has_option(&dir, "nosuid") && has_option(&dir, "nodev") && has_option(&dir, "sync"));
     m.unmount();
 }
 
