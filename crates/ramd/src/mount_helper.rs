@@ -108,7 +108,9 @@ fn mount(argv: &[OsString]) -> Result<i32> {
                 for c in f[1..].chars() {
                     match c {
                         'f' => fake = true,
-                        // sloppy, no mtab, verbose: nothing to do here.
+                        // No mtab and verbose: nothing to do. Sloppy: an
+                        // unknown option stays an error (it may be a typo
+                        // of a size or an image path).
                         's' | 'n' | 'v' => {}
                         c => return usage(&format!("unknown flag -{c}")),
                     }
