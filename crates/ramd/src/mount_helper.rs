@@ -153,7 +153,14 @@ fn run_dir(req: &MountRequest) -> PathBuf {
 }
 
 /// Starts the daemon of a new mount and waits until it serves.
-fn start(req: MountRequest, run_dir: &Path) -> Result<()> {
+fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
+    // The daemon leaves the caller's directory (so that it never keeps a
+    // filesystem busy): a relative image path is taken from here.
+    if let Some(img) = req.disk.image.as_mut().filter(|i| i.is_relative()) {
+        *img = std::env::current_dir()
+            .context("the current directory (image= is relative)")?
+            .join(&*img);
+    }
     let dir = req.disk.mount.clone().expect("parse sets the mount point");
     let flags = VfsFlags::of(&req);
     let source = req.disk.mount_flags().source;
@@ -256,7 +263,8 @@ fn daemon_child(
     log: std::fs::File,
     ready: OwnedFd,
 ) -> i32 {
-    // SAFETY: setsid, open, dup2 and prctl on fds and strings we own.
+    // SAFETY: setsid, open, dup2, chdir and prctl on fds and strings we
+    // own.
     unsafe {
         libc::setsid();
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -266,6 +274,7 @@ fn daemon_child(
             libc::close(null);
         }
         libc::dup2(log.as_raw_fd(), 2);
+        libc::chdir(c"/".as_ptr());
         libc::prctl(libc::PR_SET_NAME, c"ramd".as_ptr());
     }
     drop(log);

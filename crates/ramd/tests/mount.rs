@@ -522,3 +522,32 @@ fn bad_input_is_refused_and_nothing_is_left_started() {
     assert!(err.contains("busy"), "{err}");
     assert!(s.live_disks().is_empty());
 }
+
+#[test]
+fn the_daemon_leaves_the_callers_directory() {
+    let s = Setup::new();
+    // mount run from inside a tmpfs, with an image path relative to it.
+    let cwd = s.dir("cwd");
+    let t = Mount::by(&mut cmd("mount", ["-t", "tmpfs", "tmpfs", p(&cwd)]), &cwd);
+    let dir = s.dir("x");
+    let mut c = s.cmd(
+        "mount",
+        &[
+            "-t",
+            "fuse.ramd",
+            "ramd-cwd",
+            p(&dir),
+            "-o",
+            "size=16M,image=../img",
+        ],
+    );
+    c.current_dir(&cwd);
+    let m = Mount::by(&mut c, &dir);
+    fs::write(dir.join("f"), "saved").unwrap();
+    // The daemon does not hold the tmpfs it was started from.
+    t.unmount();
+    m.unmount();
+    let img = s.tmp.path().join("img");
+    let info = run_ok(&mut cmd(ramd_bin(), ["image", "info", p(&img)]));
+    assert!(!info.is_empty(), "no image at {img:?}");
+}
