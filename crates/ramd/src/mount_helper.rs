@@ -5,7 +5,8 @@
 //!
 //! - `mount.fuse.ramd SOURCE DIR [-sfnv] -o OPTIONS`: checks the options
 //!   and the mount point, forks a daemon (its own session, no terminal, its
-//!   log in `RUN_DIR/NAME.log`) that serves the disk as `ramd serve` would,
+//!   log in the journal under systemd, else in `RUN_DIR/NAME.log`) that
+//!   serves the disk as `ramd serve` would,
 //!   and returns once the filesystem is mounted and serving, or with the
 //!   daemon's error (the daemon has then stopped: nothing is left mounted).
 //!   Then it sets the VFS flags with `mount(2)` `MS_REMOUNT`.
@@ -176,13 +177,21 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
             ctl.display()
         );
     }
-    let log = run_dir.join(format!("{name}.log"));
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log)
-        .with_context(|| format!("opening the daemon's log {}", log.display()))?;
+    // Under systemd (a mount unit, an fstab line at boot) stderr is the
+    // journal, and the daemon keeps it; anywhere else a terminal or a pipe
+    // must not be held, so it gets a file.
+    let (log, log_file) = if stderr_is_journal() {
+        ("the journal".to_string(), None)
+    } else {
+        let path = run_dir.join(format!("{name}.log"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("opening the daemon's log {}", path.display()))?;
+        (path.display().to_string(), Some(f))
+    };
     let (read_end, write_end) = pipe()?;
     // SAFETY: nothing else runs in this process yet (no thread has been
     // started: parsing and the checks above are single-threaded), so the
@@ -202,18 +211,16 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
     match answer.as_deref() {
         Some("ok") => {}
         Some(err) => bail!(
-            "{}\n(nothing was mounted; the daemon's log: {})",
+            "{}\n(nothing was mounted; the daemon's log: {log})",
             err.trim_end(),
-            log.display()
         ),
         None => {
             // SAFETY: kill(2) of the child we forked, which has not
             // answered: it stops cleanly on SIGTERM (unmounting).
             unsafe { libc::kill(pid, libc::SIGTERM) };
             bail!(
-                "the daemon did not become ready within {}s or died; stopped it (its log: {})",
+                "the daemon did not become ready within {}s or died; stopped it (its log: {log})",
                 READY_DEADLINE.as_secs(),
-                log.display()
             );
         }
     }
@@ -255,12 +262,32 @@ fn register_umount_helper(source: &str, dir: &Path) {
     }
 }
 
-/// The forked daemon: a session of its own, no terminal, logs to `log`;
+/// Whether stderr is the journal's stream: systemd says so in
+/// `JOURNAL_STREAM` (`DEVICE:INODE` of that stream, systemd.exec(5)).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    // SAFETY: fd 2 is borrowed for fstat only, and not closed.
+    let stderr = unsafe { std::os::fd::BorrowedFd::borrow_raw(2) };
+    let Ok(f) = stderr.try_clone_to_owned().map(std::fs::File::from) else {
+        return false;
+    };
+    f.metadata()
+        .is_ok_and(|m| dev.parse() == Ok(m.dev()) && ino.parse() == Ok(m.ino()))
+}
+
+/// The forked daemon: a session of its own, no terminal, logs to `log`
+/// (`None`: the inherited stderr, the journal);
 /// tells the helper "ok" once serving, or the error that stopped it.
 fn daemon_child(
     disk: ramd_daemon::args::DiskArgs,
     run_dir: &Path,
-    log: std::fs::File,
+    log: Option<std::fs::File>,
     ready: OwnedFd,
 ) -> i32 {
     // SAFETY: setsid, open, dup2, chdir and prctl on fds and strings we
@@ -273,7 +300,9 @@ fn daemon_child(
             libc::dup2(null, 1);
             libc::close(null);
         }
-        libc::dup2(log.as_raw_fd(), 2);
+        if let Some(log) = &log {
+            libc::dup2(log.as_raw_fd(), 2);
+        }
         libc::chdir(c"/".as_ptr());
         libc::prctl(libc::PR_SET_NAME, c"ramd".as_ptr());
     }

@@ -267,6 +267,7 @@ fn two_mounts_are_told_apart_by_their_sources() {
     run_ok(&mut s.cmd("umount", &["ramd-src-two"]));
     assert!(mounts_entry(&b).is_none(), "umount ramd-src-two left {b:?}");
     assert!(mounts_entry(&a).is_some(), "umount ramd-src-two took {a:?}");
+    // Unmounted by its source above: nothing is left for its guard.
     std::mem::forget(mb);
     ma.unmount();
 }
@@ -550,4 +551,44 @@ fn the_daemon_leaves_the_callers_directory() {
     let img = s.tmp.path().join("img");
     let info = run_ok(&mut cmd(ramd_bin(), ["image", "info", p(&img)]));
     assert!(!info.is_empty(), "no image at {img:?}");
+}
+
+#[test]
+fn the_daemon_logs_to_a_file_or_to_the_journal_stream() {
+    use std::os::unix::fs::MetadataExt;
+    let s = Setup::new();
+    let (a, b) = (s.dir("a"), s.dir("b"));
+    // Anywhere but systemd: RUN_DIR/NAME.log (stderr may be a terminal).
+    let m = s.mount("ramd-log-a", &a, "size=16M,name=loga");
+    let log = fs::read_to_string(s.run.join("loga.log")).unwrap();
+    assert!(log.contains("serving") && log.contains("loga"), "{log}");
+    m.unmount();
+    // stderr is what JOURNAL_STREAM names (systemd's journal): kept.
+    let stream = s.tmp.path().join("journal-stream");
+    let f = fs::File::create(&stream).unwrap();
+    let meta = f.metadata().unwrap();
+    let mut c = s.cmd(
+        "mount",
+        &[
+            "-t",
+            "fuse.ramd",
+            "ramd-log-b",
+            p(&b),
+            "-o",
+            "size=16M,name=logb",
+        ],
+    );
+    c.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(f);
+    let mut child = c.spawn().unwrap();
+    let status = wait_child(&mut child, CMD_TIMEOUT).expect("mount finishes");
+    assert!(status.success(), "{status}");
+    let m = Mount::adopt(&c, &b);
+    m.unmount();
+    // Logged before umount's wait is answered.
+    let journal = fs::read_to_string(&stream).unwrap();
+    assert!(journal.contains("disk \"logb\" stopped"), "{journal}");
+    assert!(!s.run.join("logb.log").exists());
 }

@@ -1067,6 +1067,12 @@ impl Mount {
     pub fn by(cmd: &mut Command, target: &Path) -> Mount {
         require_tool("mount");
         run_ok(cmd);
+        Mount::adopt(cmd, target)
+    }
+
+    /// Takes charge of `target`, which `cmd` has mounted: unmounted on drop
+    /// by `umount` with `cmd`'s environment.
+    pub fn adopt(cmd: &Command, target: &Path) -> Mount {
         let env = cmd
             .get_envs()
             .filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string())))
