@@ -418,7 +418,13 @@ impl Disk {
                 .first()
                 .map_or(String::new(), |f| f.endpoint.clone()),
             connections,
-            read_only: self.args.read_only,
+            // A filesystem disk's may change with `mount -o remount,ro`.
+            read_only: match (&self.fs, &self.args.mount) {
+                (Some(_), Some(dir)) => {
+                    ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
+                }
+                _ => self.args.read_only,
+            },
             mount: self.args.mount.as_ref().and(
                 frontends
                     .iter()

@@ -649,20 +649,38 @@ pub fn is_mount_point(path: &Path) -> bool {
 /// /proc/self/mountinfo. Unlike stat(2), this never asks the filesystem,
 /// so it is safe on a FUSE mount whose daemon is not serving yet.
 pub fn mount_device(path: &Path) -> Option<(u32, u32)> {
+    let line = mountinfo_line(path)?;
+    let dev = line.split(' ').nth(2)?;
+    let (major, minor) = dev.split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Whether the topmost mount at `path` is read-only (the mount's own flag
+/// or its superblock's), from /proc/self/mountinfo: a remount changes it
+/// behind the filesystem's back.
+pub fn mount_read_only(path: &Path) -> Option<bool> {
+    let line = mountinfo_line(path)?;
+    let mount_opts = line.split(' ').nth(5)?;
+    let (_, tail) = line.split_once(" - ")?;
+    let super_opts = tail.split(' ').nth(2)?;
+    let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+    Some(ro(mount_opts) || ro(super_opts))
+}
+
+/// The /proc/self/mountinfo line of the topmost mount at `path`.
+fn mountinfo_line(path: &Path) -> Option<String> {
     let canon = path.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = canon.as_os_str().as_bytes();
     // Later lines are mounted on top of earlier ones.
-    info.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let dev = f.nth(2)?;
-        let mp = f.nth(1)?;
-        if unescape_mountinfo(mp) != want {
-            return None;
-        }
-        let (major, minor) = dev.split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    })
+    info.lines()
+        .rev()
+        .find(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|mp| unescape_mountinfo(mp) == want)
+        })
+        .map(str::to_string)
 }
 
 /// mountinfo writes space, tab, newline and backslash as octal escapes.

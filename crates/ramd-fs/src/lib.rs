@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use fs::{Atime, AtimeMode, Fh, Fs, FsConfig, FsStats, Ino};
-pub use fuse::{is_mount_point, mount_device, FuseFs, FuseOptions, SyncFn};
+pub use fuse::{is_mount_point, mount_device, mount_read_only, FuseFs, FuseOptions, SyncFn};
 
 /// The mount's own flags (mount(8)'s `ro`, `nosuid`, ...) and its source.
 /// The default is tmpfs's: read-write, devices and setuid honoured.

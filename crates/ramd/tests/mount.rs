@@ -296,14 +296,21 @@ fn remount_resizes_and_switches_ro_and_rw() {
     let err = s.mount_fails(&["-o", "remount,compress=zstd", p(&dir)]);
     assert!(err.contains("compress") && err.contains("umount"), "{err}");
 
+    let read_only = || {
+        let out = run_ok(&mut s.cmd(ramd_bin(), &["status", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["disks"][0]["read_only"].as_bool().unwrap()
+    };
+    assert!(!read_only());
     run_ok(&mut s.cmd("mount", &["-o", "remount,ro", p(&dir)]));
     assert!(has_option(&dir, "ro"), "{:?}", mounts_entry(&dir));
+    assert!(read_only(), "ramd status after remount,ro");
     let e = fs::write(dir.join("new"), "x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "write on ro: {e}");
     let out = sh(&format!("touch {}/other", p(&dir))).failed();
     assert!(out.stderr.contains("Read-only file system"), "{out:?}");
     run_ok(&mut s.cmd("mount", &["-o", "remount,rw", p(&dir)]));
-    assert!(has_option(&dir, "rw"));
+    assert!(has_option(&dir, "rw") && !read_only());
     fs::write(dir.join("new"), "x").unwrap();
     // A plain flag remount through the same path.
     run_ok(&mut s.cmd("mount", &["-o", "remount,nosuid,nodev,sync", p(&dir)]));
