@@ -145,6 +145,18 @@ fn mounts_entry(dir: &Path) -> Option<(String, String, String)> {
         .next()
 }
 
+/// Whether libmount's utab holds a `helper=fuse.ramd` marker for `dir`.
+fn utab_has_helper(dir: &Path) -> bool {
+    let target = format!("TARGET={}", p(&dir.canonicalize().unwrap()));
+    fs::read_to_string("/run/mount/utab")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.contains(&target.as_str()) && l.contains("helper=fuse.ramd")
+        })
+}
+
 fn has_option(dir: &Path, opt: &str) -> bool {
     let (_, _, opts) = mounts_entry(dir).expect("mounted");
     opts.split(',').any(|o| o == opt)
@@ -181,8 +193,22 @@ fn mount_t_and_an_fstab_line_keep_data_across_umount() {
     random_file(&data, 3 * MIB);
     let sum = sha256(&data);
     fs::write(dir.join("note"), "kept").unwrap();
+    // umount(8) runs umount.fuse.ramd only for mounts with a helper=
+    // marker in libmount's utab: the mount helper left one.
+    assert!(
+        utab_has_helper(&dir),
+        "no helper= marker in /run/mount/utab"
+    );
+    // A busy mount point: umount fails as for any filesystem, the disk
+    // goes on serving.
+    let open = fs::File::open(dir.join("note")).unwrap();
+    let out = run(&mut s.cmd("umount", &[p(&dir)]), CMD_TIMEOUT).failed();
+    assert!(out.stderr.contains("busy"), "{out:?}");
+    assert_eq!(fs::read_to_string(dir.join("note")).unwrap(), "kept");
+    drop(open);
     // umount returns once the daemon has saved and stopped.
     m.unmount();
+    assert!(!utab_has_helper(&dir), "umount left the utab marker");
     assert!(mounts_entry(&dir).is_none(), "still mounted");
     assert!(
         s.live_disks().is_empty(),
