@@ -216,16 +216,16 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
         let v = value.get_ref();
         let given = match v {
             toml::Value::Boolean(b) => Given::Switch(*b),
-            toml::Value::String(s) => Given::Values(vec![s.clone()]),
-            toml::Value::Integer(n) => Given::Values(vec![n.to_string()]),
-            toml::Value::Array(a) => Given::Values(
+            toml::Value::String(s) => Given::Value(s.clone()),
+            toml::Value::Integer(n) => Given::Value(n.to_string()),
+            toml::Value::Array(a) => Given::List(
                 a.iter()
                     .map(|item| match item {
-                        toml::Value::String(s) => Ok(s.clone()),
-                        toml::Value::Integer(n) => Ok(n.to_string()),
-                        _ => Err(at("expected a string, a number, or an array of them".into())),
+                        toml::Value::String(s) => Some(s.clone()),
+                        toml::Value::Integer(n) => Some(n.to_string()),
+                        _ => None,
                     })
-                    .collect::<Result<_>>()?,
+                    .collect(),
             ),
             _ => Given::Other,
         };
@@ -261,8 +261,11 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
 pub(crate) enum Given {
     /// true/false, or a mount option without `=`.
     Switch(bool),
-    /// One value, or several for a flag that may be repeated.
-    Values(Vec<String>),
+    /// A string or a number.
+    Value(String),
+    /// An array, for a flag that may be repeated (`None`: an item is not a
+    /// string or a number).
+    List(Option<Vec<String>>),
     /// Anything else (a TOML table, a float...).
     Other,
 }
@@ -306,7 +309,8 @@ pub(crate) fn key_flags(
         Given::Switch(true) if is_switch => return Ok(vec![long.into()]),
         Given::Switch(false) if is_switch => return Ok(Vec::new()),
         _ if is_switch => return Err(KeyError::Value("expected true or false".into())),
-        Given::Values(v) if v.len() == 1 || repeatable => v,
+        Given::Value(v) => vec![v],
+        Given::List(Some(v)) if repeatable => v,
         _ if repeatable => {
             return Err(KeyError::Value(
                 "expected a string, a number, or an array of them".into(),

@@ -141,7 +141,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
                 let k = k.replace('-', "_");
                 let given = match value {
                     None => Given::Switch(true),
-                    Some(v) => Given::Values(vec![v.to_string()]),
+                    Some(v) => Given::Value(v.to_string()),
                 };
                 let flags = match key_flags(&disk, &k, given, &NOT_OPTIONS) {
                     Ok(f) => f,
