@@ -361,18 +361,31 @@ impl Disk {
                 }
             }
         }
-        let budget = max_memory.unwrap_or_else(|| fs_max_memory(&self.args, size, true));
-        self.store
-            .set_limits(size.map(|n| n.div_ceil(PAGE_SIZE as u64)), budget)
-            .with_context(|| match size {
-                Some(n) => format!("resizing to {}", human(n)),
-                None => "resizing to unlimited".to_string(),
-            })?;
-        fs.set_size(size);
-        if let Some(s) = &self.saving {
-            s.persister.set_size(size.unwrap_or(0));
+        let resize = req.given.iter().any(|k| k == "size" || k == "max_memory");
+        let budget = match max_memory {
+            Some(m) => m,
+            // The default for the new size, plus whatever the disk was
+            // given beyond the default for its old one (an image's slack).
+            None => {
+                let before = fs_max_memory(&self.args, fs.size(), false);
+                let extra = self.store.max_memory().saturating_sub(before);
+                fs_max_memory(&self.args, size, false).saturating_add(extra)
+            }
+        };
+        if resize {
+            self.store
+                .set_limits(size.map(|n| n.div_ceil(PAGE_SIZE as u64)), budget)
+                .with_context(|| match size {
+                    Some(n) => format!("resizing to {}", human(n)),
+                    None => "resizing to unlimited".to_string(),
+                })?;
+            fs.set_size(size);
+            if let Some(s) = &self.saving {
+                s.persister.set_size(size.unwrap_or(0));
+            }
         }
         fs.set_atime(new.atime());
+        let budget = self.store.max_memory();
         log::info!(
             "disk {:?} remounted: size {}, max memory {}, atime {:?}",
             self.args.name,

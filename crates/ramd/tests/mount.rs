@@ -304,8 +304,21 @@ fn remount_resizes_and_switches_ro_and_rw() {
     let dir = s.dir("x");
     let m = s.mount("ramd-test-r", &dir, "size=32M,compress=lz4");
     assert_eq!(df_size(&dir), 32 * MIB);
+    let max_memory = || {
+        let out = run_ok(&mut s.cmd(ramd_bin(), &["status", "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["disks"][0]["max_memory"].as_u64().unwrap()
+    };
+    let budget = max_memory();
     run_ok(&mut s.cmd("mount", &["-o", "remount,size=96M", p(&dir)]));
     assert_eq!(df_size(&dir), 96 * MIB, "remount,size= grows");
+    // The default budget follows size (its pages, and their page tables).
+    let grown = max_memory();
+    assert!(grown >= budget + 64 * MIB, "{budget} -> {grown}");
+    // An atime-only remount leaves size and budget alone.
+    run_ok(&mut s.cmd("mount", &["-o", "remount,noatime", p(&dir)]));
+    assert_eq!((df_size(&dir), max_memory()), (96 * MIB, grown));
+    run_ok(&mut s.cmd("mount", &["-o", "remount,relatime", p(&dir)]));
     // 48 MiB now fit; they would not have before.
     random_file(&dir.join("big"), 48 * MIB);
     let err = s.mount_fails(&["-o", "remount,size=32M", p(&dir)]);
