@@ -384,14 +384,20 @@ impl Disk {
                 s.persister.set_size(size.unwrap_or(0));
             }
         }
-        fs.set_atime(new.atime());
+        // Without an atime word the rule stays (`MountRequest::atime_given`).
+        let atime = if req.atime_given {
+            new.atime()
+        } else {
+            fs.atime()
+        };
+        fs.set_atime(atime);
         let budget = self.store.max_memory();
         log::info!(
             "disk {:?} remounted: size {}, max memory {}, atime {:?}",
             self.args.name,
             size.map_or("unlimited".into(), human),
             human(budget),
-            new.atime()
+            atime
         );
         Ok(serde_json::json!({
             "remounted": self.args.name,

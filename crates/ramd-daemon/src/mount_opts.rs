@@ -34,6 +34,12 @@ pub struct MountRequest {
     /// (it has no cache that could make a write late).
     pub sync: bool,
     pub dirsync: bool,
+    /// Whether any atime word was given (`noatime`, `relatime`,
+    /// `strictatime`, `nodiratime` or their opposites). A remount without
+    /// one keeps the mount's atime rule, as mount(2) does; with one, the
+    /// words say it all (relatime unless told otherwise, nodiratime only if
+    /// given), again as mount(2) does.
+    pub atime_given: bool,
 }
 
 /// Keys that are not mount options: the mount point and source come from
@@ -85,6 +91,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
     let mut noatime = false;
     let mut strictatime = false;
     let mut nodiratime = false;
+    let mut atime_given = false;
     let mut remount = false;
     let mut sync = false;
     let mut dirsync = false;
@@ -113,23 +120,23 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
             "nodev" => word(&mut nodev, true)?,
             "exec" => word(&mut noexec, false)?,
             "noexec" => word(&mut noexec, true)?,
-            "diratime" => word(&mut nodiratime, false)?,
-            "nodiratime" => word(&mut nodiratime, true)?,
+            "diratime" | "nodiratime" => {
+                word(&mut nodiratime, key == "nodiratime")?;
+                atime_given = true;
+            }
             "remount" => word(&mut remount, true)?,
             "sync" => word(&mut sync, true)?,
             "async" => word(&mut sync, false)?,
             "dirsync" => word(&mut dirsync, true)?,
-            "atime" | "relatime" | "norelatime" | "nostrictatime" => {
-                word(&mut noatime, false)?;
+            "atime" | "relatime" | "norelatime" | "nostrictatime" | "noatime" => {
+                word(&mut noatime, key == "noatime")?;
                 strictatime = false;
-            }
-            "noatime" => {
-                word(&mut noatime, true)?;
-                strictatime = false;
+                atime_given = true;
             }
             "strictatime" => {
                 word(&mut strictatime, true)?;
                 noatime = false;
+                atime_given = true;
             }
             k if IGNORED.contains(&k) || FUSE_SHOWN.contains(&k) => {}
             k if k.starts_with("x-") || k == "comment" => {}
@@ -220,6 +227,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
         given,
         sync,
         dirsync,
+        atime_given,
     })
 }
 
@@ -310,6 +318,7 @@ mod tests {
     fn the_last_word_wins_and_both_spellings_work() {
         let r = ok("ro,rw,nosuid,suid,noatime,strictatime,max-memory=1G,name=db,size=1G,size=2G");
         assert!(!r.disk.read_only && !r.disk.nosuid && !r.disk.noatime && r.disk.strictatime);
+        assert!(r.atime_given);
         assert_eq!(r.disk.max_memory, Some(1 << 30));
         assert_eq!(r.disk.size, Some(crate::args::DiskSize::Bytes(2 << 30)));
         assert_eq!(r.disk.name, "db");
@@ -319,8 +328,11 @@ mod tests {
                     helper=fuse.ramd,size=4G,writeback_cache,run_dir=/tmp/r",
         );
         assert!(r.remount && r.disk.writeback_cache && !r.sync);
-        assert!(ok("sync,dirsync").sync && !ok("sync,async").sync && ok("dirsync").dirsync);
         assert_eq!(r.run_dir.as_deref(), Some(Path::new("/tmp/r")));
+        assert!(ok("sync,dirsync").sync && !ok("sync,async").sync && ok("dirsync").dirsync);
+        assert!(!ok("remount,size=1G").atime_given);
+        let r = ok("remount,size=1G,nodiratime");
+        assert!(r.atime_given && r.disk.nodiratime && !r.disk.noatime);
     }
 
     #[test]

@@ -473,7 +473,13 @@ fn remount(dir: &Path, options: &str, req: &MountRequest, run_dir: &Path) -> Res
         );
     };
     control::request(&ctl, &format!("remount {options}"), Some(SAVE_DEADLINE))?;
-    set_vfs_flags(&dir, &VfsFlags::of(req))?;
+    let mut flags = VfsFlags::of(req);
+    if !req.atime_given {
+        // No atime flag at all: mount(2) keeps the mount's own.
+        flags.0 &=
+            !(libc::MS_NOATIME | libc::MS_RELATIME | libc::MS_STRICTATIME | libc::MS_NODIRATIME);
+    }
+    set_vfs_flags(&dir, &flags)?;
     Ok(0)
 }
 

@@ -471,6 +471,14 @@ fn atime_options_follow_the_kernels_rules() {
     assert!(!has_option(&dir, "relatime") && !has_option(&dir, "noatime"));
     read(&f);
     assert!(times(&f).0 < future, "strictatime: the read moved atime");
+    // A remount that names no atime rule keeps it (mountinfo shows none
+    // for strictatime, so mount(8) passes none back).
+    remount("size=32M");
+    assert!(!has_option(&dir, "relatime") && !has_option(&dir, "noatime"));
+    set_atime(&f, "+1 hour");
+    let future = times(&f).0;
+    read(&f);
+    assert!(times(&f).0 < future, "strictatime kept by remount,size=");
 
     // noatime: nothing moves it.
     remount("noatime");
