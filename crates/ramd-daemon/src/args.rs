@@ -54,9 +54,36 @@ pub struct DiskArgs {
     #[arg(long, value_name = "GID", requires = "mount", default_value_t = 0)]
     pub gid: u32,
 
+    /// Filesystem disk: the mount's source, the first field of
+    /// /proc/mounts (what `umount SOURCE` and `findmnt SOURCE` match).
+    /// Default: the disk's name.
+    #[arg(long, value_name = "SOURCE", requires = "mount", value_parser = parse_source)]
+    pub source: Option<String>,
+
     /// Filesystem disk: never update access times.
-    #[arg(long, requires = "mount")]
+    #[arg(long, requires = "mount", conflicts_with = "strictatime")]
     pub noatime: bool,
+
+    /// Filesystem disk: update access times on every access (default:
+    /// relatime, only when older than the last change or a day old).
+    #[arg(long, requires = "mount")]
+    pub strictatime: bool,
+
+    /// Filesystem disk: never update directories' access times.
+    #[arg(long, requires = "mount")]
+    pub nodiratime: bool,
+
+    /// Filesystem disk: setuid and setgid bits do not take effect.
+    #[arg(long, requires = "mount")]
+    pub nosuid: bool,
+
+    /// Filesystem disk: device nodes cannot be opened.
+    #[arg(long, requires = "mount")]
+    pub nodev: bool,
+
+    /// Filesystem disk: programs cannot be executed from it.
+    #[arg(long, requires = "mount")]
+    pub noexec: bool,
 
     /// Filesystem disk: let the kernel cache writes and send them in large
     /// batches (faster small writes; fsync still reaches ramd).
@@ -69,8 +96,9 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_memory: Option<u64>,
 
-    /// Refuse writes, trims and zeroing (EPERM).
-    #[arg(long, conflicts_with = "mount")]
+    /// Refuse writes, trims and zeroing (EPERM); a filesystem disk is
+    /// mounted read-only (EROFS).
+    #[arg(long)]
     pub read_only: bool,
 
     /// Requests served at once per NBD connection, or FUSE worker threads.
@@ -145,9 +173,71 @@ impl DiskArgs {
         }
     }
 
+    /// A filesystem disk's atime rule.
+    pub fn atime(&self) -> ramd_fs::Atime {
+        use ramd_fs::AtimeMode;
+        ramd_fs::Atime {
+            mode: match (self.noatime, self.strictatime) {
+                (true, _) => AtimeMode::Never,
+                (false, true) => AtimeMode::Strict,
+                (false, false) => AtimeMode::Relatime,
+            },
+            nodiratime: self.nodiratime,
+        }
+    }
+
+    /// A filesystem disk's mount flags.
+    pub fn mount_flags(&self) -> ramd_fs::MountFlags {
+        ramd_fs::MountFlags {
+            source: self.source.clone().unwrap_or_else(|| self.name.clone()),
+            read_only: self.read_only,
+            nosuid: self.nosuid,
+            nodev: self.nodev,
+            noexec: self.noexec,
+        }
+    }
+
     /// Whether the disk has background work (compression, re-packing).
     pub fn compresses(&self) -> bool {
         !self.compress.is_none() || !self.recompress.is_none()
+    }
+
+    /// One setting by its config key, as text to compare (a remount
+    /// checks that what it cannot change is unchanged); `None`: no such key.
+    pub fn setting(&self, key: &str) -> Option<String> {
+        let v = match key {
+            "size" => format!("{:?}", self.size),
+            "name" => format!("{:?}", self.name),
+            "listen" => format!("{:?}", self.listen),
+            "mount" => format!("{:?}", self.mount),
+            "nr_inodes" => format!("{:?}", self.nr_inodes),
+            "mode" => format!("{:o}", self.mode),
+            "uid" => self.uid.to_string(),
+            "gid" => self.gid.to_string(),
+            "source" => format!("{:?}", self.source),
+            "noatime" => self.noatime.to_string(),
+            "strictatime" => self.strictatime.to_string(),
+            "nodiratime" => self.nodiratime.to_string(),
+            "nosuid" => self.nosuid.to_string(),
+            "nodev" => self.nodev.to_string(),
+            "noexec" => self.noexec.to_string(),
+            "writeback_cache" => self.writeback_cache.to_string(),
+            "max_memory" => format!("{:?}", self.max_memory),
+            "read_only" => self.read_only.to_string(),
+            "threads" => self.threads.to_string(),
+            "max_connections" => self.max_connections.to_string(),
+            "compress" => self.compress.to_string(),
+            "compress_after" => format!("{:?}", self.compress_after),
+            "recompress" => self.recompress.to_string(),
+            "idle_after" => format!("{:?}", self.idle_after),
+            "compress_threads" => self.compress_threads.to_string(),
+            "warm_pool" => self.warm_pool.to_string(),
+            "image" => format!("{:?}", self.image),
+            "autosave" => format!("{:?}", self.autosave),
+            "flush" => format!("{:?}", self.flush),
+            _ => return None,
+        };
+        Some(v)
     }
 
     /// The settings that decide what the disk *is*, for `ramd reload` to
@@ -223,6 +313,17 @@ pub fn parse_name(s: &str) -> Result<String, String> {
     }
 }
 
+/// A mount's source: anything mount(8) and /proc/mounts carry as one
+/// field, and fusermount as one option.
+fn parse_source(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 255 || s.contains([',', ' ', '\t', '\n', '\\']) {
+        return Err(format!(
+            "invalid source {s:?}: use 1 to 255 characters without spaces, commas or backslashes"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 fn parse_listen(s: &str) -> Result<Listen, String> {
     if let Some(path) = s.strip_prefix("unix:") {
         if path.is_empty() {
@@ -271,6 +372,21 @@ mod tests {
         assert!(parse_listen("tcp:host").is_err());
         assert!(parse_listen("unix:").is_err());
         assert!(parse_listen("/x.sock").is_err());
+    }
+
+    #[test]
+    fn every_flag_is_a_setting() {
+        use clap::Args;
+        let cmd = DiskArgs::augment_args(clap::Command::new("t"));
+        let cmd = cmd.no_binary_name(true);
+        let a = {
+            use clap::FromArgMatches;
+            DiskArgs::from_arg_matches(&cmd.clone().get_matches_from(["--size", "1G"])).unwrap()
+        };
+        for arg in cmd.get_arguments().filter(|a| a.get_long().is_some()) {
+            let id = arg.get_id().as_str();
+            assert!(id == "help" || a.setting(id).is_some(), "no setting {id}");
+        }
     }
 
     #[test]

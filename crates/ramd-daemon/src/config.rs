@@ -38,7 +38,7 @@ struct ConfigFile {
 const NOT_KEYS: [&str; 2] = ["name", "help"];
 
 /// The clap definition of a disk's flags.
-fn disk_command() -> clap::Command {
+pub(crate) fn disk_command() -> clap::Command {
     DiskArgs::augment_args(clap::Command::new("disk").no_binary_name(true))
 }
 
@@ -213,63 +213,33 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
             }
             continue;
         }
-        let arg = disk
-            .get_arguments()
-            .find(|a| a.get_id() == key.as_str() && !NOT_KEYS.contains(&key.as_str()))
-            .filter(|a| a.get_long().is_some());
-        let Some(arg) = arg else {
-            let mut valid: Vec<String> = disk
-                .get_arguments()
-                .filter(|a| a.get_long().is_some())
-                .map(|a| a.get_id().to_string())
-                .filter(|id| !NOT_KEYS.contains(&id.as_str()))
-                .collect();
-            valid.push("kind".into());
-            valid.sort();
-            return Err(at(format!(
-                "unknown key (valid keys: {})",
-                valid.join(", ")
-            )));
-        };
-        let long = format!("--{}", arg.get_long().expect("filtered on long"));
-        let is_switch = !arg.get_action().takes_values();
         let v = value.get_ref();
-        if is_switch {
-            match v.as_bool() {
-                Some(true) => flags.push(long.into()),
-                Some(false) => {}
-                None => return Err(at("expected true or false".into())),
-            }
-            continue;
-        }
-        // A flag that may be repeated (`listen`) also takes an array.
-        let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
-        let items: Vec<&toml::Value> = match v {
-            toml::Value::Array(a) if repeatable => a.iter().collect(),
-            v => vec![v],
+        let given = match v {
+            toml::Value::Boolean(b) => Given::Switch(*b),
+            toml::Value::String(s) => Given::Value(s.clone()),
+            toml::Value::Integer(n) => Given::Value(n.to_string()),
+            toml::Value::Array(a) => Given::List(
+                a.iter()
+                    .map(|item| match item {
+                        toml::Value::String(s) => Some(s.clone()),
+                        toml::Value::Integer(n) => Some(n.to_string()),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            _ => Given::Other,
         };
-        for item in items {
-            let text_value = match item {
-                toml::Value::String(s) => s.clone(),
-                toml::Value::Integer(n) => n.to_string(),
-                _ if repeatable => {
-                    return Err(at("expected a string, a number, or an array of them".into()))
-                }
-                _ => return Err(at("expected a string or a number".into())),
-            };
-            // The flag's own parser, alone: its ties to other flags (requires,
-            // conflicts) are checked once all flags are parsed together.
-            clap::Command::new("config")
-                .no_binary_name(true)
-                .arg(
-                    clap::Arg::new("v")
-                        .long("v")
-                        .value_parser(arg.get_value_parser().clone()),
-                )
-                .try_get_matches_from([OsStr::new("--v"), OsStr::new(&text_value)])
-                .map_err(|e| at(clap_message(&e)))?;
-            flags.push(long.clone().into());
-            flags.push(text_value.into());
+        match key_flags(&disk, key, given, &NOT_KEYS) {
+            Ok(f) => flags.extend(f),
+            Err(KeyError::Unknown(mut valid)) => {
+                valid.push("kind".into());
+                valid.sort();
+                return Err(at(format!(
+                    "unknown key (valid keys: {})",
+                    valid.join(", ")
+                )));
+            }
+            Err(KeyError::Value(msg)) => return Err(at(msg)),
         }
     }
     let problem = match kind {
@@ -283,6 +253,86 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
     };
     if let (Some((_, line)), false) = (kind, problem.is_empty()) {
         bail!("{}:{line}: disk.{name}.kind: {problem}", path.display());
+    }
+    Ok(flags)
+}
+
+/// A setting's value as given in a config table or a mount option.
+pub(crate) enum Given {
+    /// true/false, or a mount option without `=`.
+    Switch(bool),
+    /// A string or a number.
+    Value(String),
+    /// An array, for a flag that may be repeated (`None`: an item is not a
+    /// string or a number).
+    List(Option<Vec<String>>),
+    /// Anything else (a TOML table, a float...).
+    Other,
+}
+
+/// Why a setting was refused.
+pub(crate) enum KeyError {
+    /// No such setting: the valid names.
+    Unknown(Vec<String>),
+    /// A value its flag refuses: the flag's parser's message.
+    Value(String),
+}
+
+/// One setting, named by its key (a flag's name with underscores), as the
+/// flags it stands for, each value checked with its flag's own parser.
+/// `excluded` keys are unknown here. Config tables and mount options
+/// (`mount_opts.rs`) both come through this one function.
+pub(crate) fn key_flags(
+    disk: &clap::Command,
+    key: &str,
+    given: Given,
+    excluded: &[&str],
+) -> std::result::Result<Vec<OsString>, KeyError> {
+    let arg = disk
+        .get_arguments()
+        .find(|a| a.get_id() == key && !excluded.contains(&key))
+        .filter(|a| a.get_long().is_some());
+    let Some(arg) = arg else {
+        return Err(KeyError::Unknown(
+            disk.get_arguments()
+                .filter(|a| a.get_long().is_some())
+                .map(|a| a.get_id().to_string())
+                .filter(|id| !excluded.contains(&id.as_str()))
+                .collect(),
+        ));
+    };
+    let long = format!("--{}", arg.get_long().expect("filtered on long"));
+    let is_switch = !arg.get_action().takes_values();
+    // A flag that may be repeated (`listen`) also takes an array.
+    let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
+    let values = match given {
+        Given::Switch(true) if is_switch => return Ok(vec![long.into()]),
+        Given::Switch(false) if is_switch => return Ok(Vec::new()),
+        _ if is_switch => return Err(KeyError::Value("expected true or false".into())),
+        Given::Value(v) => vec![v],
+        Given::List(Some(v)) if repeatable => v,
+        _ if repeatable => {
+            return Err(KeyError::Value(
+                "expected a string, a number, or an array of them".into(),
+            ))
+        }
+        _ => return Err(KeyError::Value("expected a string or a number".into())),
+    };
+    let mut flags = Vec::new();
+    for value in values {
+        // The flag's own parser, alone: its ties to other flags (requires,
+        // conflicts) are checked once all flags are parsed together.
+        clap::Command::new("config")
+            .no_binary_name(true)
+            .arg(
+                clap::Arg::new("v")
+                    .long("v")
+                    .value_parser(arg.get_value_parser().clone()),
+            )
+            .try_get_matches_from([OsStr::new("--v"), OsStr::new(&value)])
+            .map_err(|e| KeyError::Value(clap_message(&e)))?;
+        flags.push(long.clone().into());
+        flags.push(value.into());
     }
     Ok(flags)
 }
@@ -309,7 +359,7 @@ pub fn splice(argv: Vec<OsString>, flags: Vec<OsString>) -> Vec<OsString> {
 
 /// A clap error about flags together (`--autosave` needs `--image`) on one
 /// line, without its usage and help tail.
-fn clap_whole(e: &clap::Error) -> String {
+pub(crate) fn clap_whole(e: &clap::Error) -> String {
     let s = e.to_string();
     let body = s.split("\n\nUsage").next().unwrap_or(&s);
     let body = body.split("\n\nFor more").next().unwrap_or(body);

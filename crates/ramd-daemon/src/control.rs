@@ -2,8 +2,10 @@
 //! `RUN_DIR/ramd.daemon` for a daemon started by `ramd up`.
 //!
 //! Protocol: the client sends one line, the server answers one line of
-//! JSON (`{"error": "..."}` on failure) and closes. A disk answers
-//! `status`, `snapshot`, `snapshot full` and `stop`; a daemon answers
+//! JSON (`{"error": "..."}` on failure) and closes. (`wait` is answered
+//! twice: `{"waiting": NAME}` once registered, then when the disk is gone.) A disk answers
+//! `status`, `snapshot`, `snapshot full`, `stop`, `wait` and `remount
+//! OPTIONS`; a daemon answers
 //! `status`, `down`, `down NAME`, `reload` and `reload PATH`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -31,6 +33,16 @@ impl Request {
     /// The request line, trimmed.
     pub fn line(&self) -> &str {
         &self.line
+    }
+
+    /// Sends a line before the answer (`wait` acknowledges that it is
+    /// registered this way); the connection stays open for the answer.
+    pub fn progress(&mut self, v: Value) {
+        if let Some(conn) = self.conn.as_mut() {
+            if let Err(e) = writeln!(conn, "{v}") {
+                log::warn!("control request {:?}: answering: {e}", self.line);
+            }
+        }
     }
 
     /// Sends the answer: the value, or `{"error": MESSAGE}`.

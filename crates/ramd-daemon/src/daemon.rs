@@ -38,6 +38,8 @@ pub enum Event {
     Finished { disk: String, result: Result<()> },
     /// `stop` on a disk's control socket.
     StopDisk { disk: String, req: Request },
+    /// `wait` on a disk's control socket: answered once it is gone.
+    WaitDisk { disk: String, req: Request },
     /// A request on the daemon's control socket.
     Daemon(Request),
 }
@@ -78,14 +80,18 @@ pub struct Daemon {
 pub struct Setup {
     pub run_dir: PathBuf,
     pub registry: Registry,
+    /// Called once every disk serves, where systemd is told READY=1 (the
+    /// mount helper's daemon tells the helper waiting for it this way).
+    pub on_ready: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Daemon {
     /// `ramd serve`: serves one disk until a stop signal, `ramd down NAME`,
     /// or (fs disks) `umount`. Prints the disk's URI (or mount point) alone
     /// on stdout once clients may connect.
-    pub fn serve(args: DiskArgs, setup: Setup) -> Result<()> {
+    pub fn serve(args: DiskArgs, mut setup: Setup) -> Result<()> {
         let threads = args.compress_threads;
+        let on_ready = setup.on_ready.take();
         let mut d = Daemon::new(setup, Mode::Serve, None, None, threads)?;
         d.open(vec![args])?;
         let disk = d.disks.values().next().expect("opened above");
@@ -95,6 +101,9 @@ impl Daemon {
             disk.disk.endpoints().first().cloned().unwrap_or_default()
         );
         notify::ready(&d.summary());
+        if let Some(f) = on_ready {
+            f();
+        }
         d.run()
     }
 
@@ -102,7 +111,8 @@ impl Daemon {
     /// down`. Nothing is half-started: if one disk fails to start, the
     /// others are stopped again and the error is returned. Prints `NAME
     /// WHERE` for each disk on stdout once all of them serve.
-    pub fn up(plan: Plan, setup: Setup) -> Result<()> {
+    pub fn up(plan: Plan, mut setup: Setup) -> Result<()> {
+        let on_ready = setup.on_ready.take();
         let s = &plan.daemon;
         let budget = s.max_memory.map(Budget::new);
         let mut d = Daemon::new(
@@ -122,6 +132,9 @@ impl Daemon {
             println!("{} {}", r.disk.name(), r.disk.endpoints().join(" "));
         }
         notify::ready(&d.summary());
+        if let Some(f) = on_ready {
+            f();
+        }
         d.run()
     }
 
@@ -271,6 +284,15 @@ impl Daemon {
                 },
                 Event::FrontendEnded { disk } => self.finish(&disk, None),
                 Event::StopDisk { disk, req } => self.finish(&disk, Some(req)),
+                Event::WaitDisk { disk, mut req } => match self.disks.get_mut(&disk) {
+                    Some(r) => {
+                        // Registered before the client is told: whatever
+                        // it does next (umount) ends the disk after this.
+                        req.progress(json!({ "waiting": disk }));
+                        r.waiting.push(req)
+                    }
+                    None => req.answer(Err(format!("no running disk named {disk:?}"))),
+                },
                 Event::Finished { disk, result } => self.finished(&disk, result),
                 Event::Daemon(req) => self.daemon_request(req),
             }

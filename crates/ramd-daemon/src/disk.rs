@@ -238,7 +238,7 @@ impl Disk {
             DiskKind::Fs => format!(
                 "filesystem disk {:?} at {ends}: size {}, max memory {}, {} inodes",
                 self.args.name,
-                self.size.map_or("unlimited".into(), human),
+                self.current_size().map_or("unlimited".into(), human),
                 human(self.store.max_memory()),
                 self.fs.as_ref().map_or(0, |f| f.config().nr_inodes)
             ),
@@ -312,6 +312,100 @@ impl Disk {
         }
     }
 
+    /// A filesystem's capacity now (a remount may have changed it); a
+    /// block disk's size.
+    fn current_size(&self) -> Option<u64> {
+        match &self.fs {
+            Some(fs) => fs.size(),
+            None => self.size,
+        }
+    }
+
+    /// `mount -o remount,...` of a filesystem disk (the `remount OPTIONS`
+    /// control request; the mount helper has already applied the VFS
+    /// flags): a new size (growing always; shrinking when what is stored
+    /// fits), max_memory, and the atime rule. Other settings may be given
+    /// (an fstab line's) but must equal the running ones. Nothing changes
+    /// unless everything can.
+    pub fn remount(&self, options: &str) -> Result<serde_json::Value> {
+        let (Some(fs), Some(dir)) = (&self.fs, &self.args.mount) else {
+            bail!(
+                "disk {:?} is not a filesystem disk: nothing to remount",
+                self.args.name
+            );
+        };
+        let source = self.args.mount_flags().source;
+        let req = crate::mount_opts::parse(&source, dir, options)?;
+        let new = &req.disk;
+        let mut size = fs.size();
+        let mut max_memory = self.args.max_memory;
+        for key in &req.given {
+            match key.as_str() {
+                "size" => {
+                    size = match new.size {
+                        Some(DiskSize::Bytes(n)) => Some(n),
+                        _ => None,
+                    }
+                }
+                "max_memory" => max_memory = new.max_memory,
+                k => {
+                    let (now, asked) = (self.args.setting(k), new.setting(k));
+                    if now != asked {
+                        bail!(
+                            "option {k}: cannot change on a mounted disk (it is {}, asked for {}): \
+                             umount it and mount it again",
+                            now.unwrap_or_default(),
+                            asked.unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+        let resize = req.given.iter().any(|k| k == "size" || k == "max_memory");
+        let budget = match max_memory {
+            Some(m) => m,
+            // The default for the new size, plus whatever the disk was
+            // given beyond the default for its old one (an image's slack).
+            None => {
+                let before = fs_max_memory(&self.args, fs.size(), false);
+                let extra = self.store.max_memory().saturating_sub(before);
+                fs_max_memory(&self.args, size, false).saturating_add(extra)
+            }
+        };
+        if resize {
+            self.store
+                .set_limits(size.map(|n| n.div_ceil(PAGE_SIZE as u64)), budget)
+                .with_context(|| match size {
+                    Some(n) => format!("resizing to {}", human(n)),
+                    None => "resizing to unlimited".to_string(),
+                })?;
+            fs.set_size(size);
+            if let Some(s) = &self.saving {
+                s.persister.set_size(size.unwrap_or(0));
+            }
+        }
+        // Without an atime word the rule stays (`MountRequest::atime_given`).
+        let atime = if req.atime_given {
+            new.atime()
+        } else {
+            fs.atime()
+        };
+        fs.set_atime(atime);
+        let budget = self.store.max_memory();
+        log::info!(
+            "disk {:?} remounted: size {}, max memory {}, atime {:?}",
+            self.args.name,
+            size.map_or("unlimited".into(), human),
+            human(budget),
+            atime
+        );
+        Ok(serde_json::json!({
+            "remounted": self.args.name,
+            "size": size.unwrap_or(0),
+            "max_memory": budget,
+        }))
+    }
+
     /// Saves now (`ramd snapshot`).
     pub fn snapshot(&self, full: bool) -> Result<SaveReport> {
         match &self.saving {
@@ -331,7 +425,7 @@ impl Disk {
         if self.kind == DiskKind::Fs {
             // A filesystem's size is its capacity, not the store's address space.
             let (used, limit) = self.store.pages_used();
-            store.size = self.size.unwrap_or(0);
+            store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);
         }
@@ -343,14 +437,20 @@ impl Disk {
                 .first()
                 .map_or(String::new(), |f| f.endpoint.clone()),
             connections,
-            read_only: self.args.read_only,
+            // A filesystem disk's may change with `mount -o remount,ro`.
+            read_only: match (&self.fs, &self.args.mount) {
+                (Some(_), Some(dir)) => {
+                    ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
+                }
+                _ => self.args.read_only,
+            },
             mount: self.args.mount.as_ref().and(
                 frontends
                     .iter()
                     .find(|f| f.protocol == "fuse")
                     .map(|f| f.endpoint.clone()),
             ),
-            unlimited: self.kind == DiskKind::Fs && self.size.is_none(),
+            unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
             page_limit,
             frontends,
             store,
@@ -391,6 +491,18 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
                         v
                     })
                     .map(|v| serde_json::json!({ "snapshot": v }))
+                    .map_err(|e| format!("{e:#}"));
+                req.answer(r)
+            }
+            // Answered once the disk is gone (the umount helper waits for
+            // the save at stop this way); nothing is stopped.
+            "wait" => {
+                let disk = disk.args.name.clone();
+                let _ = events.lock().send(Event::WaitDisk { disk, req });
+            }
+            line if line.starts_with("remount ") => {
+                let r = disk
+                    .remount(&line["remount ".len()..])
                     .map_err(|e| format!("{e:#}"));
                 req.answer(r)
             }
@@ -449,16 +561,9 @@ fn store_config(
             }
         }
         DiskKind::Fs => {
-            // Default budget: every page of `size`, plus room for the page
-            // tables of many small files and for inodes and names (1/8 of
-            // size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded
-            // by the host reserve.
-            let compressed = args.compresses() || loading;
-            let max_memory = args.max_memory.unwrap_or(match size {
-                Some(n) => ramd_store::default_max_memory(n, compressed)
-                    .saturating_add((n / 8).max(64 << 20)),
-                None => mem_total(),
-            });
+            let max_memory = args
+                .max_memory
+                .unwrap_or_else(|| fs_max_memory(args, size, loading));
             StoreConfig {
                 max_memory: Some(max_memory),
                 page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
@@ -466,6 +571,20 @@ fn store_config(
                 ..base
             }
         }
+    }
+}
+
+/// A filesystem disk's default budget: every page of `size`, plus room for
+/// the page tables of many small files and for inodes and names (1/8 of
+/// size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded by the
+/// host reserve. `loaded`: it may hold compressed pages from an image.
+fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
+    let compressed = args.compresses() || loaded;
+    match size {
+        Some(n) => {
+            ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20))
+        }
+        None => mem_total(),
     }
 }
 
@@ -486,7 +605,7 @@ fn open_fs(
         mode: args.mode,
         uid: args.uid,
         gid: args.gid,
-        noatime: args.noatime,
+        atime: args.atime(),
     };
     match image {
         Some((image, _)) if image.manifest().is_some() => {

@@ -9,7 +9,8 @@
 //! - [`status`]: typed status, [`control`]: the control sockets,
 //!   [`notify`]: readiness for systemd (`sd_notify`);
 //! - [`args`] and [`config`]: a disk's settings as flags and as a config
-//!   table, checked at this edge.
+//!   table, checked at this edge; [`mount_opts`]: the same settings as
+//!   mount(8)'s `-o` options.
 //!
 //! Errors here are an operator's (a busy mount point, a bad config line),
 //! reported with context; what clients see stays `ramd_store::Error`.
@@ -20,7 +21,8 @@ pub mod control;
 pub mod daemon;
 pub mod disk;
 pub mod frontend;
-mod frontends;
+pub mod frontends;
+pub mod mount_opts;
 pub mod notify;
 pub mod status;
 pub mod units;

@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -171,8 +172,55 @@ pub struct FsConfig {
     pub mode: u16,
     pub uid: u32,
     pub gid: u32,
-    pub noatime: bool,
+    /// When reads move atime (changeable while mounted: [`Fs::set_atime`]).
+    pub atime: Atime,
 }
+
+/// The mount's atime rule. FUSE leaves atime to the filesystem (the kernel
+/// marks FUSE inodes `S_NOATIME`), so `Fs` applies the VFS's rules itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtimeMode {
+    /// Moves when older than mtime or ctime, or a day old (the default).
+    #[default]
+    Relatime,
+    /// Moves on every access.
+    Strict,
+    /// Never moves.
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Atime {
+    pub mode: AtimeMode,
+    /// Directories' atime never moves.
+    pub nodiratime: bool,
+}
+
+impl Atime {
+    fn bits(self) -> u8 {
+        let mode = match self.mode {
+            AtimeMode::Relatime => 0,
+            AtimeMode::Strict => 1,
+            AtimeMode::Never => 2,
+        };
+        mode | (self.nodiratime as u8) << 2
+    }
+
+    fn from_bits(b: u8) -> Atime {
+        let mode = match b & 3 {
+            1 => AtimeMode::Strict,
+            2 => AtimeMode::Never,
+            _ => AtimeMode::Relatime,
+        };
+        Atime {
+            mode,
+            nodiratime: b & 4 != 0,
+        }
+    }
+}
+
+/// `Fs::size`'s encoding of "no size" (ramfs mode).
+const UNLIMITED: u64 = u64::MAX;
 
 #[derive(Debug)]
 enum Data {
@@ -234,6 +282,9 @@ pub struct FsStats {
 pub struct Fs {
     store: Arc<Store>,
     cfg: FsConfig,
+    /// `cfg.size` and `cfg.atime` as they are now: a remount changes them.
+    size: AtomicU64,
+    atime: AtomicU8,
     state: RwLock<State>,
 }
 
@@ -348,6 +399,24 @@ impl State {
     }
 }
 
+/// The VFS's atime rules (`relatime_need_update` and friends).
+fn atime_moves(a: Atime, i: &Inode, now: SystemTime) -> bool {
+    if a.nodiratime && i.kind == Kind::Dir {
+        return false;
+    }
+    match a.mode {
+        AtimeMode::Never => false,
+        AtimeMode::Strict => i.atime != now,
+        AtimeMode::Relatime => {
+            i.atime <= i.mtime
+                || i.atime <= i.ctime
+                || now
+                    .duration_since(i.atime)
+                    .is_ok_and(|d| d >= Duration::from_secs(86400))
+        }
+    }
+}
+
 impl Fs {
     pub fn new(store: Arc<Store>, cfg: FsConfig) -> Result<Fs> {
         let now = SystemTime::now();
@@ -368,6 +437,8 @@ impl Fs {
         let mut inodes = HashMap::new();
         inodes.insert(ROOT_INO, root);
         Ok(Fs {
+            size: AtomicU64::new(cfg.size.unwrap_or(UNLIMITED)),
+            atime: AtomicU8::new(cfg.atime.bits()),
             store,
             cfg,
             state: RwLock::new(State {
@@ -391,8 +462,40 @@ impl Fs {
         &self.store
     }
 
+    /// The settings it was made with; see [`Fs::size`] and [`Fs::atime`]
+    /// for the ones a remount changes.
     pub fn config(&self) -> &FsConfig {
         &self.cfg
+    }
+
+    /// The capacity now (`None`: ramfs mode).
+    pub fn size(&self) -> Option<u64> {
+        Some(self.size.load(Relaxed)).filter(|&s| s != UNLIMITED)
+    }
+
+    /// Records a new capacity, for statfs. The store's page limit, which
+    /// enforces it, is the caller's to change first.
+    pub fn set_size(&self, size: Option<u64>) {
+        self.size.store(size.unwrap_or(UNLIMITED), Relaxed);
+    }
+
+    pub fn atime(&self) -> Atime {
+        Atime::from_bits(self.atime.load(Relaxed))
+    }
+
+    pub fn set_atime(&self, a: Atime) {
+        self.atime.store(a.bits(), Relaxed);
+    }
+
+    /// Whether reading `ino` now would move its atime: the kernel must then
+    /// send the read here rather than serve it from its page cache.
+    pub fn read_moves_atime(&self, ino: Ino) -> bool {
+        let a = self.atime();
+        let now = SystemTime::now();
+        self.state
+            .read()
+            .get(ino)
+            .is_ok_and(|i| atime_moves(a, i, now))
     }
 
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
@@ -526,10 +629,26 @@ impl Fs {
         Ok(target)
     }
 
-    /// Marks an access (read, readlink, readdir) as tmpfs's relatime does.
+    /// Marks an access (read, readlink, readdir) as the mount's atime rule
+    /// says (relatime unless told otherwise).
     fn accessed(&self, ino: Ino) {
-        if !self.cfg.noatime {
-            self.touch_atime(ino);
+        let a = self.atime();
+        if a.mode == AtimeMode::Never {
+            return;
+        }
+        let now = SystemTime::now();
+        if self
+            .state
+            .read()
+            .get(ino)
+            .is_ok_and(|i| !atime_moves(a, i, now))
+        {
+            return;
+        }
+        if let Ok(i) = self.state.write().get_mut(ino) {
+            if atime_moves(a, i, now) {
+                i.atime = now;
+            }
         }
     }
 
@@ -925,26 +1044,6 @@ impl Fs {
         Ok(n)
     }
 
-    /// relatime: atime moves when it is older than mtime/ctime or a day old.
-    fn touch_atime(&self, ino: Ino) {
-        let now = SystemTime::now();
-        let stale = |i: &Inode| {
-            i.atime <= i.mtime
-                || i.atime <= i.ctime
-                || now
-                    .duration_since(i.atime)
-                    .is_ok_and(|d| d > Duration::from_secs(86400))
-        };
-        if self.state.read().get(ino).is_ok_and(|i| !stale(i)) {
-            return;
-        }
-        if let Ok(i) = self.state.write().get_mut(ino) {
-            if stale(i) {
-                i.atime = now;
-            }
-        }
-    }
-
     /// Writes `data` at `off`. When the disk fills part way, a write that
     /// allows it (`short_ok`) stores what fits and returns that count, as
     /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
@@ -1179,7 +1278,7 @@ impl Fs {
     /// (total blocks, free blocks, total inodes, free inodes), 4 KiB blocks.
     pub fn statfs(&self) -> (u64, u64, u64, u64) {
         let (used, limit) = self.store.pages_used();
-        let total = match self.cfg.size {
+        let total = match self.size() {
             Some(_) => limit,
             // ramfs mode: what is used plus what the host could still give.
             None => used + ramd_store::mem_available().unwrap_or(0) / PAGE_SIZE as u64,

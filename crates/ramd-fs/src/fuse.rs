@@ -133,9 +133,16 @@ fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
 }
 
 /// Page cache kept across opens: every change goes through this mount, so
-/// the kernel's cached pages are never stale.
-fn open_flags() -> FopenFlags {
-    FopenFlags::FOPEN_KEEP_CACHE
+/// the kernel's cached pages are never stale. Except when a read now would
+/// move atime: a read served from the cache never reaches `Fs`, so the
+/// cache is dropped and the first read comes here (relatime: once after
+/// each change; strictatime: once per open).
+fn open_flags(fs: &Fs, ino: Ino) -> FopenFlags {
+    if fs.read_moves_atime(ino) {
+        FopenFlags::empty()
+    } else {
+        FopenFlags::FOPEN_KEEP_CACHE
+    }
 }
 
 impl fuser::Filesystem for FuseFs {
@@ -298,7 +305,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(Ino(ino.0)) {
-            Ok(()) => reply.opened(FileHandle(0), open_flags()),
+            Ok(()) => reply.opened(FileHandle(0), open_flags(&self.fs, Ino(ino.0))),
             Err(e) => reply.error(ferr(e)),
         }
     }
@@ -551,7 +558,13 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         match self.fs.create(caller(req), Ino(parent.0), name, mode) {
-            Ok(a) => reply.created(&TTL, &fattr(&a), Generation(0), FileHandle(0), open_flags()),
+            Ok(a) => reply.created(
+                &TTL,
+                &fattr(&a),
+                Generation(0),
+                FileHandle(0),
+                open_flags(&self.fs, a.ino),
+            ),
             Err(e) => reply.error(ferr(e)),
         }
     }
@@ -636,20 +649,38 @@ pub fn is_mount_point(path: &Path) -> bool {
 /// /proc/self/mountinfo. Unlike stat(2), this never asks the filesystem,
 /// so it is safe on a FUSE mount whose daemon is not serving yet.
 pub fn mount_device(path: &Path) -> Option<(u32, u32)> {
+    let line = mountinfo_line(path)?;
+    let dev = line.split(' ').nth(2)?;
+    let (major, minor) = dev.split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Whether the topmost mount at `path` is read-only (the mount's own flag
+/// or its superblock's), from /proc/self/mountinfo: a remount changes it
+/// behind the filesystem's back.
+pub fn mount_read_only(path: &Path) -> Option<bool> {
+    let line = mountinfo_line(path)?;
+    let mount_opts = line.split(' ').nth(5)?;
+    let (_, tail) = line.split_once(" - ")?;
+    let super_opts = tail.split(' ').nth(2)?;
+    let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
+    Some(ro(mount_opts) || ro(super_opts))
+}
+
+/// The /proc/self/mountinfo line of the topmost mount at `path`.
+fn mountinfo_line(path: &Path) -> Option<String> {
     let canon = path.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = canon.as_os_str().as_bytes();
     // Later lines are mounted on top of earlier ones.
-    info.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let dev = f.nth(2)?;
-        let mp = f.nth(1)?;
-        if unescape_mountinfo(mp) != want {
-            return None;
-        }
-        let (major, minor) = dev.split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    })
+    info.lines()
+        .rev()
+        .find(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|mp| unescape_mountinfo(mp) == want)
+        })
+        .map(str::to_string)
 }
 
 /// mountinfo writes space, tab, newline and backslash as octal escapes.

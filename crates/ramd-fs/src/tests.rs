@@ -29,7 +29,7 @@ fn fs_with(size: u64, nr_inodes: u64) -> Fs {
             mode: 0o1777,
             uid: 0,
             gid: 0,
-            noatime: false,
+            atime: Atime::default(),
         },
     )
     .unwrap()
@@ -427,6 +427,69 @@ fn readlink_and_readdir_follow_relatime() {
 }
 
 #[test]
+fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
+    let f = fs();
+    let file = f.create(ME, ROOT_INO, n("f"), 0o644).unwrap().ino;
+    // (A read at the end touches nothing: the kernel never sends one.)
+    f.write(&f.change(), file, 0, b"some data", true, false)
+        .unwrap();
+    let dir = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let future = SystemTime::now() + Duration::from_secs(3600);
+    let old = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let set = |ino, t| {
+        let set = SetAttr {
+            atime: Some(SetTime::At(t)),
+            ..Default::default()
+        };
+        f.setattr(ME, ino, set).unwrap();
+    };
+    let atime = |ino| f.getattr(ino).unwrap().atime;
+    let list = |ino| {
+        let fh = f.opendir(ino).unwrap();
+        f.dir_entries(ino, fh, 0).unwrap();
+        f.releasedir(fh);
+    };
+    let mut buf = [0u8; 8];
+    // relatime (the default): a fresh atime stays, and open keeps the cache.
+    set(file, future);
+    assert!(!f.read_moves_atime(file));
+    f.read(file, 0, &mut buf).unwrap();
+    assert_eq!(atime(file), future);
+    // strictatime: every access moves it, and every open must reach us.
+    f.set_atime(Atime {
+        mode: AtimeMode::Strict,
+        nodiratime: false,
+    });
+    assert!(f.read_moves_atime(file));
+    f.read(file, 0, &mut buf).unwrap();
+    assert!(atime(file) < future, "strictatime: the read moved atime");
+    // noatime: nothing does, however old.
+    f.set_atime(Atime {
+        mode: AtimeMode::Never,
+        nodiratime: false,
+    });
+    set(file, old);
+    assert!(!f.read_moves_atime(file));
+    f.read(file, 0, &mut buf).unwrap();
+    assert_eq!(atime(file), old);
+    // nodiratime: directories stay, files follow relatime.
+    f.set_atime(Atime {
+        mode: AtimeMode::Relatime,
+        nodiratime: true,
+    });
+    set(dir, old);
+    list(dir);
+    assert_eq!(atime(dir), old, "nodiratime: listing moved the dir's atime");
+    assert!(f.read_moves_atime(file));
+    f.read(file, 0, &mut buf).unwrap();
+    assert!(atime(file) > old);
+    assert!(!f.read_moves_atime(file), "moved once, it stays (relatime)");
+    f.set_atime(Atime::default());
+    list(dir);
+    assert!(atime(dir) > old);
+}
+
+#[test]
 fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     let f = fs();
     let a = f
@@ -497,7 +560,10 @@ fn cfg(nr_inodes: u64) -> FsConfig {
         mode: 0o1777,
         uid: 0,
         gid: 0,
-        noatime: true,
+        atime: Atime {
+            mode: AtimeMode::Never,
+            nodiratime: false,
+        },
     }
 }
 

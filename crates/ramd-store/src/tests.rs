@@ -327,6 +327,37 @@ fn page_limit_caps_non_hole_pages() {
 }
 
 #[test]
+fn set_limits_grows_and_shrinks_only_to_what_fits() {
+    let s = Store::new(StoreConfig {
+        page_limit: Some(4),
+        max_memory: Some(MIB),
+        host_reserve: 0,
+        ..StoreConfig::new(MIB)
+    })
+    .unwrap();
+    let mut rng = Rng(7);
+    s.write(0, &rng.bytes(4 * PAGE_SIZE)).unwrap();
+    assert!(s.write(4 * PAGE_SIZE as u64, &rng.bytes(10)).is_err());
+    s.set_limits(Some(8), 2 * MIB).unwrap();
+    assert_eq!((s.pages_used(), s.max_memory()), ((4, 8), 2 * MIB));
+    s.write(4 * PAGE_SIZE as u64, &rng.bytes(2 * PAGE_SIZE))
+        .unwrap();
+    // Below the 6 pages in use, or the memory they take: refused, unchanged.
+    let e = s.set_limits(Some(5), 2 * MIB).unwrap_err().to_string();
+    assert!(e.contains("6 pages"), "{e}");
+    let e = s
+        .set_limits(Some(8), 4 * PAGE_SIZE as u64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_memory"), "{e}");
+    assert_eq!((s.pages_used(), s.max_memory()), ((6, 8), 2 * MIB));
+    s.set_limits(Some(6), MIB).unwrap();
+    assert!(s.write(6 * PAGE_SIZE as u64, &rng.bytes(10)).is_err());
+    s.set_limits(None, MIB).unwrap();
+    s.write(6 * PAGE_SIZE as u64, &rng.bytes(10)).unwrap();
+}
+
+#[test]
 fn charges_count_against_max_memory() {
     let s = Store::new(StoreConfig {
         max_memory: Some(2 * PAGE_SIZE as u64 + CHUNK_META_BYTES),

@@ -103,6 +103,18 @@ pub enum Command {
             ramd bench /mnt/ram --only dd,pg-fsync --size 1G --svg bench.svg"
     )]
     Bench(crate::bench::BenchArgs),
+    /// Make `mount -t fuse.ramd` and fstab lines work: symlinks
+    /// /sbin/mount.fuse.ramd and /sbin/umount.fuse.ramd to this binary,
+    /// which mount(8) and umount(8) run for type fuse.ramd.
+    #[command(after_help = "Then:\n  \
+            mount -t fuse.ramd scratch /mnt/x -o size=2G,compress=zstd,image=/var/lib/ramd/x\n  \
+            echo 'scratch /mnt/x fuse.ramd size=2G,mode=1777,nosuid,nodev 0 0' >> /etc/fstab\n\n\
+            Options are the keys of a [disk.NAME] table (size, compress, image, autosave, \
+            max_memory, mode, uid, gid, nr_inodes, ...; max-memory works too), plus \
+            mount's own: ro, rw, nosuid, nodev, noexec, noatime, relatime, strictatime, \
+            nodiratime, and name=NAME (default: from the mount point, /mnt/x is mnt-x) \
+            and run_dir=DIR. `umount` saves and stops; `mount -o remount,size=4G` resizes.")]
+    InstallMountHelper(InstallMountHelperArgs),
     /// Print a shell completion script.
     #[command(after_help = "Examples:\n  \
             ramd completions bash > /etc/bash_completion.d/ramd\n  \
@@ -146,6 +158,17 @@ pub struct InstallSystemdArgs {
     /// Where to write ramd.service.
     #[arg(long, value_name = "DIR", default_value = "/etc/systemd/system")]
     pub unit_dir: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InstallMountHelperArgs {
+    /// Where mount(8) looks for helpers.
+    #[arg(long, value_name = "DIR", default_value = "/sbin")]
+    pub dir: PathBuf,
+
+    /// The ramd binary the links point to (default: this one).
+    #[arg(long, value_name = "PATH")]
+    pub bin: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]

@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod help;
 mod image_cmd;
+mod mount_helper;
 mod systemd;
 
 use std::path::PathBuf;
@@ -20,13 +21,11 @@ use ramd_daemon::daemon::{Daemon, Setup};
 use ramd_daemon::frontend::Registry;
 
 fn main() {
-    // fuser's session warns when it finds its mount already gone at exit,
-    // which is how every clean stop ends: keep that one module quiet.
-    env_logger::Builder::from_env(
-        env_logger::Env::new().filter_or("RAMD_LOG", "info,fuser::session=error"),
-    )
-    .format_target(false)
-    .init();
+    // Run as /sbin/mount.fuse.ramd or umount.fuse.ramd by mount(8).
+    if let Some(code) = mount_helper::run_if_helper() {
+        std::process::exit(code);
+    }
+    init_logging();
     let mut cli = Cli::parse();
     if let Command::Serve(ServeArgs {
         config: Some(path),
@@ -52,6 +51,7 @@ fn main() {
             .or(from_file)
             .unwrap_or_else(default_run_dir),
         registry: registry(),
+        on_ready: None,
     };
     let dir = || run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
@@ -72,11 +72,23 @@ fn main() {
         Command::Completions { shell } => help::completions(shell),
         Command::Man(a) => help::man(&a.command, a.out_dir.as_deref()),
         Command::InstallSystemd(a) => systemd::install(&a.config, a.bin.as_deref(), &a.unit_dir),
+        Command::InstallMountHelper(a) => mount_helper::install(&a.dir, a.bin.as_deref()),
     };
     if let Err(e) = result {
         eprintln!("ramd: error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Logs to stderr, at the level RAMD_LOG sets.
+fn init_logging() {
+    // fuser's session warns when it finds its mount already gone at exit,
+    // which is how every clean stop ends: keep that one module quiet.
+    env_logger::Builder::from_env(
+        env_logger::Env::new().filter_or("RAMD_LOG", "info,fuser::session=error"),
+    )
+    .format_target(false)
+    .init();
 }
 
 /// The frontends this build knows. A new protocol is one more `.with(...)`.

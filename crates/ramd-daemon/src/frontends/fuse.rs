@@ -65,6 +65,7 @@ impl FrontendFactory for Fuse {
                 writeback_cache: disk.args.writeback_cache,
                 sync,
             },
+            &disk.args.mount_flags(),
         )
         .with_context(|| format!("mounting {}", dir.display()))?;
         // The FUSE connection's number in fusectl is the mount's device
@@ -138,6 +139,10 @@ fn stop_mount(dir: &Path) {
         return;
     }
     let e = std::io::Error::last_os_error();
+    // EINVAL: no longer a mount point (the user's umount came first).
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        return;
+    }
     if e.raw_os_error() != Some(libc::EBUSY) {
         log::warn!("unmounting {}: {e}", dir.display());
         return;

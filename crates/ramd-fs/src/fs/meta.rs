@@ -258,6 +258,8 @@ impl Fs {
             );
         }
         Ok(Fs {
+            size: AtomicU64::new(cfg.size.unwrap_or(UNLIMITED)),
+            atime: AtomicU8::new(cfg.atime.bits()),
             store,
             cfg,
             state: RwLock::new(st),

@@ -7,6 +7,7 @@
 //! is then in the switch), and many flushes ride on one save.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,7 +62,8 @@ pub type MetaFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 pub struct Persister {
     store: Arc<Store>,
     kind: DiskKind,
-    size: u64,
+    /// Changes when a mounted filesystem disk is resized ([`Persister::set_size`]).
+    size: AtomicU64,
     meta: Option<MetaFn>,
     /// The image directory (also inside `image`, which a save holds).
     path: PathBuf,
@@ -99,7 +101,7 @@ impl Persister {
         Persister {
             store,
             kind,
-            size,
+            size: AtomicU64::new(size),
             meta: None,
             path: image.path().to_path_buf(),
             image: Mutex::new(image),
@@ -117,6 +119,12 @@ impl Persister {
         *self.meta_sum.get_mut() = loaded.map(crc32c::crc32c);
     }
 
+    /// The disk's new size (an fs disk resized while mounted): the next
+    /// save is a full one, since every save of a chain has one size.
+    pub fn set_size(&self, size: u64) {
+        self.size.store(size, Ordering::Relaxed);
+    }
+
     /// Saves now: only what changed since the last save unless `full` (or
     /// the chain is long, or no complete save exists).
     pub fn save(&self, full: bool) -> Result<SaveReport> {
@@ -130,6 +138,7 @@ impl Persister {
             _ if full => (true, "asked for"),
             None => (true, "first save"),
             Some(_) if self.state.lock().need_full => (true, "the last save failed"),
+            Some(m) if m.size != self.size.load(Ordering::Relaxed) => (true, "size changed"),
             Some(m) if m.chain.len() >= MAX_CHAIN => (true, "chain is long"),
             Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large"),
             Some(_) => (false, ""),
@@ -190,7 +199,8 @@ impl Persister {
             });
         }
         // An error returned from here on drops the session: the save aborts.
-        let mut w = image.begin_segment(seq, full, self.kind, self.size)?;
+        let size = self.size.load(Ordering::Relaxed);
+        let mut w = image.begin_segment(seq, full, self.kind, size)?;
         for &key in &plan.gone {
             w.gone(key);
         }
@@ -227,7 +237,7 @@ impl Persister {
             seconds: 0.0,
             unix_time: entry.time_ns / 1_000_000_000,
         };
-        image.commit(self.kind, self.size, entry)?;
+        image.commit(self.kind, size, entry)?;
         *self.meta_sum.lock() = meta_sum;
         Ok(SaveReport {
             seconds: t0.elapsed().as_secs_f64(),
@@ -497,6 +507,12 @@ pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(Imag
                 "serve it with --mount DIR"
             }
         )));
+    }
+    // A filesystem disk may be mounted with another size (tmpfs's way: the
+    // mount's size= rules); loading then checks that the data fits.
+    if kind == DiskKind::Fs {
+        let size = size.unwrap_or(m.size);
+        return Ok((image, size));
     }
     if let Some(s) = size.filter(|&s| s != m.size) {
         return Err(Error::Unusable(format!(

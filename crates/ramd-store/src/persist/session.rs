@@ -175,7 +175,7 @@ impl Store {
     /// and never the host's reserve (checked every 64 MiB of them).
     fn room_to_keep(&self, cost: u64) -> bool {
         let before = self.c.kept.load(Relaxed);
-        if self.c.save_broken.load(Relaxed) || before + cost > self.max_memory {
+        if self.c.save_broken.load(Relaxed) || before + cost > self.max_memory() {
             return false;
         }
         const STEP: u64 = 64 << 20;

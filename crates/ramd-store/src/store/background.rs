@@ -261,7 +261,7 @@ impl Store {
             // page stays as it is, and this pass stops trying.
             return Err(Error::NoSpace {
                 needed: PAGE_SIZE as u64,
-                limit: self.max_memory,
+                limit: self.max_memory(),
             });
         }
         let mut map = RwLockUpgradableReadGuard::upgrade(map);

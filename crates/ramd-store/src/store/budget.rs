@@ -31,7 +31,41 @@ impl Store {
 
     /// Pages that are not holes, and the cap on them.
     pub fn pages_used(&self) -> (u64, u64) {
-        (self.c.live_pages.load(Relaxed), self.page_limit)
+        (
+            self.c.live_pages.load(Relaxed),
+            self.page_limit.load(Relaxed),
+        )
+    }
+
+    /// Resizes a mounted filesystem disk: its page cap (`None`: no cap)
+    /// and its memory budget. Growing always succeeds; shrinking only when
+    /// what the disk holds now fits, else nothing changes. Runs with the
+    /// gate held exclusively, so no client change is half-way through
+    /// between the check and the new limits.
+    pub fn set_limits(&self, page_limit: Option<u64>, max_memory: u64) -> Result<()> {
+        let page_limit = page_limit.unwrap_or(u64::MAX);
+        let _gate = self.gate.write();
+        let pages = self.c.live_pages.load(Relaxed);
+        if pages > page_limit {
+            return Err(Error::Invalid(format!(
+                "the disk holds {} in {pages} pages, more than the new size of {} \
+                 (delete files first)",
+                crate::human(pages * PAGE_SIZE as u64),
+                crate::human(page_limit.saturating_mul(PAGE_SIZE as u64))
+            )));
+        }
+        let used = self.c.memory_used.load(Relaxed);
+        let least = PAGE_SIZE as u64 + CHUNK_META_BYTES + self.headroom;
+        if max_memory < least || used > max_memory - self.headroom {
+            return Err(Error::Invalid(format!(
+                "the disk uses {} of memory, more than the new max_memory of {} allows",
+                crate::human(used),
+                crate::human(max_memory)
+            )));
+        }
+        self.page_limit.store(page_limit, Relaxed);
+        self.max_memory.store(max_memory, Relaxed);
+        Ok(())
     }
 
     /// Gives back a raw frame and its budget.
@@ -52,12 +86,13 @@ impl Store {
     /// Counts one more non-hole page against `page_limit`; to be called
     /// before a hole is replaced by anything else.
     pub(crate) fn claim_page(&self) -> Result<()> {
+        let limit = self.page_limit.load(Relaxed);
         self.c
             .live_pages
-            .fetch_update(Relaxed, Relaxed, |n| (n < self.page_limit).then_some(n + 1))
+            .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
             .map(|_| ())
             .map_err(|_| Error::DiskFull {
-                limit: self.page_limit.saturating_mul(PAGE_SIZE as u64),
+                limit: limit.saturating_mul(PAGE_SIZE as u64),
             })
     }
 
@@ -67,14 +102,14 @@ impl Store {
         // Pages kept for a save under way do not count against clients:
         // saving must never make a write fail.
         let kept = self.c.kept.load(Relaxed);
-        self.reserve_within(bytes, self.max_memory - self.headroom + kept)
+        self.reserve_within(bytes, self.max_memory() - self.headroom + kept)
     }
 
     /// Reserves budget for background work (all of `max_memory`), or for a
     /// client if `bg` is false.
     pub(crate) fn reserve_for(&self, bytes: u64, bg: bool) -> Result<()> {
         match bg {
-            true => self.reserve_within(bytes, self.max_memory),
+            true => self.reserve_within(bytes, self.max_memory()),
             false => self.reserve(bytes),
         }
     }
@@ -87,7 +122,7 @@ impl Store {
             })
             .map_err(|_| Error::NoSpace {
                 needed: bytes,
-                limit: self.max_memory,
+                limit: self.max_memory(),
             })?;
         match &self.shared {
             Some(b) if !b.try_take(bytes) => {
@@ -120,7 +155,7 @@ impl Store {
     /// Memory use above which a pass compresses every hot page, and reads
     /// stop promoting: 7/8 of the clients' budget.
     pub(crate) fn pressure_mark(&self) -> u64 {
-        (self.max_memory - self.headroom) / 8 * 7
+        (self.max_memory() - self.headroom) / 8 * 7
     }
 }
 

@@ -263,10 +263,12 @@ pub type FlushHook = Box<dyn Fn() -> Result<()> + Send + Sync>;
 
 pub struct Store {
     pub(crate) size: u64,
-    pub(crate) max_memory: u64,
+    /// Atomic so a filesystem disk can be resized while mounted
+    /// ([`Store::set_limits`]); read with Relaxed, as every counter here.
+    pub(crate) max_memory: AtomicU64,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) c: Counters,
-    pub(crate) page_limit: u64,
+    pub(crate) page_limit: AtomicU64,
     pub(crate) compress: Codec,
     pub(crate) recompress: Codec,
     /// Scanner passes a hot page waits, and an idle page has waited.
@@ -334,10 +336,10 @@ impl Store {
             .collect();
         Ok(Store {
             size: cfg.size,
-            max_memory,
+            max_memory: AtomicU64::new(max_memory),
             shards,
             c: Counters::default(),
-            page_limit: cfg.page_limit.unwrap_or(u64::MAX),
+            page_limit: AtomicU64::new(cfg.page_limit.unwrap_or(u64::MAX)),
             compress: cfg.compress,
             recompress: cfg.recompress,
             compress_after: passes(cfg.compress_after),
@@ -360,7 +362,7 @@ impl Store {
     }
 
     pub fn max_memory(&self) -> u64 {
-        self.max_memory
+        self.max_memory.load(Relaxed)
     }
 
     /// How often the background scanner ([`crate::ScannerPool`]) should run a pass;
@@ -392,7 +394,7 @@ impl Store {
         let used_bytes = ((data + fill + zero) * PAGE_SIZE as u64).min(self.size);
         StoreStats {
             size: self.size,
-            max_memory: self.max_memory,
+            max_memory: self.max_memory(),
             used_bytes,
             memory_used,
             data_pages: data,

@@ -1047,6 +1047,8 @@ impl Drop for Loop {
 /// A mounted filesystem, unmounted on drop.
 pub struct Mount {
     target: Option<PathBuf>,
+    /// The environment `umount` runs with (what the mount ran with).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl Mount {
@@ -1056,6 +1058,28 @@ impl Mount {
         run_ok(Command::new("mount").arg(dev).arg(target));
         Mount {
             target: Some(target.to_path_buf()),
+            env: Vec::new(),
+        }
+    }
+
+    /// Runs `cmd` (a `mount ...` command line), which must succeed; `target`
+    /// is unmounted on drop by `umount` with `cmd`'s environment.
+    pub fn by(cmd: &mut Command, target: &Path) -> Mount {
+        require_tool("mount");
+        run_ok(cmd);
+        Mount::adopt(cmd, target)
+    }
+
+    /// Takes charge of `target`, which `cmd` has mounted: unmounted on drop
+    /// by `umount` with `cmd`'s environment.
+    pub fn adopt(cmd: &Command, target: &Path) -> Mount {
+        let env = cmd
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string())))
+            .collect();
+        Mount {
+            target: Some(target.to_path_buf()),
+            env,
         }
     }
 
@@ -1086,14 +1110,16 @@ impl Mount {
     /// Unmounts now, asserting success.
     pub fn unmount(mut self) {
         let t = self.target.take().unwrap();
-        assert!(umount(&t), "umount {t:?} failed");
+        assert!(umount(&t, &self.env), "umount {t:?} failed");
     }
 }
 
-fn umount(target: &Path) -> bool {
+fn umount(target: &Path, env: &[(std::ffi::OsString, std::ffi::OsString)]) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = run(Command::new("umount").arg(target), CMD_TIMEOUT);
+        let mut c = Command::new("umount");
+        c.arg(target).envs(env.iter().map(|(k, v)| (k, v)));
+        let out = run(&mut c, CMD_TIMEOUT);
         if out.success() {
             return true;
         }
@@ -1109,7 +1135,7 @@ fn umount(target: &Path) -> bool {
 impl Drop for Mount {
     fn drop(&mut self) {
         if let Some(t) = self.target.take() {
-            umount(&t);
+            umount(&t, &self.env);
         }
     }
 }
