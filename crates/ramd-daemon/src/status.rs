@@ -168,7 +168,7 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
     let mut out = String::new();
     for d in daemons {
         out.push_str(&format!(
-            "daemon {}{}: {} disk(s), memory {} of {}, host reserve {}, {} background thread(s)\n",
+            "daemon {}{}: {} disk(s), memory {} of {}, host reserve {}, {} background thread(s){}\n",
             d.pid,
             d.config
                 .as_deref()
@@ -177,7 +177,10 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
             human(d.memory_used),
             d.max_memory.map_or("no daemon budget".into(), human),
             human(d.host_reserve),
-            d.compress_threads
+            d.compress_threads,
+            d.metrics
+                .as_deref()
+                .map_or(String::new(), |m| format!(", metrics {m}"))
         ));
     }
     out
