@@ -289,7 +289,7 @@ fn scrape_matches_status_and_counts_nbd_and_fuse_requests() {
     let iff = format!("if={}", file.display());
     dd(&["if=/dev/urandom", &of, "bs=64k", "count=16", "oflag=direct"]);
     dd(&[&iff, "of=/dev/null", "bs=64k", "iflag=direct"]);
-    run_ok(&mut cmd("fallocate", ["-p", "-o", "0", "-l", "64k"]).arg(&file));
+    run_ok(cmd("fallocate", ["-p", "-o", "0", "-l", "64k"]).arg(&file));
 
     // Snapshot: the save figures appear.
     ramd_cmd(rd.path(), &["snapshot", "blk"]).ok();
