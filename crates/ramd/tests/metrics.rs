@@ -576,4 +576,15 @@ fn hostile_http_clients_do_not_hurt_the_next_scrape() {
     let s = Scrape::take(&url);
     assert_eq!(s.disk("ramd_disk_size_bytes", "ram0"), (16 * MIB) as f64);
     drop(slow);
+
+    // A flood of idle clients: once 16 are held, others get 503 at once
+    // (never a hang), and scrapes work again when they are gone.
+    let flood: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    assert_eq!(curl_code("GET", &url), "503");
+    drop(flood);
+    wait_until(STOP_DEADLINE, "a scrape after the flood", || {
+        curl_code("GET", &url) == "200"
+    });
 }
