@@ -53,6 +53,8 @@ pub struct DaemonSettings {
     pub host_reserve: Option<u64>,
     /// Background threads shared by all the disks.
     pub compress_threads: Option<u16>,
+    /// Serve Prometheus `/metrics` here (a bare port is on 127.0.0.1).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// A whole config file, checked.
@@ -160,9 +162,20 @@ fn daemon_settings(path: &Path, text: &str, t: &Table) -> Result<DaemonSettings>
                 Some(n @ 1..=64) => d.compress_threads = Some(n as u16),
                 _ => return Err(at("expected a number of threads from 1 to 64".into())),
             },
+            "metrics" => {
+                let addr = match v {
+                    toml::Value::String(s) => crate::metrics::parse_addr(s),
+                    toml::Value::Integer(n) => u16::try_from(*n)
+                        .map(|p| crate::metrics::parse_addr(&p.to_string()))
+                        .unwrap_or_else(|_| Err(format!("invalid metrics port {n}"))),
+                    _ => Err("expected an address like \"9100\" or \"0.0.0.0:9100\"".into()),
+                };
+                d.metrics = Some(addr.map_err(at)?);
+            }
             _ => {
                 return Err(at(
-                    "unknown key (valid keys: compress_threads, host_reserve, max_memory, run_dir)"
+                    "unknown key (valid keys: compress_threads, host_reserve, max_memory, \
+                     metrics, run_dir)"
                         .into(),
                 ))
             }

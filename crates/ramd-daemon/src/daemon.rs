@@ -9,9 +9,10 @@
 //! that a second signal or a `status` request is served meanwhile.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -23,8 +24,9 @@ use crate::config::{self, DaemonSettings, Plan};
 use crate::control::{self, ControlServer, Request};
 use crate::disk::{self, Disk, Shared};
 use crate::frontend::{Claim, Registry};
+use crate::metrics::MetricsServer;
 use crate::notify;
-use crate::status::DaemonStatus;
+use crate::status::{DaemonStatus, DiskStatus};
 
 /// What the daemon's loop acts on.
 pub enum Event {
@@ -64,7 +66,6 @@ enum Mode {
 pub struct Daemon {
     shared: Shared,
     mode: Mode,
-    budget: Option<Arc<Budget>>,
     tx: Sender<Event>,
     rx: Receiver<Event>,
     disks: BTreeMap<String, Running>,
@@ -73,7 +74,10 @@ pub struct Daemon {
     /// `ramd down` requests, answered once every disk is gone.
     down_all: Vec<Request>,
     errors: Vec<String>,
+    /// What `status` and `/metrics` read, beside the loop.
+    published: Arc<Published>,
     _control: Option<ControlServer>,
+    _metrics: Option<MetricsServer>,
 }
 
 /// How a daemon is set up beyond its disks.
@@ -83,6 +87,63 @@ pub struct Setup {
     /// Called once every disk serves, where systemd is told READY=1 (the
     /// mount helper's daemon tells the helper waiting for it this way).
     pub on_ready: Option<Box<dyn FnOnce() + Send>>,
+    /// Serve `/metrics` here (`--metrics`, `[daemon] metrics`).
+    pub metrics: Option<SocketAddr>,
+}
+
+/// The daemon's disks and settings as the metrics thread reads them: the
+/// loop adds a disk once it serves and removes it once it is gone. Weak, so
+/// that a scrape never keeps a stopped disk's sockets or memory alive.
+struct Published {
+    disks: parking_lot::Mutex<BTreeMap<String, Weak<Disk>>>,
+    config: parking_lot::Mutex<Option<String>>,
+    max_memory: Option<u64>,
+    host_reserve: u64,
+    compress_threads: u16,
+    metrics: Option<String>,
+}
+
+impl Published {
+    /// The daemon's status, given what its disks use together.
+    fn daemon(&self, memory_used: u64) -> DaemonStatus {
+        DaemonStatus {
+            pid: std::process::id(),
+            config: self.config.lock().clone(),
+            disks: self.disks.lock().keys().cloned().collect(),
+            max_memory: self.max_memory,
+            memory_used,
+            host_reserve: self.host_reserve,
+            compress_threads: self.compress_threads,
+            resident_bytes: resident_bytes(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// One scrape: every disk's status, and the daemon's from them.
+    fn scrape(&self) -> (DaemonStatus, Vec<DiskStatus>) {
+        let disks: Vec<Arc<Disk>> = self
+            .disks
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let disks: Vec<DiskStatus> = disks.iter().map(|d| d.status()).collect();
+        let used = disks.iter().map(|d| d.store.memory_used).sum();
+        (self.daemon(used), disks)
+    }
+}
+
+/// VmRSS of this process (0 if /proc cannot tell).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
 }
 
 impl Daemon {
@@ -146,6 +207,9 @@ impl Daemon {
         compress_threads: u16,
     ) -> Result<Daemon> {
         let (tx, rx) = channel();
+        // First, so that a busy address fails before anything else exists.
+        let metrics = setup.metrics.map(MetricsServer::bind).transpose()?;
+        let metrics_url = metrics.as_ref().map(|(_, a)| crate::metrics::url(*a));
         let shared = Shared {
             scanners: ramd_store::ScannerPool::new(compress_threads as usize)
                 .context("starting the background compression threads")?,
@@ -154,6 +218,7 @@ impl Daemon {
             host_reserve: host_reserve.unwrap_or_else(ramd_store::default_host_reserve),
             compress_threads,
             budget: budget.clone(),
+            metrics_url: metrics_url.clone(),
         };
         disk::make_run_dir(&shared.run_dir)?;
         let control = match mode {
@@ -178,17 +243,39 @@ impl Daemon {
             }
         };
         on_signals(tx.clone(), matches!(mode, Mode::Up { .. }))?;
+        let published = Arc::new(Published {
+            disks: Default::default(),
+            config: parking_lot::Mutex::new(match &mode {
+                Mode::Up { config, .. } => Some(config.display().to_string()),
+                Mode::Serve => None,
+            }),
+            max_memory: budget.as_ref().map(|b| b.limit()),
+            host_reserve: shared.host_reserve,
+            compress_threads,
+            metrics: metrics_url,
+        });
+        let metrics = match metrics {
+            None => None,
+            Some((listener, _)) => {
+                let p = published.clone();
+                Some(MetricsServer::start(
+                    listener,
+                    Arc::new(move || p.scrape()),
+                )?)
+            }
+        };
         Ok(Daemon {
             shared,
             mode,
-            budget,
             tx,
             rx,
             disks: BTreeMap::new(),
             ending: false,
             down_all: Vec::new(),
             errors: Vec::new(),
+            published,
             _control: control,
+            _metrics: metrics,
         })
     }
 
@@ -223,6 +310,11 @@ impl Daemon {
         }
         let names = opened.iter().map(|d| d.name().to_string()).collect();
         for d in opened {
+            let weak = Arc::downgrade(&d);
+            self.published
+                .disks
+                .lock()
+                .insert(d.name().to_string(), weak);
             self.disks.insert(
                 d.name().to_string(),
                 Running {
@@ -376,6 +468,7 @@ impl Daemon {
         let Some(r) = self.disks.remove(name) else {
             return;
         };
+        self.published.disks.lock().remove(name);
         // The last handle: sockets and memory go now, before anyone is told.
         let saved = r.disk.args().image.is_some();
         drop(r.disk);
@@ -435,24 +528,12 @@ impl Daemon {
     }
 
     fn status(&self) -> DaemonStatus {
-        let config = match &self.mode {
-            Mode::Up { config, .. } => Some(config.display().to_string()),
-            Mode::Serve => None,
-        };
-        let threads = self.shared.compress_threads;
-        DaemonStatus {
-            pid: std::process::id(),
-            config,
-            disks: self.disks.keys().cloned().collect(),
-            max_memory: self.budget.as_ref().map(|b| b.limit()),
-            memory_used: self
-                .disks
-                .values()
-                .map(|r| r.disk.store().stats().memory_used)
-                .sum(),
-            host_reserve: self.shared.host_reserve,
-            compress_threads: threads,
-        }
+        let used = self
+            .disks
+            .values()
+            .map(|r| r.disk.store().stats().memory_used)
+            .sum();
+        self.published.daemon(used)
     }
 
     /// `ramd reload`: reads the config file again (or `path`), checks all
@@ -526,6 +607,7 @@ impl Daemon {
             .open(added)
             .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?;
         if let Mode::Up { config, .. } = &mut self.mode {
+            *self.published.config.lock() = Some(path.display().to_string());
             *config = path;
         }
         Ok(json!({

@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
 
 use ramd_fs::{Fs, FsConfig};
+use ramd_store::metrics::DiskMetrics;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
@@ -46,6 +47,8 @@ pub struct Shared {
     pub compress_threads: u16,
     /// The daemon's memory budget, shared by its disks.
     pub budget: Option<Arc<ramd_store::Budget>>,
+    /// The daemon's Prometheus endpoint, for `status`.
+    pub metrics_url: Option<String>,
 }
 
 pub type Events = std::sync::mpsc::Sender<Event>;
@@ -79,6 +82,9 @@ pub struct Disk {
     saving: Option<Saving>,
     scanner: Mutex<Option<ScanHandle>>,
     frontends: Vec<Arc<dyn Frontend>>,
+    /// What the frontends record about their requests.
+    io: DiskMetrics,
+    metrics_url: Option<String>,
     control: Mutex<Option<ControlServer>>,
     serving: Mutex<Vec<JoinHandle<Result<()>>>>,
     stopping: AtomicBool,
@@ -169,12 +175,14 @@ impl Disk {
             shared.run_dir.join(format!("{}.ctl", args.name)),
             disk_handler(target.clone(), events),
         )?;
+        let io = DiskMetrics::default();
         let ctx = DiskContext {
             args: &args,
             kind,
             store: &store,
             fs: fs.as_ref(),
             run_dir: &shared.run_dir,
+            metrics: &io,
         };
         let mut frontends = Vec::new();
         for f in shared.registry.iter() {
@@ -189,6 +197,8 @@ impl Disk {
             saving,
             scanner: Mutex::new(scanner),
             frontends,
+            io,
+            metrics_url: shared.metrics_url.clone(),
             control: Mutex::new(Some(control)),
             serving: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
@@ -452,9 +462,11 @@ impl Disk {
             ),
             unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
             page_limit,
+            metrics: self.metrics_url.clone(),
             frontends,
             store,
             fs: self.fs.as_ref().map(|f| f.stats()),
+            io: self.io.snapshot(),
             persist: self
                 .saving
                 .as_ref()
@@ -805,6 +817,7 @@ mod tests {
             scanners: ramd_store::ScannerPool::new(1).unwrap(),
             compress_threads: 1,
             budget: None,
+            metrics_url: None,
         };
         let a = args(&[
             "--name",

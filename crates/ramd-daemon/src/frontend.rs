@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ramd_fs::Fs;
+use ramd_store::metrics::DiskMetrics;
 use ramd_store::persist::DiskKind;
 use ramd_store::Store;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,11 @@ pub struct DiskContext<'a> {
     /// The filesystem of an `fs` disk.
     pub fs: Option<&'a Arc<Fs>>,
     pub run_dir: &'a Path,
+    /// Where frontends count and time their requests: each takes
+    /// `metrics.frontend("PROTOCOL")` once and calls `record` per request
+    /// (see `ramd_store::metrics`); `ramd status --json` and `/metrics`
+    /// report them.
+    pub metrics: &'a DiskMetrics,
 }
 
 /// One serving instance: a listening socket, a mount.

@@ -6,7 +6,8 @@
 //!   and the built-in NBD and FUSE frontends in `frontends/`;
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
-//! - [`status`]: typed status, [`control`]: the control sockets,
+//! - [`status`]: typed status, [`metrics`]: the same as Prometheus
+//!   `/metrics`, [`control`]: the control sockets,
 //!   [`notify`]: readiness for systemd (`sd_notify`);
 //! - [`args`] and [`config`]: a disk's settings as flags and as a config
 //!   table, checked at this edge; [`mount_opts`]: the same settings as
@@ -22,6 +23,7 @@ pub mod daemon;
 pub mod disk;
 pub mod frontend;
 pub mod frontends;
+pub mod metrics;
 pub mod mount_opts;
 pub mod notify;
 pub mod status;

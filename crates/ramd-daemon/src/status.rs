@@ -10,6 +10,7 @@ use ramd_store::StoreStats;
 
 use crate::frontend::FrontendStatus;
 use ramd_store::human;
+use ramd_store::metrics::FrontendIo;
 use ramd_store::persist::PersistStatus;
 
 /// One disk.
@@ -33,6 +34,9 @@ pub struct DiskStatus {
     pub unlimited: bool,
     /// Filesystem disks: the most pages the disk may hold.
     pub page_limit: Option<u64>,
+    /// Its daemon's Prometheus endpoint (`--metrics`), if it has one.
+    #[serde(default)]
+    pub metrics: Option<String>,
     /// Capacity and memory (for a filesystem, `size` is its capacity and
     /// `used_bytes` what its files' pages take).
     #[serde(flatten)]
@@ -41,6 +45,10 @@ pub struct DiskStatus {
     pub fs: Option<FsStats>,
     #[serde(flatten)]
     pub persist: PersistStatus,
+    /// Requests served, per frontend (protocol) and operation, with their
+    /// latency histograms.
+    #[serde(default)]
+    pub io: Vec<FrontendIo>,
 }
 
 /// A daemon started by `ramd up`: what its disks share.
@@ -58,6 +66,12 @@ pub struct DaemonStatus {
     pub host_reserve: u64,
     /// Background threads shared by its disks.
     pub compress_threads: u16,
+    /// Resident memory of the whole process (VmRSS).
+    #[serde(default)]
+    pub resident_bytes: u64,
+    /// Where its Prometheus endpoint is (`--metrics`), if it has one.
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
@@ -154,7 +168,7 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
     let mut out = String::new();
     for d in daemons {
         out.push_str(&format!(
-            "daemon {}{}: {} disk(s), memory {} of {}, host reserve {}, {} background thread(s)\n",
+            "daemon {}{}: {} disk(s), memory {} of {}, host reserve {}, {} background thread(s){}\n",
             d.pid,
             d.config
                 .as_deref()
@@ -163,7 +177,10 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
             human(d.memory_used),
             d.max_memory.map_or("no daemon budget".into(), human),
             human(d.host_reserve),
-            d.compress_threads
+            d.compress_threads,
+            d.metrics
+                .as_deref()
+                .map_or(String::new(), |m| format!(", metrics {m}"))
         ));
     }
     out

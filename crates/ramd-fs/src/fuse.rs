@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
@@ -13,6 +13,8 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+
+use ramd_store::metrics::{IoMetrics, Op};
 
 use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
 
@@ -34,6 +36,9 @@ pub struct FuseOptions {
     /// What fsync and fsyncdir wait for (a save, with `--flush persist`);
     /// `None`: they are not sent at all (see `fsync`).
     pub sync: Option<SyncFn>,
+    /// Where the data requests (read, write, fsync, fallocate, lseek,
+    /// copy_file_range) are timed and counted.
+    pub metrics: Option<Arc<IoMetrics>>,
 }
 
 impl std::fmt::Debug for FuseOptions {
@@ -41,6 +46,7 @@ impl std::fmt::Debug for FuseOptions {
         f.debug_struct("FuseOptions")
             .field("writeback_cache", &self.writeback_cache)
             .field("sync", &self.sync.is_some())
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }
@@ -60,10 +66,23 @@ impl FuseFs {
     fn sync(&self, reply: ReplyEmpty) {
         match &self.opts.sync {
             None => reply.error(FErrno::ENOSYS),
-            Some(sync) => match sync() {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(ferr(e)),
-            },
+            Some(sync) => {
+                let started = Instant::now();
+                let r = sync();
+                self.record(Op::Flush, 0, started, r.is_ok());
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(ferr(e)),
+                }
+            }
+        }
+    }
+
+    /// Counts a request that began at `started` (see `ramd_store::metrics`).
+    #[inline]
+    fn record(&self, op: Op, bytes: u64, started: Instant, ok: bool) {
+        if let Some(m) = &self.opts.metrics {
+            m.record(op, bytes, started, ok);
         }
     }
 }
@@ -325,11 +344,15 @@ impl fuser::Filesystem for FuseFs {
             // One buffer per FUSE thread: reads are up to 1 MiB each.
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        let started = Instant::now();
         BUF.with_borrow_mut(|buf| {
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
-            match self.fs.read(Ino(ino.0), offset, &mut buf[..size as usize]) {
+            let r = self.fs.read(Ino(ino.0), offset, &mut buf[..size as usize]);
+            let n = *r.as_ref().unwrap_or(&0);
+            self.record(Op::Read, n as u64, started, r.is_ok());
+            match r {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(ferr(e)),
             }
@@ -352,6 +375,7 @@ impl fuser::Filesystem for FuseFs {
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let started = Instant::now();
         let r = self.fs.write(
             &self.fs.change(),
             Ino(ino.0),
@@ -360,6 +384,8 @@ impl fuser::Filesystem for FuseFs {
             short_ok,
             drop_privs,
         );
+        let n = *r.as_ref().unwrap_or(&0);
+        self.record(Op::Write, n as u64, started, r.is_ok());
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
@@ -579,7 +605,17 @@ impl fuser::Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fallocate(Ino(ino.0), offset, length, mode));
+        let started = Instant::now();
+        let r = self.fs.fallocate(Ino(ino.0), offset, length, mode);
+        let op = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            Op::Trim
+        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+            Op::Zero
+        } else {
+            Op::Other
+        };
+        self.record(op, length, started, r.is_ok());
+        empty(reply, r);
     }
 
     fn lseek(
@@ -600,7 +636,10 @@ impl fuser::Filesystem for FuseFs {
         if offset < 0 {
             return reply.error(FErrno::ENXIO);
         }
-        match self.fs.seek(Ino(ino.0), offset as u64, whence) {
+        let started = Instant::now();
+        let r = self.fs.seek(Ino(ino.0), offset as u64, whence);
+        self.record(Op::Other, 0, started, r.is_ok());
+        match r {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(ferr(e)),
         }
@@ -621,10 +660,14 @@ impl fuser::Filesystem for FuseFs {
     ) {
         // One reply carries a u32 count; the kernel loops for the rest.
         let len = len.min(1 << 30);
-        match self
+        let started = Instant::now();
+        let r = self
             .fs
-            .copy_range(Ino(ino_in.0), offset_in, Ino(ino_out.0), offset_out, len)
-        {
+            .copy_range(Ino(ino_in.0), offset_in, Ino(ino_out.0), offset_out, len);
+        // A copy inside the disk: counted as the write it ends in.
+        let n = *r.as_ref().unwrap_or(&0);
+        self.record(Op::Write, n, started, r.is_ok());
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }

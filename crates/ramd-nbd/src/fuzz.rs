@@ -32,6 +32,8 @@ fn exports() -> &'static Exports {
                 description: format!("fuzz disk {name}"),
                 store: Arc::new(Store::new(cfg).expect("a 1 MiB store")),
                 read_only,
+                // Recording is on the request path: fuzz it too.
+                metrics: Some(ramd_store::metrics::DiskMetrics::default().frontend("nbd")),
             }
         };
         Exports::new(vec![disk("rw", false), disk("ro", true)])

@@ -314,6 +314,7 @@ mod tests {
             description: "test disk".into(),
             store: Arc::new(Store::new(cfg).unwrap()),
             read_only,
+            metrics: None,
         }])
     }
 

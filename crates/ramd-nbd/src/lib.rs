@@ -32,6 +32,8 @@ pub struct Export {
     pub description: String,
     pub store: Arc<Store>,
     pub read_only: bool,
+    /// Where each request's latency, size and outcome are counted.
+    pub metrics: Option<Arc<ramd_store::metrics::IoMetrics>>,
 }
 
 /// The exports of one server. The empty name selects the first.

@@ -15,8 +15,10 @@
 
 use std::io::{self, BufReader, Read, Write};
 use std::sync::mpsc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
+use ramd_store::metrics::Op;
 use ramd_store::Errno;
 
 use crate::handshake::Session;
@@ -186,10 +188,29 @@ impl Conn<'_> {
         }
     }
 
-    /// Serves one request and appends its whole reply to `out`.
+    /// Serves one request and appends its whole reply to `out`, timing
+    /// it from here to its reply being ready (not its queueing or sending).
     fn respond(&self, req: Request, payload: &[u8], out: &mut Vec<u8>) {
+        let started = Instant::now();
+        let ok = self.serve_request(req, payload, out);
+        if let Some(m) = &self.session.export.metrics {
+            let op = match req.cmd {
+                Cmd::Read => Op::Read,
+                Cmd::Write => Op::Write,
+                Cmd::Trim => Op::Trim,
+                Cmd::WriteZeroes => Op::Zero,
+                Cmd::Flush => Op::Flush,
+                _ => Op::Other,
+            };
+            m.record(op, req.length as u64, started, ok);
+        }
+    }
+
+    /// `respond`'s work; false if the reply is an error.
+    fn serve_request(&self, req: Request, payload: &[u8], out: &mut Vec<u8>) -> bool {
         if let Err(f) = self.validate(&req) {
-            return self.error_reply(&req, &f, out);
+            self.error_reply(&req, &f, out);
+            return false;
         }
         let store = &self.session.export.store;
         let (off, len) = (req.offset, req.length as u64);
@@ -225,8 +246,12 @@ impl Conn<'_> {
                 let at = out.len();
                 out.resize(at + SIMPLE_REPLY_LEN, 0);
                 simple_reply_header(&mut out[at..], 0, req.cookie);
+                true
             }
-            Err(f) => self.error_reply(&req, &f, out),
+            Err(f) => {
+                self.error_reply(&req, &f, out);
+                false
+            }
         }
     }
 
@@ -300,7 +325,8 @@ impl Conn<'_> {
         }
     }
 
-    fn read(&self, req: &Request, out: &mut Vec<u8>) {
+    /// False if the reply is an error.
+    fn read(&self, req: &Request, out: &mut Vec<u8>) -> bool {
         let len = req.length as usize;
         let at = out.len();
         if len == 0 && self.session.structured {
@@ -311,7 +337,7 @@ impl Conn<'_> {
             out.resize(at + STRUCTURED_REPLY_LEN, 0);
             let (flags, kind) = (REPLY_FLAG_DONE, REPLY_TYPE_NONE);
             structured_reply_header(&mut out[at..], flags, kind, req.cookie, 0);
-            return;
+            return true;
         }
         let hdr = if self.session.structured {
             READ_HEADROOM
@@ -327,7 +353,8 @@ impl Conn<'_> {
             .read(req.offset, &mut out[at + hdr..])
         {
             out.truncate(at);
-            return self.error_reply(req, &e.into(), out);
+            self.error_reply(req, &e.into(), out);
+            return false;
         }
         if self.session.structured {
             let (flags, kind) = (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA);
@@ -336,9 +363,11 @@ impl Conn<'_> {
         } else {
             simple_reply_header(&mut out[at..], 0, req.cookie);
         }
+        true
     }
 
-    fn block_status(&self, req: &Request, out: &mut Vec<u8>) {
+    /// False if the reply is an error.
+    fn block_status(&self, req: &Request, out: &mut Vec<u8>) -> bool {
         let max = if req.flags & CMD_FLAG_REQ_ONE != 0 {
             1
         } else {
@@ -351,7 +380,10 @@ impl Conn<'_> {
             .extents(req.offset, req.length as u64, max)
         {
             Ok(e) => e,
-            Err(e) => return self.error_reply(req, &e.into(), out),
+            Err(e) => {
+                self.error_reply(req, &e.into(), out);
+                return false;
+            }
         };
         let len = 4 + 8 * extents.len();
         let at = out.len();
@@ -374,6 +406,7 @@ impl Conn<'_> {
             out.extend_from_slice(&(e.length as u32).to_be_bytes());
             out.extend_from_slice(&flags.to_be_bytes());
         }
+        true
     }
 
     fn error_reply(&self, req: &Request, f: &Failure, out: &mut Vec<u8>) {

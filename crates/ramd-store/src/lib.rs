@@ -10,6 +10,7 @@
 
 mod codec;
 mod error;
+pub mod metrics;
 pub mod persist;
 mod pool;
 mod scanner;

@@ -236,6 +236,13 @@ pub struct ServeArgs {
     #[arg(long = "disk", value_name = "NAME", requires = "config")]
     pub disk_name: Option<String>,
 
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`): PORT
+    /// listens on 127.0.0.1 only; any other interface must be written out
+    /// (`0.0.0.0:9100`, `[::]:9100`). Port 0 picks a free port (see `ramd
+    /// status --json`). Off by default.
+    #[arg(long, value_name = "ADDR", value_parser = ramd_daemon::metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+
     #[command(flatten)]
     pub disk: DiskArgs,
 }
@@ -244,7 +251,7 @@ pub struct ServeArgs {
 pub struct UpArgs {
     /// The config file: a `[disk.NAME]` table per disk and an optional
     /// `[daemon]` table (run_dir, max_memory shared by all disks,
-    /// host_reserve, compress_threads).
+    /// host_reserve, compress_threads, metrics).
     #[arg(
         short,
         long,
@@ -252,6 +259,13 @@ pub struct UpArgs {
         default_value = "/etc/ramd/ramd.toml"
     )]
     pub config: PathBuf,
+
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`): PORT
+    /// listens on 127.0.0.1 only; any other interface must be written out
+    /// (`0.0.0.0:9100`, `[::]:9100`). Port 0 picks a free port (see `ramd
+    /// status --json`). Off by default; overrides `[daemon] metrics`.
+    #[arg(long, value_name = "ADDR", value_parser = ramd_daemon::metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args, Debug)]

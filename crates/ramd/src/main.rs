@@ -45,20 +45,22 @@ fn main() {
         }
     }
     let run_dir = cli.run_dir.clone();
-    let setup = |from_file: Option<PathBuf>| Setup {
+    let setup = |from_file: Option<PathBuf>, metrics| Setup {
         run_dir: run_dir
             .clone()
             .or(from_file)
             .unwrap_or_else(default_run_dir),
         registry: registry(),
         on_ready: None,
+        metrics,
     };
     let dir = || run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
-        Command::Serve(args) => Daemon::serve(args.disk, setup(None)),
+        Command::Serve(args) => Daemon::serve(args.disk, setup(None, args.metrics)),
         Command::Up(args) => config::load(&args.config).and_then(|plan| {
             let from_file = plan.daemon.run_dir.clone();
-            Daemon::up(plan, setup(from_file))
+            let metrics = args.metrics.or(plan.daemon.metrics);
+            Daemon::up(plan, setup(from_file, metrics))
         }),
         Command::Down(a) => client::down(&dir(), a.name.as_deref(), a.json),
         Command::Reload(a) => client::reload(&dir(), a.config.as_deref(), a.json),

@@ -328,6 +328,7 @@ fn daemon_child(
             run_dir: run_dir.to_path_buf(),
             registry: crate::registry(),
             on_ready: Some(on_ready),
+            metrics: None,
         },
     );
     match result {

@@ -64,6 +64,7 @@ impl FrontendFactory for Fuse {
             FuseOptions {
                 writeback_cache: disk.args.writeback_cache,
                 sync,
+                metrics: Some(disk.metrics.frontend("fuse")),
             },
             &disk.args.mount_flags(),
         )

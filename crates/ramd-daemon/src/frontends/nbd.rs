@@ -53,6 +53,8 @@ impl FrontendFactory for Nbd {
             return Ok(Vec::new());
         }
         let args = disk.args;
+        // One set of counters for all of the disk's NBD sockets.
+        let metrics = disk.metrics.frontend("nbd");
         let mut out: Vec<Arc<dyn Frontend>> = Vec::new();
         for l in listens(args, disk.run_dir) {
             let listener = match l {
@@ -66,6 +68,7 @@ impl FrontendFactory for Nbd {
                     description: format!("ramd block disk {}", args.name),
                     store: disk.store.clone(),
                     read_only: args.read_only,
+                    metrics: Some(metrics.clone()),
                 }]),
                 ServerConfig {
                     threads: args.threads as usize,

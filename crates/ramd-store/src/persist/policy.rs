@@ -45,6 +45,8 @@ struct State {
     /// Highest ticket a flush waits for.
     wanted: u64,
     saves: u64,
+    /// Saves that failed, for monitoring (`last_error` keeps only the latest).
+    failures: u64,
     last: Option<SaveReport>,
     last_error: Option<String>,
     /// A save failed after its switch: what it skipped is no longer marked
@@ -165,6 +167,7 @@ impl Persister {
             }
             Err(e) => {
                 st.last_error = Some(e.to_string());
+                st.failures += 1;
                 st.need_full = true;
                 log::error!(
                     "save to {} failed (the previous image is intact): {e}",
@@ -346,6 +349,7 @@ impl Persister {
             },
             autosave_secs: self.autosave.map(|d| d.as_secs_f64()),
             saves: st.saves,
+            save_failures: st.failures,
             last_save: st.last.clone(),
             last_save_error: st.last_error.clone(),
         }
@@ -370,6 +374,9 @@ pub struct PersistStatus {
     pub autosave_secs: Option<f64>,
     /// Saves this process made.
     pub saves: u64,
+    /// Saves this process tried that failed.
+    #[serde(default)]
+    pub save_failures: u64,
     /// The last save that succeeded (the image's last, until this process
     /// saves).
     pub last_save: Option<SaveReport>,
@@ -385,6 +392,7 @@ impl PersistStatus {
             flush: FlushMode::Ignore,
             autosave_secs: None,
             saves: 0,
+            save_failures: 0,
             last_save: None,
             last_save_error: None,
         }

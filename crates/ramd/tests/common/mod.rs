@@ -1177,3 +1177,149 @@ pub fn process_exited(pid: u32) -> bool {
             .is_some_and(|state| state == "Z" || state == "X"),
     }
 }
+
+// ---------------------------------------------------------------------------
+// `ramd up`
+
+/// A running `ramd --run-dir DIR up -c FILE`; stopped with SIGTERM on drop
+/// (a non-zero exit then fails the test).
+pub struct Up {
+    child: Option<Child>,
+    /// `NAME WHERE…` lines it printed once every disk served.
+    pub ready: Vec<String>,
+    stderr_path: PathBuf,
+    _logs: tempfile::TempDir,
+}
+
+/// The `[disk.…]` tables of a config: the lines `ramd up` prints.
+pub fn disk_count(config: &str) -> usize {
+    config
+        .lines()
+        .filter(|l| l.trim_start().starts_with("[disk."))
+        .count()
+}
+
+impl Up {
+    pub fn start(run_dir: &Path, config: &Path) -> Up {
+        Up::start_with(run_dir, config, &[])
+    }
+
+    /// Like [`Up::start`], with more arguments after `up -c FILE`.
+    pub fn start_with(run_dir: &Path, config: &Path, extra: &[&str]) -> Up {
+        Up::try_start(run_dir, config, extra).unwrap_or_else(|(status, stderr)| {
+            panic!("ramd up did not become ready ({status}); stderr:\n{stderr}")
+        })
+    }
+
+    pub fn try_start(
+        run_dir: &Path,
+        config: &Path,
+        extra: &[&str],
+    ) -> Result<Up, (String, String)> {
+        let logs = tempfile::Builder::new()
+            .prefix("ramd-log.")
+            .tempdir()
+            .unwrap();
+        let stderr_path = logs.path().join("stderr");
+        let mut child = Command::new(ramd_bin())
+            .arg("--run-dir")
+            .arg(run_dir)
+            .arg("up")
+            .arg("-c")
+            .arg(config)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .expect("spawn ramd up");
+        let n = disk_count(&fs::read_to_string(config).unwrap());
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut ready = Vec::new();
+        while ready.len() < n {
+            match rx.recv_timeout(START_DEADLINE) {
+                Ok(l) => ready.push(l),
+                Err(e) => {
+                    let status = match wait_child(&mut child, STOP_DEADLINE) {
+                        Some(s) => format!("exited: {s}"),
+                        None => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            format!("not ready after {START_DEADLINE:?} ({e}); killed")
+                        }
+                    };
+                    return Err((status, fs::read_to_string(&stderr_path).unwrap_or_default()));
+                }
+            }
+        }
+        Ok(Up {
+            child: Some(child),
+            ready,
+            stderr_path,
+            _logs: logs,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Where disk `name` is reached first, from the ready lines.
+    pub fn uri(&self, name: &str) -> String {
+        self.ready
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no disk {name} in {:?}", self.ready))
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Waits for the daemon to exit by itself (after `ramd down`).
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        wait_child(&mut child, STOP_DEADLINE).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("ramd up did not exit; stderr:\n{}", self.stderr())
+        })
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = wait_child(&mut child, STOP_DEADLINE);
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if thread::panicking() {
+            eprintln!("ramd up stderr (test failed):\n{}", self.stderr());
+            return;
+        }
+        match status {
+            Some(s) if s.success() => {}
+            s => panic!(
+                "ramd up ended with {s:?} after SIGTERM; stderr:\n{}",
+                self.stderr()
+            ),
+        }
+    }
+}
