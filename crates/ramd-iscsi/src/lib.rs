@@ -1,0 +1,8 @@
+//! ramd's iSCSI target. Two layers with one seam between them:
+//! - [`scsi`]: the SCSI logical unit (SPC-4/SBC-3 commands, sense data,
+//!   reservations) over a [`ramd_store::Store`]; it knows nothing of iSCSI.
+//! - the iSCSI layer (PDUs, login, sessions, R2T, task management) which
+//!   collects a command's CDB and Data-Out, hands them to a [`scsi::Lun`],
+//!   and sends back its [`scsi::Reply`].
+
+pub mod scsi;
