@@ -351,14 +351,19 @@ impl Portal {
                 }
             }
         }
-        for t in threads {
-            let _ = t.join();
+        // With the target stopped, its connections are ending: wait for
+        // them, so that no command runs after the disks' final saves. A
+        // portal closed while the target serves on (another disk's portal)
+        // leaves its connections be.
+        if target.is_stopping() {
+            for t in threads {
+                let _ = t.join();
+            }
         }
         Ok(())
     }
 
-    /// Makes `serve` return (after its connections end: stop the target
-    /// first, or its LUNs' sessions keep it waiting).
+    /// Makes `serve` return.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         // Wake the blocked accept with a connection of our own.
