@@ -19,7 +19,7 @@ use md5::{Digest, Md5};
 
 use crate::params::{negotiate, Params, OUR_MRDSL};
 use crate::pdu::{self, op, read_pdu, reject, Limits, Pdu, PduError, NO_TAG};
-use crate::scsi::{self, status, Reply};
+use crate::scsi::{self, Reply};
 use crate::target::{Session, Target};
 
 /// During login, before MaxRecvDataSegmentLength is negotiated.
@@ -185,33 +185,10 @@ fn chap_response(id: u8, secret: &str, challenge: &[u8]) -> Vec<u8> {
     m.finalize().to_vec()
 }
 
-/// The LUN number in a LUN field (SAM-5 peripheral or flat addressing of
-/// a single-level LUN); anything else addresses no LUN of ours.
+/// The LUN number in a LUN field; `u64::MAX` (no LUN) for addressing
+/// methods the target does not use.
 pub fn decode_lun(field: u64) -> u64 {
-    let b = field.to_be_bytes();
-    if b[2..].iter().any(|x| *x != 0) {
-        return u64::MAX;
-    }
-    match b[0] >> 6 {
-        0 if b[0] == 0 => b[1] as u64,
-        1 => (((b[0] & 0x3f) as u64) << 8) | b[1] as u64,
-        _ => u64::MAX,
-    }
-}
-
-/// Fixed-format sense data: ILLEGAL REQUEST, INVALID FIELD IN CDB.
-fn invalid_field_in_cdb() -> Reply {
-    let mut sense = vec![0u8; 18];
-    sense[0] = 0x70;
-    sense[2] = 0x05;
-    sense[7] = 10;
-    sense[12] = 0x24;
-    Reply {
-        status: status::CHECK_CONDITION,
-        sense,
-        data_in: Vec::new(),
-        expected_out: 0,
-    }
+    scsi::decode_lun(field.to_be_bytes()).unwrap_or(u64::MAX)
 }
 
 impl<'t> Conn<'t> {
@@ -734,7 +711,7 @@ impl<'t> Conn<'t> {
         if edtl > MAX_WRITE {
             // Refused before any data is collected; Data-Out for it is
             // dropped as being for no task.
-            let reply = invalid_field_in_cdb();
+            let reply = Reply::check(scsi::sense::invalid_cdb(0, None));
             self.respond(itt, reply, edtl, 0);
             return Ok(());
         }
@@ -805,7 +782,7 @@ impl<'t> Conn<'t> {
         for (ttt, off, len, sn, _lun) in r2ts {
             let mut r = Pdu::new(op::R2T);
             r.bhs[1] = 0x80;
-            r.bhs[8..16].copy_from_slice(&lun_field_of(self.pending_lun(itt)));
+            r.bhs[8..16].copy_from_slice(&scsi::encode_lun(self.pending_lun(itt)));
             r.set_u32(16, itt);
             r.set_u32(20, ttt);
             r.set_u32(24, self.stat_sn);
@@ -1128,17 +1105,6 @@ enum Step {
     Done,
 }
 
-fn lun_field_of(lun: u64) -> [u8; 8] {
-    let mut f = [0u8; 8];
-    if lun < 256 {
-        f[1] = lun as u8;
-    } else {
-        f[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
-        f[1] = lun as u8;
-    }
-    f
-}
-
 /// A Data-In PDU whose data is a slice of the reply (no copy into a PDU
 /// first).
 fn encode_data_in(out: &mut Vec<u8>, d: &Pdu, data: &[u8], hd: bool, dd: bool) {
@@ -1168,7 +1134,6 @@ mod tests {
         assert_eq!(decode_lun(0x0001_0000_0000_0000), 1);
         // Flat space addressing of LUN 300.
         assert_eq!(decode_lun(0x412c_0000_0000_0000), 300);
-        assert_eq!(u64::from_be_bytes(lun_field_of(300)), 0x412c_0000_0000_0000);
         // Two levels: not ours.
         assert_eq!(decode_lun(0x0001_0001_0000_0000), u64::MAX);
     }

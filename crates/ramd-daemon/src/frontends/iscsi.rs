@@ -169,6 +169,9 @@ impl FrontendFactory for Iscsi {
                 id: lun_id(&args.name),
                 serial: args.name.clone(),
                 product: "ramd disk".into(),
+                // Saved to an image: written data is durable only after a
+                // flush, so initiators are told to send SYNCHRONIZE CACHE.
+                write_cache: args.image.is_some(),
             },
         ));
         if !target.add_lun(lun_no, lun) {
