@@ -654,7 +654,7 @@ impl<'t> Conn<'t> {
             op::NOP_OUT => self.nop_out(p),
             op::SCSI_CMD => self.scsi_command(&sess, p)?,
             op::DATA_OUT => self.data_out(&sess, p)?,
-            op::TMF_REQ => self.task_management(p),
+            op::TMF_REQ => self.task_management(&sess, p),
             op::TEXT_REQ => self.text_request(&sess, p),
             op::LOGOUT_REQ => return Ok(self.logout(&sess, p)),
             op::LOGIN_REQ => {
@@ -939,7 +939,7 @@ impl<'t> Conn<'t> {
         self.send(&r);
     }
 
-    fn task_management(&mut self, p: Pdu) {
+    fn task_management(&mut self, sess: &Arc<Session>, p: Pdu) {
         let function = p.flags() & 0x7f;
         let lun = decode_lun(p.lun_field());
         let rtt = p.u32(20);
@@ -949,16 +949,14 @@ impl<'t> Conn<'t> {
             1 => {
                 if self.pending.remove(&rtt).is_some() {
                     0
+                } else if sess.window.lock().awaited(p.u32(32)) {
+                    // Numbered but not arrived yet (another connection's):
+                    // it counts as received and aborted (§11.5.1).
+                    0
                 } else {
-                    let ref_sn = p.u32(32);
-                    let sn = p.u32(24);
-                    // Not found but numbered before this request: it is
-                    // done, which counts as aborted (§11.5.1).
-                    if (sn.wrapping_sub(ref_sn) as i32) > 0 || p.immediate() {
-                        0
-                    } else {
-                        1
-                    }
+                    // Done before the abort came: the initiator has or
+                    // will have its status.
+                    1
                 }
             }
             // ABORT TASK SET, CLEAR TASK SET.
