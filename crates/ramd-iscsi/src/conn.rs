@@ -232,12 +232,14 @@ impl<'t> Conn<'t> {
                 max_data: LOGIN_MAX_DATA,
                 header_digest: false,
                 data_digest: false,
+                login_only: true,
             }
         } else {
             Limits {
                 max_data: self.params.target_mrdsl as usize,
                 header_digest: self.params.header_digest,
                 data_digest: self.params.data_digest,
+                login_only: false,
             }
         }
     }
