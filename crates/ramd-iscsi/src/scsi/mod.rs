@@ -27,6 +27,7 @@
 //!   change, and reservation changes are not announced).
 
 mod block;
+pub mod fuzz;
 mod inquiry;
 mod mode;
 mod opcodes;
