@@ -3,7 +3,8 @@
 //! - [`disk::Disk`]: a disk's one lifecycle (image, store, filesystem,
 //!   saves, background work, control socket, frontends, final save);
 //! - [`frontend`]: how a protocol plugs in ([`frontend::FrontendFactory`]),
-//!   and the built-in NBD and FUSE frontends in `frontends/`;
+//!   and the built-in NBD and FUSE frontends in `frontends/` (and iSCSI,
+//!   [`Iscsi`], which the binary registers);
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
 //! - [`status`]: typed status, [`control`]: the control sockets,
@@ -21,6 +22,9 @@ pub mod daemon;
 pub mod disk;
 pub mod frontend;
 mod frontends;
+/// The iSCSI target, registered by the binary (one factory per daemon: it
+/// holds the target its disks share).
+pub use frontends::iscsi::Iscsi;
 pub mod notify;
 pub mod status;
 pub mod units;
