@@ -6,8 +6,8 @@ use ramd_store::ExtentKind;
 use super::sense::{self, invalid_cdb, invalid_param, Sense};
 use super::{be16, be32, be64, Cmd, Lun, Outcome, Reply};
 use super::{
-    MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BYTES, MAX_UNMAP_DESCRIPTORS,
-    MAX_WRITE_SAME_BYTES, PAGE,
+    MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
+    MAX_WRITE_SAME_BYTES,
 };
 
 /// The CDB byte holding the TRANSFER LENGTH (or NUMBER OF LOGICAL BLOCKS),
@@ -93,12 +93,20 @@ impl Lun {
             Self::no_protection(cmd.cdb)?;
         }
         let (off, len) = self.transfer(cmd.cdb, lba, n)?;
-        self.writable(cmd, len)?;
-        if len > 0 {
+        cmd.expected_out = len;
+        if self.cfg.read_only {
+            return Err(sense::WRITE_PROTECTED);
+        }
+        // Less Data-Out than the CDB asks for (an expected data transfer
+        // length below it): what came is written, the rest of the range
+        // is left alone and the iSCSI layer reports the residual (FCP-4's
+        // first choice, which libiscsi's residual tests expect).
+        let data = &cmd.data[..len.min(cmd.data.len())];
+        if !data.is_empty() {
             let change = self.store.change();
             let _caw = self.caw.read();
             change
-                .write(off, &cmd.data[..len])
+                .write(off, data)
                 .map_err(|e| sense::from_store(&e, true))?;
         }
         if fua {
@@ -161,9 +169,9 @@ impl Lun {
     }
 
     /// WRITE SAME(10/16): one block (or none, with NDOB) over `n` blocks,
-    /// `n` = 0 meaning to the end of the disk. With UNMAP and a zero block
-    /// the range is deallocated (it reads zeros: LBPRZ); a zero block
-    /// without UNMAP becomes allocated zeros.
+    /// `n` = 0 meaning to the end of the disk. With UNMAP the range is
+    /// deallocated (it reads zeros: LBPRZ); a zero block without UNMAP
+    /// becomes allocated zeros.
     pub(super) fn write_same(&self, cmd: &mut Cmd, lba: u64, mut n: u64) -> Outcome {
         let c = cmd.cdb;
         Self::no_protection(c)?;
@@ -197,11 +205,14 @@ impl Lun {
             return Err(sense::INVALID_FIELD_IN_IU);
         }
         let block = &cmd.data[..want];
-        let zero = block.iter().all(|&b| b == 0);
         let change = self.store.change();
         let _caw = self.caw.read();
-        let r = if zero {
-            change.zero(off, len, unmap)
+        // UNMAP deallocates whatever the block holds: unmapped blocks read
+        // zeros (LBPRZ), which is what initiators then expect.
+        let r = if unmap {
+            change.trim(off, len)
+        } else if block.iter().all(|&b| b == 0) {
+            change.zero(off, len, false)
         } else {
             let chunk = len.min(PATTERN_BYTES) as usize;
             let pattern: Vec<u8> = block.iter().copied().cycle().take(chunk).collect();
@@ -247,7 +258,7 @@ impl Lun {
             let (lba, n) = (be64(d), u64::from(be32(&d[8..])));
             self.check_range(lba, n)?;
             total += n;
-            if total << self.shift > MAX_UNMAP_BYTES {
+            if total > u64::from(MAX_UNMAP_BLOCKS) {
                 return Err(invalid_param(8 + 16 * i as u16 + 8));
             }
         }
@@ -280,6 +291,11 @@ impl Lun {
         let len = len as usize;
         self.writable(cmd, 2 * len)?;
         if n == 0 {
+            // Nothing to compare; Data-Out with it means the initiator
+            // meant more blocks than the one-byte field holds.
+            if !cmd.data.is_empty() {
+                return Err(invalid_cdb(13, None));
+            }
             return Ok(Reply::good(Vec::new(), 0));
         }
         if cmd.data.len() != 2 * len {
@@ -320,12 +336,14 @@ impl Lun {
     }
 
     /// READ CAPACITY(16): thin (LBPME) and unmapped blocks read zeros
-    /// (LBPRZ); a physical block is the store's 4 KiB page.
+    /// (LBPRZ). One logical block per physical block: the store's 4 KiB
+    /// page shows as the granularities of page B0h instead, since GET LBA
+    /// STATUS answers per logical block (libiscsi's GET LBA STATUS tests
+    /// assume descriptors aligned to physical blocks).
     pub(super) fn read_capacity16(&self, c: &[u8]) -> Outcome {
         let mut d = vec![0u8; 32];
         d[..8].copy_from_slice(&self.blocks.saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&(self.block_size() as u32).to_be_bytes());
-        d[13] = (PAGE >> self.shift).trailing_zeros() as u8;
         d[14] = 0x80 | 0x40;
         Ok(Reply::good(d, be32(&c[10..]) as usize))
     }

@@ -3,7 +3,7 @@
 use super::sense::invalid_cdb;
 use super::{be16, Lun, Outcome, Reply};
 use super::{
-    MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BYTES, MAX_UNMAP_DESCRIPTORS,
+    MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
     MAX_WRITE_SAME_BYTES, PAGE,
 };
 
@@ -120,7 +120,7 @@ impl Lun {
         d[6..8].copy_from_slice(&gran.to_be_bytes());
         d[8..12].copy_from_slice(&blocks(MAX_TRANSFER_BYTES).to_be_bytes());
         d[12..16].copy_from_slice(&blocks(MAX_TRANSFER_BYTES).to_be_bytes());
-        d[20..24].copy_from_slice(&blocks(MAX_UNMAP_BYTES).to_be_bytes());
+        d[20..24].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
         d[24..28].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
         d[28..32].copy_from_slice(&u32::from(gran).to_be_bytes());
         d[32..36].copy_from_slice(&0x8000_0000u32.to_be_bytes()); // UGAVALID, alignment 0

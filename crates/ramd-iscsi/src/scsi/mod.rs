@@ -27,6 +27,7 @@
 //!   change, and reservation changes are not announced).
 
 mod block;
+pub mod fuzz;
 mod inquiry;
 mod mode;
 mod opcodes;
@@ -138,11 +139,14 @@ type Outcome = Result<Reply, Sense>;
 
 /// The most one READ/WRITE/VERIFY may move: the data buffer is allocated
 /// whole, so this bounds what one command can make the daemon allocate.
-pub const MAX_TRANSFER_BYTES: u64 = 8 << 20;
+/// 32 MiB: 65536 blocks of 512 bytes, which libiscsi's WRITE SAME tests
+/// write in one command.
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 /// The most one WRITE SAME may cover (it holds one `Change` throughout).
 pub const MAX_WRITE_SAME_BYTES: u64 = 1 << 30;
-/// The most one UNMAP may cover, summed over its descriptors.
-pub const MAX_UNMAP_BYTES: u64 = 4 << 30;
+/// The most blocks one UNMAP may cover, summed over its descriptors
+/// (libiscsi calls more than 2^20 insanely big).
+pub const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
 /// UNMAP block descriptors per command.
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 /// COMPARE AND WRITE's NUMBER OF LOGICAL BLOCKS at most (ESXi uses 1).

@@ -141,6 +141,7 @@ fn vital_product_data() {
     assert_eq!(bl[5], MAX_COMPARE_AND_WRITE);
     assert_eq!(be16(&bl[6..]), 1, "granularity: one 4 KiB block");
     assert_eq!(be32(&bl[8..]), (MAX_TRANSFER_BYTES / 4096) as u32);
+    assert_eq!(be32(&bl[20..]), MAX_UNMAP_BLOCKS);
     assert_eq!(be32(&bl[24..]), MAX_UNMAP_DESCRIPTORS);
     assert_eq!(be64(&bl[36..]), MAX_WRITE_SAME_BYTES / 4096);
     assert_eq!(be16(&vpd(0xB1)[4..]), 1, "non-rotating");
@@ -149,7 +150,7 @@ fn vital_product_data() {
 
 #[test]
 fn read_capacity_at_both_block_sizes() {
-    for (bs, exp) in [(512u32, 3u8), (4096, 0)] {
+    for bs in [512u32, 4096] {
         let l = lun(bs);
         let blocks = 4 * MIB / u64::from(bs);
         // READ CAPACITY(10).
@@ -166,10 +167,7 @@ fn read_capacity_at_both_block_sizes() {
         good(&r);
         assert_eq!(be64(&r.data_in), blocks - 1);
         assert_eq!(be32(&r.data_in[8..]), bs);
-        assert_eq!(
-            r.data_in[13], exp,
-            "logical blocks per physical block exponent"
-        );
+        assert_eq!(r.data_in[13], 0, "one logical block per physical block");
         assert_eq!(r.data_in[14] & 0xC0, 0xC0, "LBPME, LBPRZ");
         // A LOGICAL BLOCK ADDRESS without PMI.
         let r = run(&l, &[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]);
@@ -226,7 +224,7 @@ fn out_of_range_and_bad_cdbs_are_refused() {
     check(&run(&l, &write10(last, 2), &[0; 1024]), 0x05, 0x21, 0x00);
     // More than the maximum transfer: INVALID FIELD IN CDB at the length.
     let big = Lun::new(store(64 * MIB, None), config(512));
-    invalid_field(&run(&big, &read16(0, 0x8000), &[]), 10);
+    invalid_field(&run(&big, &read16(0, 0x1_0001), &[]), 10);
     // RDPROTECT: no protection information.
     let mut c = read10(0, 1);
     c[1] = 0x20;
@@ -258,14 +256,23 @@ fn out_of_range_and_bad_cdbs_are_refused() {
 }
 
 #[test]
-fn short_data_out_is_refused_and_writes_nothing() {
+fn a_short_data_out_writes_what_came() {
     let l = lun(512);
     good(&run(&l, &write10(0, 2), &[b'a'; 1024]));
-    // Two blocks called for, 200 bytes sent.
+    // Two blocks called for, 200 bytes sent: those are written.
     let r = run(&l, &write10(0, 2), &[b'b'; 200]);
-    check(&r, 0x05, 0x0E, 0x03);
+    good(&r);
     assert_eq!(r.expected_out, 1024, "for the residual");
-    assert_eq!(run(&l, &read10(0, 2), &[]).data_in, vec![b'a'; 1024]);
+    let d = run(&l, &read10(0, 2), &[]).data_in;
+    assert_eq!(&d[..200], &[b'b'; 200]);
+    assert_eq!(&d[200..], &[b'a'; 824]);
+    // None sent: nothing written.
+    good(&run(&l, &write10(0, 2), &[]));
+    // UNMAP with a short parameter list is refused.
+    let r = run(&l, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &[0; 8]);
+    check(&r, 0x05, 0x0E, 0x03);
+    assert_eq!(r.expected_out, 24);
+    good(&run(&l, &write10(0, 2), &[b'a'; 1024]));
     // More than called for: the rest is ignored.
     good(&run(&l, &write10(0, 1), &[b'c'; 10000]));
     let d = run(&l, &read10(0, 2), &[]).data_in;
@@ -364,15 +371,19 @@ fn write_same_unmap_and_lba_status() {
         assert_eq!(s[1], (u64::from(lba), u32::from(n), 1));
         assert_eq!(run(&l, &read10(lba, n), &[]).data_in, vec![0; 8 * 4096]);
         // A pattern: every block the same.
-        let block: Vec<u8> = (0..bs).map(|i| i as u8).collect();
-        good(&run(&l, &ws10, &block));
+        let mut plain = ws10;
+        plain[1] = 0;
+        let block: Vec<u8> = (0..bs).map(|i| i as u8 | 1).collect();
+        good(&run(&l, &plain, &block));
         assert_eq!(
             run(&l, &read10(lba, n), &[]).data_in,
             block.repeat(n as usize)
         );
+        // With UNMAP the blocks are deallocated whatever the data block holds.
+        good(&run(&l, &ws10, &block));
+        assert_eq!(gls(u64::from(lba))[0], (u64::from(lba), u32::from(n), 1));
+        assert_eq!(run(&l, &read10(lba, n), &[]).data_in, vec![0; 8 * 4096]);
         // Zero blocks without UNMAP stay mapped.
-        let mut plain = ws10;
-        plain[1] = 0;
         good(&run(&l, &plain, &vec![0; bs]));
         assert_eq!(gls(u64::from(lba))[0], (u64::from(lba), mapped - lba, 0));
         // Data-Out of the wrong size, ANCHOR, WRITE SAME(16) with NDOB.
@@ -517,6 +528,15 @@ fn compare_and_write() {
         0x0E,
         0x03,
     );
+    // No blocks: nothing to do, unless Data-Out came with it.
+    let mut none = c;
+    none[13] = 0;
+    good(&run(&l, &none, &[]));
+    invalid_field(&run(&l, &none, &d), 13);
+    // More blocks than MAXIMUM COMPARE AND WRITE LENGTH.
+    let mut many = c;
+    many[13] = MAX_COMPARE_AND_WRITE + 1;
+    invalid_field(&run(&l, &many, &[]), 13);
 }
 
 #[test]
