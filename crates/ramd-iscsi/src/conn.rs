@@ -101,8 +101,10 @@ struct Pending {
     next_r2t: u32,
     outstanding: u32,
     r2tsn: u32,
-    /// Target transfer tags of the R2Ts in flight.
-    ttts: Vec<u32>,
+    /// The R2Ts in flight: target transfer tag, next DataSN expected.
+    ttts: Vec<(u32, u32)>,
+    /// The next DataSN of unsolicited Data-Out.
+    unsolicited_sn: u32,
 }
 
 #[derive(Default)]
@@ -744,6 +746,7 @@ impl<'t> Conn<'t> {
             outstanding: 0,
             r2tsn: 0,
             ttts: Vec::new(),
+            unsolicited_sn: 0,
         };
         self.pending.insert(itt, pend);
         self.progress(sess, itt);
@@ -776,7 +779,7 @@ impl<'t> Conn<'t> {
                 self.next_ttt = 1;
             }
             r2ts.push((ttt, pd.next_r2t, len, pd.r2tsn, pd.lun));
-            pd.ttts.push(ttt);
+            pd.ttts.push((ttt, 0));
             pd.next_r2t += len;
             pd.r2tsn += 1;
             pd.outstanding += 1;
@@ -816,13 +819,24 @@ impl<'t> Conn<'t> {
                 pd.edtl
             ));
         }
-        if ttt == NO_TAG {
+        // DataSN counts a sequence's PDUs from 0 (§11.7.5): at ERL 0 a
+        // gap or repeat is a lost PDU, which only a new connection fixes.
+        let data_sn = p.u32(36);
+        let want = if ttt == NO_TAG {
             if !pd.unsolicited_open || end > pd.unsolicited_end as u64 {
                 return proto("unsolicited Data-Out beyond FirstBurstLength");
             }
-        } else if !pd.ttts.contains(&ttt) {
-            return proto(format!("Data-Out for unknown transfer tag {ttt:#x}"));
+            &mut pd.unsolicited_sn
+        } else {
+            match pd.ttts.iter_mut().find(|(t, _)| *t == ttt) {
+                Some((_, sn)) => sn,
+                None => return proto(format!("Data-Out for unknown transfer tag {ttt:#x}")),
+            }
+        };
+        if data_sn != *want {
+            return proto(format!("Data-Out DataSN {data_sn}, expected {want}"));
         }
+        *want += 1;
         pd.buf[off as usize..end as usize].copy_from_slice(&p.data);
         pd.received += len;
         if p.final_bit() {
@@ -831,7 +845,7 @@ impl<'t> Conn<'t> {
                 // R2Ts ask for whatever the unsolicited burst left.
                 pd.next_r2t = pd.next_r2t.max(pd.received.min(pd.unsolicited_end));
             } else {
-                pd.ttts.retain(|t| *t != ttt);
+                pd.ttts.retain(|(t, _)| *t != ttt);
                 pd.outstanding = pd.outstanding.saturating_sub(1);
             }
         } else if ttt == NO_TAG && pd.received >= pd.unsolicited_end {
