@@ -290,7 +290,7 @@ fn parse_portal(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("invalid iSCSI portal {s:?}: use PORT, HOST:PORT or [IPV6]:PORT"))
 }
 
-fn parse_iqn(s: &str) -> Result<String, String> {
+pub(crate) fn parse_iqn(s: &str) -> Result<String, String> {
     let ok = (s.starts_with("iqn.") || s.starts_with("eui.") || s.starts_with("naa."))
         && s.len() <= 223
         && s.chars()
