@@ -842,8 +842,9 @@ impl<'t> Conn<'t> {
         if p.final_bit() {
             if ttt == NO_TAG {
                 pd.unsolicited_open = false;
-                // R2Ts ask for whatever the unsolicited burst left.
-                pd.next_r2t = pd.next_r2t.max(pd.received.min(pd.unsolicited_end));
+                // R2Ts ask for whatever the unsolicited burst left: it may
+                // end short of FirstBurstLength (Data-Out is in order).
+                pd.next_r2t = pd.received;
             } else {
                 pd.ttts.retain(|(t, _)| *t != ttt);
                 pd.outstanding = pd.outstanding.saturating_sub(1);

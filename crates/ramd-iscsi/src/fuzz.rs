@@ -96,6 +96,11 @@ pub fn canned_login() -> Vec<u8> {
 /// target. The rest is what the initiator sends, then it half-closes.
 /// Returns how many bytes the target answered with.
 pub fn connection(data: &[u8]) -> usize {
+    exchange(data).len()
+}
+
+/// [`connection`], returning what the target answered.
+pub fn exchange(data: &[u8]) -> Vec<u8> {
     let (&mode, rest) = data.split_first().unwrap_or((&0, &[]));
     let e = env(mode & 2 != 0);
     let mut input = if mode & 1 != 0 {
@@ -123,12 +128,59 @@ pub fn connection(data: &[u8]) -> usize {
     writer.join().expect("writer");
     srv.join().expect("connection thread panicked");
     assert_eq!(e.target.sessions(), 0, "a session outlived its connection");
-    out.len()
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The PDUs in `out` (no digests): (header, data).
+    fn pdus(mut out: &[u8]) -> Vec<([u8; 48], Vec<u8>)> {
+        let mut v = Vec::new();
+        while out.len() >= 48 {
+            let bhs: [u8; 48] = out[..48].try_into().unwrap();
+            let n = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+            let end = 48 + bhs[4] as usize * 4 + n + (4 - n % 4) % 4;
+            v.push((bhs, out[48..48 + n].to_vec()));
+            out = &out[end..];
+        }
+        v
+    }
+
+    /// A write whose unsolicited burst ends (F) short of FirstBurstLength
+    /// gets R2Ts for exactly the rest.
+    #[test]
+    fn short_unsolicited_burst_then_r2t() {
+        let mut input = vec![1u8];
+        let mut cmd = [0u8; 48];
+        cmd[0] = 0x01;
+        cmd[1] = 0x21; // W, not F: unsolicited Data-Out follows
+        cmd[5..8].copy_from_slice(&[0, 2, 0]); // 512 bytes immediate
+        cmd[16..20].copy_from_slice(&7u32.to_be_bytes());
+        cmd[20..24].copy_from_slice(&4096u32.to_be_bytes());
+        cmd[32] = 0x2a; // WRITE(10) of 8 blocks at LBA 0
+        cmd[40] = 8;
+        input.extend_from_slice(&cmd);
+        input.extend_from_slice(&[0xaa; 512]);
+        let mut d = [0u8; 48];
+        d[0] = 0x05;
+        d[1] = 0x80; // F: the unsolicited burst ends at 1024
+        d[5..8].copy_from_slice(&[0, 2, 0]);
+        d[16..20].copy_from_slice(&7u32.to_be_bytes());
+        d[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        d[40..44].copy_from_slice(&512u32.to_be_bytes());
+        input.extend_from_slice(&d);
+        input.extend_from_slice(&[0xbb; 512]);
+        let got = pdus(&exchange(&input));
+        assert_eq!(got[0].0[0], 0x23, "login response");
+        assert_eq!(got[0].0[36..38], [0, 0], "login status");
+        let r2t = &got[1].0;
+        assert_eq!(r2t[0], 0x31, "R2T");
+        let be = |at: usize| u32::from_be_bytes(r2t[at..at + 4].try_into().unwrap());
+        // Offset 1024, 3072 bytes (under MaxBurstLength 16384).
+        assert_eq!((be(16), be(40), be(44)), (7, 1024, 3072));
+    }
 
     /// Replays the kept corpus (and checks that the canned login works).
     #[test]
