@@ -70,7 +70,8 @@ iqn_ramd=iqn.2026-11.org.ramd:bench
 iqn_tgt=iqn.2026-11.org.example:tgt
 port_ramd=$(free_port)
 port_tgt=$(free_port)
-control=$(free_port)
+# tgtd's management socket number (not a TCP port; below 32768).
+control=$((RANDOM % 20000 + 10000))
 
 "$ramd" --run-dir "$work/run" serve --size "${size_mb}M" --name bench \
     --iscsi "$port_ramd" --iscsi-target "$iqn_ramd" >"$work/ramd.out" 2>"$work/ramd.log" &
