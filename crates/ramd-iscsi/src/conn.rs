@@ -546,8 +546,9 @@ impl<'t> Conn<'t> {
             // Skipping the security stage when CHAP is required.
             return Ok(self.login_fail(p, st, login_status::AUTH_FAILED));
         }
-        if (csg == 1 || (go && nsg == 1)) && !st.declared_mrdsl {
-            // Declarative: ramd states what it receives.
+        if csg == 1 && !st.declared_mrdsl {
+            // Declarative: ramd states what it receives, in the operational
+            // stage (operational keys have no place in the security one).
             answers.push(("MaxRecvDataSegmentLength".into(), OUR_MRDSL.to_string()));
             st.declared_mrdsl = true;
         }
