@@ -101,8 +101,10 @@ struct Pending {
     next_r2t: u32,
     outstanding: u32,
     r2tsn: u32,
-    /// Target transfer tags of the R2Ts in flight.
-    ttts: Vec<u32>,
+    /// The R2Ts in flight: target transfer tag, next DataSN expected.
+    ttts: Vec<(u32, u32)>,
+    /// The next DataSN of unsolicited Data-Out.
+    unsolicited_sn: u32,
 }
 
 #[derive(Default)]
@@ -232,12 +234,14 @@ impl<'t> Conn<'t> {
                 max_data: LOGIN_MAX_DATA,
                 header_digest: false,
                 data_digest: false,
+                login_only: true,
             }
         } else {
             Limits {
                 max_data: self.params.target_mrdsl as usize,
                 header_digest: self.params.header_digest,
                 data_digest: self.params.data_digest,
+                login_only: false,
             }
         }
     }
@@ -654,7 +658,7 @@ impl<'t> Conn<'t> {
             op::NOP_OUT => self.nop_out(p),
             op::SCSI_CMD => self.scsi_command(&sess, p)?,
             op::DATA_OUT => self.data_out(&sess, p)?,
-            op::TMF_REQ => self.task_management(p),
+            op::TMF_REQ => self.task_management(&sess, p),
             op::TEXT_REQ => self.text_request(&sess, p),
             op::LOGOUT_REQ => return Ok(self.logout(&sess, p)),
             op::LOGIN_REQ => {
@@ -742,6 +746,7 @@ impl<'t> Conn<'t> {
             outstanding: 0,
             r2tsn: 0,
             ttts: Vec::new(),
+            unsolicited_sn: 0,
         };
         self.pending.insert(itt, pend);
         self.progress(sess, itt);
@@ -774,7 +779,7 @@ impl<'t> Conn<'t> {
                 self.next_ttt = 1;
             }
             r2ts.push((ttt, pd.next_r2t, len, pd.r2tsn, pd.lun));
-            pd.ttts.push(ttt);
+            pd.ttts.push((ttt, 0));
             pd.next_r2t += len;
             pd.r2tsn += 1;
             pd.outstanding += 1;
@@ -814,13 +819,24 @@ impl<'t> Conn<'t> {
                 pd.edtl
             ));
         }
-        if ttt == NO_TAG {
+        // DataSN counts a sequence's PDUs from 0 (§11.7.5): at ERL 0 a
+        // gap or repeat is a lost PDU, which only a new connection fixes.
+        let data_sn = p.u32(36);
+        let want = if ttt == NO_TAG {
             if !pd.unsolicited_open || end > pd.unsolicited_end as u64 {
                 return proto("unsolicited Data-Out beyond FirstBurstLength");
             }
-        } else if !pd.ttts.contains(&ttt) {
-            return proto(format!("Data-Out for unknown transfer tag {ttt:#x}"));
+            &mut pd.unsolicited_sn
+        } else {
+            match pd.ttts.iter_mut().find(|(t, _)| *t == ttt) {
+                Some((_, sn)) => sn,
+                None => return proto(format!("Data-Out for unknown transfer tag {ttt:#x}")),
+            }
+        };
+        if data_sn != *want {
+            return proto(format!("Data-Out DataSN {data_sn}, expected {want}"));
         }
+        *want += 1;
         pd.buf[off as usize..end as usize].copy_from_slice(&p.data);
         pd.received += len;
         if p.final_bit() {
@@ -829,7 +845,7 @@ impl<'t> Conn<'t> {
                 // R2Ts ask for whatever the unsolicited burst left.
                 pd.next_r2t = pd.next_r2t.max(pd.received.min(pd.unsolicited_end));
             } else {
-                pd.ttts.retain(|t| *t != ttt);
+                pd.ttts.retain(|(t, _)| *t != ttt);
                 pd.outstanding = pd.outstanding.saturating_sub(1);
             }
         } else if ttt == NO_TAG && pd.received >= pd.unsolicited_end {
@@ -939,7 +955,7 @@ impl<'t> Conn<'t> {
         self.send(&r);
     }
 
-    fn task_management(&mut self, p: Pdu) {
+    fn task_management(&mut self, sess: &Arc<Session>, p: Pdu) {
         let function = p.flags() & 0x7f;
         let lun = decode_lun(p.lun_field());
         let rtt = p.u32(20);
@@ -949,16 +965,14 @@ impl<'t> Conn<'t> {
             1 => {
                 if self.pending.remove(&rtt).is_some() {
                     0
+                } else if sess.window.lock().awaited(p.u32(32)) {
+                    // Numbered but not arrived yet (another connection's):
+                    // it counts as received and aborted (§11.5.1).
+                    0
                 } else {
-                    let ref_sn = p.u32(32);
-                    let sn = p.u32(24);
-                    // Not found but numbered before this request: it is
-                    // done, which counts as aborted (§11.5.1).
-                    if (sn.wrapping_sub(ref_sn) as i32) > 0 || p.immediate() {
-                        0
-                    } else {
-                        1
-                    }
+                    // Done before the abort came: the initiator has or
+                    // will have its status.
+                    1
                 }
             }
             // ABORT TASK SET, CLEAR TASK SET.

@@ -56,6 +56,9 @@ pub struct Limits {
     pub max_data: usize,
     pub header_digest: bool,
     pub data_digest: bool,
+    /// Before login: anything but a Login Request is refused on its
+    /// header, without waiting for the rest.
+    pub login_only: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +72,8 @@ pub enum PduError {
     /// and the connection goes on.
     #[error("data digest mismatch")]
     DataDigest(Box<Pdu>),
+    #[error("opcode {0:#04x} before login")]
+    NotLogin(u8),
     #[error("data segment of {len} bytes exceeds MaxRecvDataSegmentLength {max}")]
     DataTooLong { len: usize, max: usize },
 }
@@ -196,10 +201,21 @@ pub fn read_pdu(r: &mut impl Read, lim: &Limits) -> Result<Option<Pdu>, PduError
             Err(e) => return Err(e.into()),
         }
     }
+    if lim.login_only && bhs[0] & 0x3f != op::LOGIN_REQ {
+        return Err(PduError::NotLogin(bhs[0] & 0x3f));
+    }
     // TotalAHSLength is one byte of 4-byte words: at most 1020 bytes, so
     // "huge AHS" is bounded by the field itself.
     let ahs_len = bhs[4] as usize * 4;
     let dlen = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+    // Checked before anything else is read: a huge length never makes
+    // the reader wait for, or allocate, bytes it will not take.
+    if dlen > lim.max_data {
+        return Err(PduError::DataTooLong {
+            len: dlen,
+            max: lim.max_data,
+        });
+    }
     let mut ahs = vec![0u8; ahs_len];
     r.read_exact(&mut ahs)?;
     if lim.header_digest {
@@ -210,12 +226,6 @@ pub fn read_pdu(r: &mut impl Read, lim: &Limits) -> Result<Option<Pdu>, PduError
         if h != u32::from_le_bytes(d) {
             return Err(PduError::HeaderDigest);
         }
-    }
-    if dlen > lim.max_data {
-        return Err(PduError::DataTooLong {
-            len: dlen,
-            max: lim.max_data,
-        });
     }
     let padded = dlen + pad4(dlen);
     let mut data = vec![0u8; padded];
@@ -269,6 +279,7 @@ mod tests {
         max_data: 8192,
         header_digest: false,
         data_digest: false,
+        login_only: false,
     };
 
     /// A SCSI Command PDU: READ(10) of one block at LBA 0x1234, as libiscsi
@@ -353,6 +364,15 @@ mod tests {
         assert!(matches!(
             read_pdu(&mut &bytes[..], &LIM),
             Err(PduError::DataTooLong { len: 0xffffff, .. })
+        ));
+        // Before login only a Login Request gets past its header.
+        let lim = Limits {
+            login_only: true,
+            ..LIM
+        };
+        assert!(matches!(
+            read_pdu(&mut &read10()[..], &lim),
+            Err(PduError::NotLogin(op::SCSI_CMD))
         ));
         // Truncated header and clean end of stream.
         assert!(read_pdu(&mut &bytes[..20], &LIM).is_err());

@@ -57,6 +57,11 @@ impl CmdWindow {
         self.exp.wrapping_add(CMD_WINDOW - 1)
     }
 
+    /// Whether `sn` is in the window but has not arrived.
+    pub fn awaited(&self, sn: u32) -> bool {
+        sn.wrapping_sub(self.exp) < CMD_WINDOW && !self.ahead.contains(&sn)
+    }
+
     /// Takes a non-immediate command's CmdSN: false if it is outside the
     /// window (a duplicate or too far ahead), which §4.2.2.1 says to drop.
     pub fn accept(&mut self, sn: u32) -> bool {
@@ -394,6 +399,8 @@ mod tests {
         // Duplicates and numbers past MaxCmdSN are dropped.
         assert!(!w.accept(0));
         assert!(!w.accept(w.max().wrapping_add(1)));
+        assert!(w.awaited(w.max()));
         assert!(w.accept(w.max()));
+        assert!(!w.awaited(0));
     }
 }
