@@ -23,7 +23,9 @@
 //!   reservations outlive both. PREEMPT AND ABORT does not abort the
 //!   preempted nexuses' tasks (a command runs to completion inside
 //!   `execute`, so there is nothing queued in the logical unit to abort).
-//! - No unit attention conditions are raised (a RAM disk has no media
+//! - [`Lun::reset`] raises a unit attention (29h/03h) for every nexus the
+//!   unit knows (it learns them from INQUIRY, TEST UNIT READY, READ
+//!   CAPACITY and the like); nothing else does (a RAM disk has no media
 //!   change, and reservation changes are not announced).
 
 mod block;
@@ -35,6 +37,7 @@ mod pr;
 pub mod sense;
 #[cfg(test)]
 mod tests;
+mod ua;
 
 use std::sync::Arc;
 
@@ -180,6 +183,7 @@ pub struct Lun {
     /// after the store's `Change` (lock order: gate, frontend, shard).
     caw: RwLock<()>,
     pr: pr::Reservations,
+    ua: ua::UnitAttention,
 }
 
 impl Lun {
@@ -193,6 +197,7 @@ impl Lun {
             shift,
             caw: RwLock::new(()),
             pr: pr::Reservations::default(),
+            ua: ua::UnitAttention::default(),
         }
     }
 
@@ -226,18 +231,28 @@ impl Lun {
     /// reset clears (RESERVE/RELEASE reservations; persistent ones stay).
     pub fn reset(&self) {
         self.pr.reset();
+        self.ua.raise_all(ua::RESET_OCCURRED);
     }
 
     /// The nexus's session ended: what it held that does not outlive it
     /// (its RESERVE(6/10) reservation; persistent registrations stay).
     pub fn nexus_lost(&self, nexus: &Nexus) {
         self.pr.nexus_lost(nexus);
+        self.ua.forget(nexus);
     }
 
     fn dispatch(&self, cmd: &mut Cmd) -> Outcome {
         let Some(&opcode) = cmd.cdb.first() else {
             return Err(sense::INVALID_OPCODE);
         };
+        // A unit attention is reported to (and cleared by) the nexus's next
+        // command but INQUIRY, REPORT LUNS and REQUEST SENSE (which returns
+        // it as its data).
+        if !matches!(opcode, 0x12 | 0xA0 | 0x03) {
+            if let Some(s) = self.ua.take(cmd.nexus) {
+                return Err(s);
+            }
+        }
         let len = opcodes::cdb_len(opcode);
         if cmd.cdb.len() < len {
             return Err(sense::invalid_cdb(cmd.cdb.len() as u16, None));
@@ -254,13 +269,16 @@ impl Lun {
         if cmd.cdb[len - 1] & 0x04 != 0 {
             return Err(sense::invalid_cdb(len as u16 - 1, Some(2)));
         }
+        if matches!(op.access, opcodes::Access::Info | opcodes::Access::Meta) {
+            self.ua.know(cmd.nexus);
+        }
         if self.pr.conflicts(cmd.nexus, op.access) {
             return Ok(Reply::conflict());
         }
         let c = cmd.cdb;
         match opcode {
             0x00 => Ok(Reply::good(Vec::new(), 0)),
-            0x03 => request_sense(c),
+            0x03 => self.request_sense(cmd.nexus, c),
             0x08 => {
                 let (lba, n) = rw6(c);
                 self.read(cmd, lba, n, None)
@@ -360,17 +378,20 @@ fn lba_len(c: &[u8]) -> (u64, u64) {
     }
 }
 
-/// REQUEST SENSE: sense is returned with each CHECK CONDITION (autosense),
-/// so nothing is ever pending: NO SENSE.
-fn request_sense(c: &[u8]) -> Outcome {
-    if c[1] & 0x01 != 0 {
-        // DESC: descriptor-format sense data is not supported.
-        return Err(sense::invalid_cdb(1, Some(0)));
+impl Lun {
+    /// REQUEST SENSE: sense is returned with each CHECK CONDITION
+    /// (autosense), so only a unit attention can be pending; else NO SENSE.
+    fn request_sense(&self, n: &Nexus, c: &[u8]) -> Outcome {
+        if c[1] & 0x01 != 0 {
+            // DESC: descriptor-format sense data is not supported.
+            return Err(sense::invalid_cdb(1, Some(0)));
+        }
+        let s = self
+            .ua
+            .take(n)
+            .unwrap_or(Sense::new(sense::key::NO_SENSE, 0, 0));
+        Ok(Reply::good(s.encode(), usize::from(c[4])))
     }
-    Ok(Reply::good(
-        Sense::new(sense::key::NO_SENSE, 0, 0).encode(),
-        usize::from(c[4]),
-    ))
 }
 
 pub(crate) fn be16(b: &[u8]) -> u16 {

@@ -114,8 +114,12 @@ pub fn has_service_action(opcode: u8) -> bool {
 pub fn lookup(cdb: &[u8]) -> Option<&'static Op> {
     let opcode = *cdb.first()?;
     let sa = cdb.get(1).map(|b| u16::from(b & 0x1F));
-    OPS.iter()
-        .find(|o| o.opcode == opcode && (o.sa.is_none() || o.sa == sa))
+    // Every command passes here: a binary search, not a scan.
+    let first = OPS.partition_point(|o| o.opcode < opcode);
+    OPS[first..]
+        .iter()
+        .take_while(|o| o.opcode == opcode)
+        .find(|o| o.sa.is_none() || o.sa == sa)
 }
 
 /// The length of a CDB with this opcode, from its group code.

@@ -9,6 +9,7 @@ pub mod key {
     pub const MEDIUM_ERROR: u8 = 0x03;
     pub const HARDWARE_ERROR: u8 = 0x04;
     pub const ILLEGAL_REQUEST: u8 = 0x05;
+    pub const UNIT_ATTENTION: u8 = 0x06;
     pub const DATA_PROTECT: u8 = 0x07;
     pub const MISCOMPARE: u8 = 0x0E;
 }

@@ -842,6 +842,13 @@ fn persistent_reservations_across_two_nexuses() {
     // Reservations survive a LUN reset and the session's end.
     l.reset();
     l.nexus_lost(&b);
+    // (C, which sent INQUIRY, first hears of the reset.)
+    check(
+        &l.execute(&c, &[0x00, 0, 0, 0, 0, 0], &[]),
+        0x06,
+        0x29,
+        0x03,
+    );
     assert_eq!(write(&c), CONFLICT);
     // CLEAR: everything goes.
     assert_eq!(pr(&l, &a, CLEAR, 0, 0xAA, 0), GOOD);
@@ -906,6 +913,8 @@ fn reserve_release_6_and_10() {
     assert_eq!(mode_sense(&a), CONFLICT);
     l.reset();
     assert_eq!(mode_sense(&a), GOOD);
+    // B, which sent INQUIRY, hears of the reset once.
+    assert_eq!(mode_sense(&b), status::CHECK_CONDITION);
     // RELEASE(10) by the holder.
     good(&l.execute(&a, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
     good(&l.execute(&a, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
@@ -938,4 +947,35 @@ fn report_luns_and_missing_luns() {
     // Anything else: LOGICAL UNIT NOT SUPPORTED.
     check(&no_such_lun(&read10(0, 1)), 0x05, 0x25, 0x00);
     check(&no_such_lun(&[]), 0x05, 0x25, 0x00);
+}
+
+#[test]
+fn a_reset_is_reported_once_to_every_known_nexus() {
+    let l = lun(512);
+    let (a, b, c) = (nexus("a"), nexus("b"), nexus("c"));
+    let tur = |who: &Nexus| l.execute(who, &[0x00, 0, 0, 0, 0, 0], &[]);
+    // A and B have attached (TEST UNIT READY, INQUIRY); C only reads.
+    good(&tur(&a));
+    good(&l.execute(&b, &[0x12, 0, 0, 0, 36, 0], &[]));
+    good(&l.execute(&c, &read10(0, 1), &[]));
+    l.reset();
+    // A: UNIT ATTENTION, BUS DEVICE RESET FUNCTION OCCURRED, once.
+    check(&tur(&a), 0x06, 0x29, 0x03);
+    good(&tur(&a));
+    // B: INQUIRY does not report it; REQUEST SENSE returns and clears it.
+    good(&l.execute(&b, &[0x12, 0, 0, 0, 36, 0], &[]));
+    let r = l.execute(&b, &[0x03, 0, 0, 0, 18, 0], &[]);
+    good(&r);
+    assert_eq!(
+        (r.data_in[2], r.data_in[12], r.data_in[13]),
+        (0x06, 0x29, 0x03)
+    );
+    good(&tur(&b));
+    // C was never known.
+    good(&l.execute(&c, &read10(0, 1), &[]));
+    // A nexus that goes away takes its pending condition with it.
+    l.reset();
+    l.nexus_lost(&a);
+    good(&l.execute(&a, &read10(0, 1), &[]));
+    check(&l.execute(&b, &read10(0, 1), &[]), 0x06, 0x29, 0x03);
 }
