@@ -55,6 +55,9 @@ pub struct DaemonSettings {
     pub compress_threads: Option<u16>,
     /// Serve Prometheus `/metrics` here (a bare port is on 127.0.0.1).
     pub metrics: Option<std::net::SocketAddr>,
+    /// The iSCSI target's name for the disks with `iscsi` that do not give
+    /// their own `iscsi_target`.
+    pub iscsi_target: Option<String>,
 }
 
 /// A whole config file, checked.
@@ -100,6 +103,13 @@ pub fn load(path: &Path) -> Result<Plan> {
     }
     if disks.is_empty() {
         bail!("{}: no [disk.NAME] table: nothing to serve", path.display());
+    }
+    if let Some(iqn) = &daemon.iscsi_target {
+        for (a, _) in disks.iter_mut() {
+            if a.iscsi.is_some() && a.iscsi_target.is_none() {
+                a.iscsi_target = Some(iqn.clone());
+            }
+        }
     }
     if let (Some(limit), Some(t)) = (daemon.max_memory, &file.daemon) {
         let own: Vec<(&str, u64)> = disks
@@ -172,10 +182,18 @@ fn daemon_settings(path: &Path, text: &str, t: &Table) -> Result<DaemonSettings>
                 };
                 d.metrics = Some(addr.map_err(at)?);
             }
+            "iscsi_target" => match v.as_str() {
+                Some(s) => d.iscsi_target = Some(crate::args::parse_iqn(s).map_err(at)?),
+                None => {
+                    return Err(at(
+                        "expected an iSCSI name like \"iqn.2026-11.org.example:disks\"".into(),
+                    ))
+                }
+            },
             _ => {
                 return Err(at(
-                    "unknown key (valid keys: compress_threads, host_reserve, max_memory, \
-                     metrics, run_dir)"
+                    "unknown key (valid keys: compress_threads, host_reserve, \
+                     iscsi_target, max_memory, metrics, run_dir)"
                         .into(),
                 ))
             }
@@ -505,5 +523,35 @@ mod tests {
                 "1G"
             ])
         );
+    }
+
+    #[test]
+    fn daemon_iscsi_target_names_the_disks_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ramd.toml");
+        std::fs::write(
+            &path,
+            "[daemon]\niscsi_target = \"iqn.2026-11.org.example:lab\"\n\
+             [disk.a]\nsize = \"1M\"\niscsi = \"3260\"\niscsi_lun = 3\n\
+             [disk.b]\nsize = \"1M\"\n",
+        )
+        .unwrap();
+        let plan = load(&path).unwrap();
+        let a = &plan.disks.iter().find(|(d, _)| d.name == "a").unwrap().0;
+        let b = &plan.disks.iter().find(|(d, _)| d.name == "b").unwrap().0;
+        assert_eq!(
+            a.iscsi_target.as_deref(),
+            Some("iqn.2026-11.org.example:lab")
+        );
+        assert_eq!(a.iscsi_lun, Some(3));
+        assert_eq!(a.iscsi, Some("127.0.0.1:3260".parse().unwrap()));
+        assert_eq!(b.iscsi_target, None, "no iscsi, no target name");
+        std::fs::write(
+            &path,
+            "[daemon]\niscsi_target = \"Bad Name\"\n[disk.a]\nsize = \"1M\"\n",
+        )
+        .unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("daemon.iscsi_target"), "{e}");
     }
 }

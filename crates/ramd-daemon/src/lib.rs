@@ -3,7 +3,8 @@
 //! - [`disk::Disk`]: a disk's one lifecycle (image, store, filesystem,
 //!   saves, background work, control socket, frontends, final save);
 //! - [`frontend`]: how a protocol plugs in ([`frontend::FrontendFactory`]),
-//!   and the built-in NBD and FUSE frontends in `frontends/`;
+//!   and the built-in NBD and FUSE frontends in `frontends/` (and iSCSI,
+//!   [`Iscsi`], which the binary registers);
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
 //! - [`status`]: typed status, [`metrics`]: the same as Prometheus
@@ -25,6 +26,9 @@ pub mod frontend;
 pub mod frontends;
 pub mod metrics;
 pub mod mount_opts;
+/// The iSCSI target, registered by the binary (one factory per daemon: it
+/// holds the target its disks share).
+pub use frontends::iscsi::Iscsi;
 pub mod notify;
 pub mod status;
 pub mod units;

@@ -1,4 +1,6 @@
-//! The built-in frontends: NBD for block disks, FUSE for filesystem disks.
+//! The built-in frontends: NBD (and iSCSI, with --iscsi) for block disks,
+//! FUSE for filesystem disks.
 
 pub mod fuse;
+pub mod iscsi;
 pub mod nbd;

@@ -1,0 +1,18 @@
+//! ramd's iSCSI target. Two layers with one seam between them:
+//! - [`scsi`]: the SCSI logical unit (SPC-4/SBC-3 commands, sense data,
+//!   reservations) over a [`ramd_store::Store`]; it knows nothing of iSCSI.
+//! - the iSCSI layer (PDUs, login, sessions, R2T, task management) which
+//!   collects a command's CDB and Data-Out, hands them to a [`scsi::Lun`],
+//!   and sends back its [`scsi::Reply`]: [`pdu`] (the wire format),
+//!   [`params`] (negotiation), [`target`] (target, sessions, portals) and
+//!   `conn` (one connection's login and full feature phase).
+
+mod conn;
+pub mod fuzz;
+pub mod params;
+pub mod pdu;
+pub mod scsi;
+pub mod target;
+
+pub use conn::decode_lun;
+pub use target::{Chap, Portal, Target, TargetConfig};
