@@ -109,10 +109,12 @@ pub fn exchange(data: &[u8]) -> Vec<u8> {
         Vec::new()
     };
     input.extend_from_slice(rest);
+    // Held to the end: one exchange at a time per target, so that the
+    // session count checked below is this exchange's alone (the unit tests
+    // run exchanges from several threads).
     let listener = e.listener.lock().expect("listener lock");
     let mut client = TcpStream::connect(e.addr).expect("connect");
     let (server, _) = listener.accept().expect("accept");
-    drop(listener);
     let target = e.target.clone();
     let addr = e.addr;
     let srv = thread::spawn(move || crate::conn::serve(&target, server, addr));
@@ -128,6 +130,7 @@ pub fn exchange(data: &[u8]) -> Vec<u8> {
     writer.join().expect("writer");
     srv.join().expect("connection thread panicked");
     assert_eq!(e.target.sessions(), 0, "a session outlived its connection");
+    drop(listener);
     out
 }
 
