@@ -112,7 +112,8 @@ pub struct DiskArgs {
     pub compress_threads: u16,
 
     /// Freed page memory kept resident for reuse instead of being returned
-    /// to the kernel at once (first-touch memory is slow to fault in).
+    /// to the kernel at once (first-touch memory is slow to fault in); what
+    /// the disk stops reusing decays back to the kernel within seconds.
     #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
     pub warm_pool: u64,
 

@@ -430,6 +430,7 @@ impl Daemon {
                 .sum(),
             host_reserve: self.shared.host_reserve,
             compress_threads: threads,
+            process: ramd_store::ProcessMemory::now(),
         }
     }
 

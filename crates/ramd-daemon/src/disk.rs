@@ -359,6 +359,7 @@ impl Disk {
                 .saving
                 .as_ref()
                 .map_or_else(PersistStatus::none, |s| s.persister.status()),
+            process: ramd_store::ProcessMemory::now(),
         }
     }
 }
@@ -545,8 +546,9 @@ fn start_saving(
     })
 }
 
-/// Background compression and compaction, if the disk compresses, on the
-/// daemon's shared threads; it runs until the returned handle is dropped.
+/// Background compression and compaction, if the disk compresses, and the
+/// warm pool's decay, on the daemon's shared threads; they run until the
+/// returned handle is dropped.
 fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
     if args.compresses() {
         log::info!(
@@ -567,7 +569,7 @@ fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option
             shared.compress_threads
         );
     }
-    shared.scanners.add(store.clone())
+    Some(shared.scanners.add(store.clone()))
 }
 
 /// A sparse disk may promise more than the host has (as tmpfs may); say so.

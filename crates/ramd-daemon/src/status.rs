@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use ramd_fs::FsStats;
-use ramd_store::StoreStats;
+use ramd_store::{ProcessMemory, StoreStats};
 
 use crate::frontend::FrontendStatus;
 use ramd_store::human;
@@ -41,6 +41,11 @@ pub struct DiskStatus {
     pub fs: Option<FsStats>,
     #[serde(flatten)]
     pub persist: PersistStatus,
+    /// The serving process's resident memory and where it goes (shared by
+    /// every disk of a `ramd up` daemon: this disk's own part is
+    /// `memory_used` + `pool.warm_bytes`).
+    #[serde(default)]
+    pub process: ProcessMemory,
 }
 
 /// A daemon started by `ramd up`: what its disks share.
@@ -58,6 +63,9 @@ pub struct DaemonStatus {
     pub host_reserve: u64,
     /// Background threads shared by its disks.
     pub compress_threads: u16,
+    /// Its resident memory and where it goes.
+    #[serde(default)]
+    pub process: ProcessMemory,
 }
 
 /// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
@@ -73,6 +81,7 @@ pub fn table(disks: &[DiskStatus]) -> String {
         "COMPR",
         "ALGORITHM",
         "TOTAL",
+        "WARM",
         "RATIO",
         "MAX-MEM",
         "SAME",
@@ -111,6 +120,7 @@ pub fn table(disks: &[DiskStatus]) -> String {
             human(s.stored_bytes),
             algorithm,
             human(s.memory_used),
+            human(s.pool.warm_bytes),
             ratio,
             human(s.max_memory),
             (s.zero_pages + s.fill_pages).to_string(),
@@ -146,7 +156,36 @@ pub fn table(disks: &[DiskStatus]) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    let mut pids: Vec<u32> = disks.iter().map(|d| d.pid).collect();
+    pids.dedup();
+    for pid in pids {
+        if let Some(d) = disks.iter().find(|d| d.pid == pid) {
+            out.push_str(&process_line(pid, &d.process));
+        }
+    }
     out
+}
+
+/// Where a process's resident memory goes, as one line.
+pub fn process_line(pid: u32, m: &ProcessMemory) -> String {
+    let signed = |v: i64| match v {
+        v if v < 0 => format!("-{}", human(v.unsigned_abs())),
+        v => human(v as u64),
+    };
+    format!(
+        "process {pid}: resident {} = pages {} + warm {} + heap {} + heap free {} + program {} + other {}{}\n",
+        human(m.resident_bytes),
+        human(m.pages_bytes),
+        human(m.warm_bytes),
+        human(m.heap_bytes),
+        human(m.heap_free_bytes),
+        human(m.program_bytes),
+        signed(m.other_bytes),
+        match m.locked_bytes {
+            0 => String::new(),
+            n => format!("; locked {}", human(n)),
+        }
+    )
 }
 
 /// One line per daemon of `ramd up`: its shared budget.
@@ -231,7 +270,9 @@ mod tests {
     fn table_lines_up() {
         let t = table(&[sample()]);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
+        // The serving process's resident memory, once per process.
+        assert!(lines[2].starts_with("process 1: resident 0B = pages 0B + warm 0B"));
         assert!(lines[0].starts_with("NAME  KIND"));
         assert!(lines[1].contains("1G"));
         assert!(lines[1].contains("lz4/zstd:9"));

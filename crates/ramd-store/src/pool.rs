@@ -7,6 +7,13 @@
 //! go *cold* (`MADV_DONTNEED`: RSS drops at once, the address is reused later).
 //! Up to `warm_limit` free pages stay warm; beyond that they are released in
 //! batches, sorted and coalesced so one `madvise` covers many pages.
+//!
+//! The warm list also *decays* (as jemalloc's dirty pages do): every
+//! [`DECAY_TICK`] the background thread calls [`PagePool::decay`], which
+//! releases half of the pages that sat in the list through the whole last
+//! tick (its low-water mark), all of them once that is under 1 MiB. Pages the
+//! disk keeps reusing never reach the low-water mark, so a busy disk keeps
+//! them; an idle one is back at its `memory_used` within a few seconds.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -23,6 +30,16 @@ const ARENA_PAGES: usize = ARENA_BYTES / PAGE_SIZE;
 /// How many fresh (never-touched) pages may be handed out between two looks
 /// at the host's `MemAvailable`.
 const HOST_CHECK_PAGES: u64 = ARENA_PAGES as u64;
+/// How often the warm list decays (see [`PagePool::decay`]).
+pub const DECAY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+/// Below this many idle warm pages (1 MiB) a decay releases them all rather
+/// than half, so the list reaches zero instead of creeping towards it.
+const DECAY_ALL_PAGES: usize = 256;
+
+/// Page memory of every pool of the process, for the process-wide figures
+/// of `ramd status` (see `crate::procmem`).
+pub(crate) static PROCESS_IN_USE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static PROCESS_WARM: AtomicU64 = AtomicU64::new(0);
 
 /// A pointer to one page frame owned by the pool's mappings.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -62,6 +79,9 @@ struct Inner {
     bump_next: usize,
     /// Fresh pages that may be handed out before the next host memory check.
     host_budget: u64,
+    /// The fewest warm pages since the last decay: that many sat unused
+    /// through the whole tick.
+    low: usize,
 }
 
 /// Counters readable without the pool lock.
@@ -71,6 +91,8 @@ struct Counters {
     warm: AtomicU64,
     cold: AtomicU64,
     released: AtomicU64,
+    in_use: AtomicU64,
+    decayed: AtomicU64,
 }
 
 pub(crate) struct PagePool {
@@ -91,6 +113,12 @@ pub struct PoolStats {
     pub cold_bytes: u64,
     /// Total bytes ever given back to the kernel with MADV_DONTNEED.
     pub released_bytes: u64,
+    /// Pages handed out (holding data, zspages or frames): resident.
+    #[serde(default)]
+    pub in_use_bytes: u64,
+    /// Of `released_bytes`, what the warm list's decay gave back.
+    #[serde(default)]
+    pub decayed_bytes: u64,
 }
 
 impl PagePool {
@@ -102,6 +130,7 @@ impl PagePool {
                 arenas: Vec::new(),
                 bump_next: ARENA_PAGES,
                 host_budget: 0,
+                low: 0,
             }),
             warm_limit: (warm_limit_bytes / PAGE_SIZE as u64) as usize,
             host_reserve,
@@ -111,9 +140,17 @@ impl PagePool {
 
     /// Takes a free page. Its contents are unspecified: callers overwrite it.
     pub(crate) fn alloc(&self) -> Result<PagePtr> {
+        let p = self.alloc_inner()?;
+        self.counters.in_use.fetch_add(PAGE_SIZE as u64, Relaxed);
+        PROCESS_IN_USE.fetch_add(PAGE_SIZE as u64, Relaxed);
+        Ok(p)
+    }
+
+    fn alloc_inner(&self) -> Result<PagePtr> {
         let mut inner = self.inner.lock();
         if let Some(p) = inner.warm.pop_back() {
-            self.counters.warm.fetch_sub(PAGE_SIZE as u64, Relaxed);
+            inner.low = inner.low.min(inner.warm.len());
+            self.sub_warm(1);
             return Ok(p);
         }
         // Everything below faults in new memory: guard the host first.
@@ -141,10 +178,13 @@ impl PagePool {
 
     /// Returns a page. The caller gives up every access to it.
     pub(crate) fn free(&self, page: PagePtr) {
+        self.counters.in_use.fetch_sub(PAGE_SIZE as u64, Relaxed);
+        PROCESS_IN_USE.fetch_sub(PAGE_SIZE as u64, Relaxed);
         let batch = {
             let mut inner = self.inner.lock();
             inner.warm.push_back(page);
             self.counters.warm.fetch_add(PAGE_SIZE as u64, Relaxed);
+            PROCESS_WARM.fetch_add(PAGE_SIZE as u64, Relaxed);
             if inner.warm.len() <= self.warm_limit {
                 return;
             }
@@ -152,12 +192,42 @@ impl PagePool {
             // each pay for a madvise.
             let keep = self.warm_limit * 3 / 4;
             let n = inner.warm.len() - keep;
-            self.counters
-                .warm
-                .fetch_sub((n * PAGE_SIZE) as u64, Relaxed);
+            self.sub_warm(n);
+            inner.low = inner.low.min(keep);
             inner.warm.drain(..n).collect::<Vec<_>>()
         };
         self.release(batch);
+    }
+
+    fn sub_warm(&self, pages: usize) {
+        let bytes = (pages * PAGE_SIZE) as u64;
+        self.counters.warm.fetch_sub(bytes, Relaxed);
+        PROCESS_WARM.fetch_sub(bytes, Relaxed);
+    }
+
+    /// One decay tick: gives back half of the warm pages that went unused
+    /// since the last tick (all of them under 1 MiB), oldest first, and
+    /// returns the bytes released. Meant to run every [`DECAY_TICK`].
+    pub(crate) fn decay(&self) -> u64 {
+        let batch = {
+            let mut inner = self.inner.lock();
+            let idle = inner.low.min(inner.warm.len());
+            let n = if idle <= DECAY_ALL_PAGES {
+                idle
+            } else {
+                idle.div_ceil(2)
+            };
+            self.sub_warm(n);
+            let batch: Vec<_> = inner.warm.drain(..n).collect();
+            inner.low = inner.warm.len();
+            batch
+        };
+        let bytes = (batch.len() * PAGE_SIZE) as u64;
+        if bytes > 0 {
+            self.counters.decayed.fetch_add(bytes, Relaxed);
+            self.release(batch);
+        }
+        bytes
     }
 
     /// Gives the memory of `pages` back to the kernel, then files them as cold.
@@ -221,12 +291,16 @@ impl PagePool {
             warm_bytes: self.counters.warm.load(Relaxed),
             cold_bytes: self.counters.cold.load(Relaxed),
             released_bytes: self.counters.released.load(Relaxed),
+            in_use_bytes: self.counters.in_use.load(Relaxed),
+            decayed_bytes: self.counters.decayed.load(Relaxed),
         }
     }
 }
 
 impl Drop for PagePool {
     fn drop(&mut self) {
+        PROCESS_IN_USE.fetch_sub(self.counters.in_use.load(Relaxed), Relaxed);
+        PROCESS_WARM.fetch_sub(self.counters.warm.load(Relaxed), Relaxed);
         for arena in self.inner.get_mut().arenas.drain(..) {
             // SAFETY: the store that owned every page of this arena is being
             // dropped, so no pointer into it is used again.
@@ -308,6 +382,40 @@ mod tests {
         assert!(s.warm_bytes <= (limit_pages * PAGE_SIZE) as u64);
         assert_eq!(s.warm_bytes + s.cold_bytes, (64 * PAGE_SIZE) as u64);
         assert!(s.released_bytes > 0);
+    }
+
+    #[test]
+    fn decay_gives_back_what_idles_and_keeps_what_is_reused() {
+        let pool = PagePool::new(64 << 20, 0);
+        let pages: Vec<_> = (0..2048).map(|_| pool.alloc().unwrap()).collect();
+        for p in &pages {
+            // SAFETY: test owns the page until it frees it below.
+            unsafe { p.as_ptr().write_bytes(1, PAGE_SIZE) };
+        }
+        for p in pages {
+            pool.free(p);
+        }
+        let page = PAGE_SIZE as u64;
+        // The tick in which they were freed: none of them sat idle through it.
+        assert_eq!(pool.decay(), 0);
+        assert_eq!(pool.stats().warm_bytes, 2048 * page);
+        // A disk reusing 100 pages each tick keeps those 100 warm while the
+        // rest halves, then goes at once below 1 MiB.
+        let mut warm = vec![];
+        for _ in 0..12 {
+            let reused: Vec<_> = (0..100).map(|_| pool.alloc().unwrap()).collect();
+            reused.into_iter().for_each(|p| pool.free(p));
+            pool.decay();
+            warm.push(pool.stats().warm_bytes / page);
+        }
+        assert_eq!(&warm[..4], &[1074, 587, 343, 100], "{warm:?}");
+        assert!(warm[4..].iter().all(|&w| w == 100), "{warm:?}");
+        // Idle: all goes.
+        pool.decay();
+        let s = pool.stats();
+        assert_eq!((s.warm_bytes, s.in_use_bytes), (0, 0));
+        assert_eq!(s.cold_bytes, 2048 * page);
+        assert_eq!(s.decayed_bytes, 2048 * page);
     }
 
     #[test]

@@ -369,6 +369,11 @@ impl Store {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
     }
 
+    /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
+    pub(crate) fn decay(&self) -> u64 {
+        self.pool.decay()
+    }
+
     /// Disk offsets of the chunks (`CHUNK_BYTES` each) that hold any page
     /// that is not a hole, in no particular order.
     pub fn data_chunks(&self) -> Vec<u64> {
