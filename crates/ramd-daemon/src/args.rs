@@ -69,6 +69,12 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_memory: Option<u64>,
 
+    /// Lock the disk's page memory (never swapped, as ramfs pages are
+    /// not). RLIMIT_MEMLOCK must allow max memory: `ulimit -l`, or systemd's
+    /// LimitMEMLOCK=.
+    #[arg(long)]
+    pub mlock: bool,
+
     /// Refuse writes, trims and zeroing (EPERM).
     #[arg(long, conflicts_with = "mount")]
     pub read_only: bool,

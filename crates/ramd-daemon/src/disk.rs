@@ -437,6 +437,7 @@ fn store_config(
         compress_after: args.compress_after,
         recompress: args.recompress,
         idle_after: args.idle_after,
+        memory: ramd_store::MemoryPolicy { mlock: args.mlock },
         ..StoreConfig::new(size.unwrap_or(ramd_store::MAX_SIZE))
     };
     match kind {

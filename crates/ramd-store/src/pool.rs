@@ -40,6 +40,17 @@ const DECAY_ALL_PAGES: usize = 256;
 /// of `ramd status` (see `crate::procmem`).
 pub(crate) static PROCESS_IN_USE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static PROCESS_WARM: AtomicU64 = AtomicU64::new(0);
+/// Bytes the pools of this process with `mlock` may lock, together: what
+/// RLIMIT_MEMLOCK must allow.
+static LOCK_PROMISED: AtomicU64 = AtomicU64::new(0);
+
+/// How a pool's page memory is held: locked, and (see `placement.rs`)
+/// placed on NUMA nodes and backed by huge pages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPolicy {
+    /// Lock page memory (`mlock2(MLOCK_ONFAULT)` on every arena): never swapped.
+    pub mlock: bool,
+}
 
 /// A pointer to one page frame owned by the pool's mappings.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -100,6 +111,9 @@ pub(crate) struct PagePool {
     warm_limit: usize,
     host_reserve: u64,
     counters: Counters,
+    policy: MemoryPolicy,
+    /// What this pool added to `LOCK_PROMISED`.
+    promised: u64,
 }
 
 /// Pool figures for `ramd status`, in bytes.
@@ -122,8 +136,32 @@ pub struct PoolStats {
 }
 
 impl PagePool {
+    #[cfg(test)]
     pub(crate) fn new(warm_limit_bytes: u64, host_reserve: u64) -> PagePool {
-        PagePool {
+        PagePool::with_policy(warm_limit_bytes, host_reserve, MemoryPolicy::default(), 0)
+            .expect("no policy to check")
+    }
+
+    /// A pool whose memory follows `policy`; with `mlock`, `max_bytes` is
+    /// the most it will hold, checked against RLIMIT_MEMLOCK here (an error
+    /// naming the limit and how to raise it), before anything is mapped.
+    pub(crate) fn with_policy(
+        warm_limit_bytes: u64,
+        host_reserve: u64,
+        policy: MemoryPolicy,
+        max_bytes: u64,
+    ) -> Result<PagePool> {
+        let promised = match policy.mlock {
+            // Arenas are locked whole: round up, plus the one being filled.
+            true => promise_lock(
+                max_bytes
+                    .div_ceil(ARENA_BYTES as u64)
+                    .saturating_add(1)
+                    .saturating_mul(ARENA_BYTES as u64),
+            )?,
+            false => 0,
+        };
+        Ok(PagePool {
             inner: Mutex::new(Inner {
                 warm: VecDeque::new(),
                 cold: Vec::new(),
@@ -135,7 +173,9 @@ impl PagePool {
             warm_limit: (warm_limit_bytes / PAGE_SIZE as u64) as usize,
             host_reserve,
             counters: Counters::default(),
-        }
+            policy,
+            promised,
+        })
     }
 
     /// Takes a free page. Its contents are unspecified: callers overwrite it.
@@ -164,7 +204,7 @@ impl PagePool {
             return Ok(p);
         }
         if inner.bump_next == ARENA_PAGES {
-            let arena = map_arena()?;
+            let arena = map_arena(&self.policy)?;
             inner.arenas.push(arena);
             inner.bump_next = 0;
             self.counters.mapped.fetch_add(ARENA_BYTES as u64, Relaxed);
@@ -242,18 +282,24 @@ impl PagePool {
             {
                 j += 1;
             }
-            // SAFETY: the range covers only free pages of our own mappings,
-            // which nobody reads or writes while they sit in the pool.
-            let rc = unsafe {
-                libc::madvise(
-                    start as *mut libc::c_void,
-                    (j - i) * PAGE_SIZE,
-                    libc::MADV_DONTNEED,
-                )
-            };
+            let (addr, len) = (start as *mut libc::c_void, (j - i) * PAGE_SIZE);
+            // Locked pages cannot be dropped (EINVAL): unlock them first and
+            // lock the range again on fault, which brings nothing back in.
+            // SAFETY (all three): the range covers only free pages of our own
+            // mappings, which nobody reads or writes while they sit in the pool.
+            if self.policy.mlock {
+                let rc = unsafe { libc::munlock(addr, len) };
+                debug_assert_eq!(rc, 0, "munlock failed");
+            }
+            let rc = unsafe { libc::madvise(addr, len, libc::MADV_DONTNEED) };
             // madvise on our own private anonymous mapping cannot fail for
             // reasons we could act on; the pages stay usable either way.
             debug_assert_eq!(rc, 0, "madvise(MADV_DONTNEED) failed");
+            if self.policy.mlock {
+                // Within the limit: the same range was locked a moment ago.
+                let rc = unsafe { libc::mlock2(addr, len, libc::MLOCK_ONFAULT) };
+                debug_assert_eq!(rc, 0, "mlock2 failed");
+            }
             i = j;
         }
         let bytes = (pages.len() * PAGE_SIZE) as u64;
@@ -299,6 +345,7 @@ impl PagePool {
 
 impl Drop for PagePool {
     fn drop(&mut self) {
+        LOCK_PROMISED.fetch_sub(self.promised, Relaxed);
         PROCESS_IN_USE.fetch_sub(self.counters.in_use.load(Relaxed), Relaxed);
         PROCESS_WARM.fetch_sub(self.counters.warm.load(Relaxed), Relaxed);
         for arena in self.inner.get_mut().arenas.drain(..) {
@@ -309,7 +356,7 @@ impl Drop for PagePool {
     }
 }
 
-fn map_arena() -> Result<Arena> {
+fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
     // SAFETY: a fresh private anonymous mapping aliases nothing.
     let p = unsafe {
         libc::mmap(
@@ -324,9 +371,74 @@ fn map_arena() -> Result<Arena> {
     if p == libc::MAP_FAILED {
         return Err(Error::os("mmap of page arena"));
     }
+    // Locked as each page is first touched (MLOCK_ONFAULT), not all at
+    // once: locking populates nothing ahead of use, so RSS still follows the
+    // pages in use; and released pages stay releasable (see `release`).
+    // SAFETY: our own fresh mapping.
+    if policy.mlock && unsafe { libc::mlock2(p, ARENA_BYTES, libc::MLOCK_ONFAULT) } != 0 {
+        let e = Error::os("mlock2 of page arena (--mlock)");
+        // SAFETY: just mapped, nothing points into it.
+        unsafe { libc::munmap(p, ARENA_BYTES) };
+        return Err(e);
+    }
     Ok(Arena {
         base: NonNull::new(p as *mut u8).expect("mmap returned null"),
     })
+}
+
+/// Adds `bytes` to what this process's pools may lock, or says why
+/// RLIMIT_MEMLOCK does not allow it and how to raise it. Root with
+/// CAP_IPC_LOCK has no limit.
+fn promise_lock(bytes: u64) -> Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Err(Error::os("getrlimit(RLIMIT_MEMLOCK)"));
+    }
+    let before = LOCK_PROMISED.fetch_add(bytes, Relaxed);
+    if lim.rlim_cur != libc::RLIM_INFINITY && !has_cap_ipc_lock() {
+        let limit = lim.rlim_cur;
+        if before.saturating_add(bytes) > limit {
+            LOCK_PROMISED.fetch_sub(bytes, Relaxed);
+            return Err(Error::Unusable(lock_limit_message(bytes, before, limit)));
+        }
+    }
+    Ok(bytes)
+}
+
+fn lock_limit_message(bytes: u64, others: u64, limit: u64) -> String {
+    format!(
+        "--mlock: the disk may lock up to {} of page memory{}, but RLIMIT_MEMLOCK \
+         (the locked-memory limit) is {}: raise it where ramd starts, with `ulimit -l unlimited` \
+         (or `ulimit -l KIB`) in its shell, `prlimit --memlock=unlimited`, or \
+         `LimitMEMLOCK=infinity` in its systemd unit (the one `ramd install-systemd` writes \
+         has it); or give the disk a smaller --max-memory",
+        crate::human(bytes),
+        match others {
+            0 => String::new(),
+            n => format!(
+                " (beside {} for other disks of this process)",
+                crate::human(n)
+            ),
+        },
+        crate::human(limit)
+    )
+}
+
+/// linux/capability.h's number for CAP_IPC_LOCK.
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether this process may lock memory beyond RLIMIT_MEMLOCK.
+fn has_cap_ipc_lock() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -416,6 +528,43 @@ mod tests {
         assert_eq!((s.warm_bytes, s.in_use_bytes), (0, 0));
         assert_eq!(s.cold_bytes, 2048 * page);
         assert_eq!(s.decayed_bytes, 2048 * page);
+    }
+
+    #[test]
+    fn lock_limit_message_names_the_limit_and_the_ways_to_raise_it() {
+        let m = lock_limit_message(130 << 20, 0, 8 << 20);
+        for want in [
+            "up to 130M",
+            "RLIMIT_MEMLOCK",
+            "is 8M",
+            "ulimit -l",
+            "LimitMEMLOCK=infinity",
+        ] {
+            assert!(m.contains(want), "{want:?} not in {m}");
+        }
+        assert!(lock_limit_message(4 << 20, 2 << 20, 1 << 20).contains("beside 2M"));
+    }
+
+    #[test]
+    fn locked_pool_pages_can_still_be_released() {
+        let policy = MemoryPolicy { mlock: true };
+        // Root (CAP_IPC_LOCK) or a limit of at least two arenas.
+        let Ok(pool) = PagePool::with_policy(0, 0, policy, 4096) else {
+            panic!("RLIMIT_MEMLOCK below 4 MiB: run as root or raise it with ulimit -l")
+        };
+        let pages: Vec<_> = (0..64).map(|_| pool.alloc().unwrap()).collect();
+        for p in &pages {
+            // SAFETY: test owns the page until it frees it below.
+            unsafe { p.as_ptr().write_bytes(7, PAGE_SIZE) };
+        }
+        pages.into_iter().for_each(|p| pool.free(p));
+        assert_eq!(pool.stats().released_bytes, 64 * PAGE_SIZE as u64);
+        let p = pool.alloc().unwrap();
+        // SAFETY: ours; a released page reads as zeros and is writable.
+        unsafe {
+            assert_eq!(*p.as_ptr(), 0);
+            p.as_ptr().write_bytes(9, PAGE_SIZE);
+        }
     }
 
     #[test]

@@ -434,3 +434,112 @@ fn repacked_disk_resident_memory_follows_memory_used() {
         std::fs::read(&data).unwrap()[..]
     );
 }
+
+/// A `Key: N kB` line of /proc/PID/status, in bytes.
+fn proc_status_bytes(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    let kib: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad {key} line {line:?}"));
+    kib * 1024
+}
+
+#[test]
+fn mlock_locks_the_disks_page_memory() {
+    let d = Ramd::start(&["--size", "256M", "--mlock"]);
+    let (pid, rss_start) = (d.pid(), d.rss());
+    let locked_start = proc_status_bytes(pid, "VmLck:");
+    io(&d, &["write-random", "0", "64M", "11"]);
+    let locked = proc_status_bytes(pid, "VmLck:");
+    assert!(
+        locked >= locked_start + 64 * MIB,
+        "64 MiB written with --mlock, VmLck went from {locked_start} to {locked}"
+    );
+    let s = d.stats();
+    assert!(field(&s["process"], "locked_bytes") >= 64 * MIB, "{s}");
+    // Locked pages still go back to the kernel once freed and idle.
+    io(&d, &["trim", "0", "48M"]);
+    wait_for_rss_to_follow(&d, rss_start, "RSS to follow memory_used with --mlock");
+    io(&d, &["verify-random", "48M", "16M", "11"]);
+}
+
+#[test]
+fn mlock_beyond_the_locked_memory_limit_is_refused_at_start() {
+    require_tool("setpriv");
+    require_tool("prlimit");
+    let run_dir = scratch();
+    // Without CAP_IPC_LOCK (root has it, and it lifts the limit) and with
+    // an 8 MiB RLIMIT_MEMLOCK, a 256 MiB disk cannot be locked.
+    let out = run(
+        &mut cmd(
+            "setpriv",
+            [
+                "--bounding-set",
+                "-ipc_lock",
+                "--inh-caps",
+                "-ipc_lock",
+                "prlimit",
+                "--memlock=8388608",
+                ramd_bin(),
+                "--run-dir",
+                run_dir.path().to_str().unwrap(),
+                "serve",
+                "--size",
+                "256M",
+                "--mlock",
+            ],
+        ),
+        CMD_TIMEOUT,
+    )
+    .failed();
+    for want in [
+        "RLIMIT_MEMLOCK",
+        "is 8M",
+        "ulimit -l",
+        "LimitMEMLOCK=infinity",
+    ] {
+        assert!(
+            out.stderr.contains(want),
+            "{want:?} not in:\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "a refused disk printed {:?}",
+        out.stdout
+    );
+    // The same disk under the same limit starts without --mlock, and a
+    // small one fits the limit with it.
+    for args in [&["--size", "256M"][..], &["--size", "4M", "--mlock"][..]] {
+        let mut full = vec![
+            "--bounding-set",
+            "-ipc_lock",
+            "--inh-caps",
+            "-ipc_lock",
+            "prlimit",
+            "--memlock=8388608",
+            ramd_bin(),
+            "--run-dir",
+            run_dir.path().to_str().unwrap(),
+            "serve",
+            "--name",
+            "fits",
+            "--read-only",
+        ];
+        full.extend_from_slice(args);
+        let mut child = Background::spawn(&mut cmd("setpriv", full));
+        let sock = run_dir.path().join("fits.sock");
+        wait_until(START_DEADLINE, "the disk to listen", || sock.exists());
+        child.assert_running();
+        ramd_cmd(run_dir.path(), &["down", "fits"]).ok();
+        child.finish_ok();
+    }
+}

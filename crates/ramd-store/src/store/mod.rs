@@ -42,7 +42,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableRe
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::pool::{PagePool, PagePtr, PoolStats};
+use crate::pool::{MemoryPolicy, PagePool, PagePtr, PoolStats};
 use crate::zs::{self, Handle, ZsAlloc};
 use crate::PAGE_SIZE;
 
@@ -112,6 +112,8 @@ pub struct StoreConfig {
     /// A budget shared with other stores (a daemon's), on top of
     /// `max_memory`.
     pub shared_budget: Option<Arc<Budget>>,
+    /// How page memory is held: locked, placed, huge pages.
+    pub memory: MemoryPolicy,
 }
 
 impl StoreConfig {
@@ -128,6 +130,7 @@ impl StoreConfig {
             idle_after: Duration::from_secs(300),
             track_changes: false,
             shared_budget: None,
+            memory: MemoryPolicy::default(),
         }
     }
 }
@@ -329,6 +332,7 @@ impl Store {
             let n = d.as_nanos().div_ceil(tick.as_nanos().max(1));
             n.min(MAX_AGE as u128) as u16
         };
+        let pool = PagePool::with_policy(cfg.warm_pool, cfg.host_reserve, cfg.memory, max_memory)?;
         let shards = (0..SHARDS)
             .map(|_| Shard(RwLock::new(HashMap::new())))
             .collect();
@@ -351,7 +355,7 @@ impl Store {
             gone: Mutex::new(HashSet::new()),
             flush_hook: OnceLock::new(),
             zs: ZsAlloc::new(),
-            pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
+            pool,
         })
     }
 
