@@ -75,6 +75,18 @@ pub struct DiskArgs {
     #[arg(long)]
     pub mlock: bool,
 
+    /// NUMA nodes for the disk's page memory, in numactl's syntax (`0-1,3`);
+    /// its serving threads run on those nodes' CPUs. Default: every node
+    /// with memory, under the kernel's default policy unless --numa-policy.
+    #[arg(long, value_parser = parse_numa_nodes, value_name = "LIST")]
+    pub numa_nodes: Option<std::collections::BTreeSet<u32>>,
+
+    /// How pages go to --numa-nodes: bind (only there), preferred (one node
+    /// first, elsewhere once it is full), interleave (round-robin).
+    /// Default with --numa-nodes: bind.
+    #[arg(long, value_parser = parse_numa_policy, value_name = "POLICY")]
+    pub numa_policy: Option<ramd_store::numa::NumaPolicy>,
+
     /// Refuse writes, trims and zeroing (EPERM).
     #[arg(long, conflicts_with = "mount")]
     pub read_only: bool,
@@ -199,6 +211,14 @@ fn parse_flush(s: &str) -> Result<FlushMode, String> {
         "persist" => Ok(FlushMode::Persist),
         _ => Err(format!("invalid flush mode {s:?}: use ignore or persist")),
     }
+}
+
+pub fn parse_numa_nodes(s: &str) -> Result<std::collections::BTreeSet<u32>, String> {
+    ramd_store::numa::parse_list(s)
+}
+
+pub fn parse_numa_policy(s: &str) -> Result<ramd_store::numa::NumaPolicy, String> {
+    ramd_store::numa::NumaPolicy::parse(s)
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {

@@ -46,6 +46,19 @@ pub struct DiskStatus {
     /// `memory_used` + `pool.warm_bytes`).
     #[serde(default)]
     pub process: ProcessMemory,
+    /// Its resident page memory (pages in use and warm) per NUMA node, in
+    /// 4 KiB pages, as the kernel answers `move_pages`: not bookkeeping.
+    #[serde(default)]
+    pub pages_per_node: std::collections::BTreeMap<u32, u64>,
+    /// 1: every page of the disk was asked about; n: every n-th (large
+    /// disks), and the counts are scaled by n.
+    #[serde(default)]
+    pub pages_per_node_sample: u64,
+    /// --numa-nodes and --numa-policy, if given.
+    #[serde(default)]
+    pub numa_nodes: Option<String>,
+    #[serde(default)]
+    pub numa_policy: Option<String>,
 }
 
 /// A daemon started by `ramd up`: what its disks share.
@@ -88,6 +101,7 @@ pub fn table(disks: &[DiskStatus]) -> String {
         "IDLE",
         "INODES",
         "CONNS",
+        "NODES",
         "SAVED",
         "WHERE",
     ];
@@ -127,6 +141,7 @@ pub fn table(disks: &[DiskStatus]) -> String {
             s.idle_pages.to_string(),
             opt(d.fs.map(|f| f.inodes)),
             opt(d.connections),
+            nodes(d),
             saved(&d.persist),
             if endpoints.is_empty() {
                 d.uri.clone()
@@ -206,6 +221,20 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
         ));
     }
     out
+}
+
+/// Pages per NUMA node, `0:8192,1:40` (`~` before a sampled count), or
+/// "-" with none resident.
+fn nodes(d: &DiskStatus) -> String {
+    if d.pages_per_node.is_empty() {
+        return "-".into();
+    }
+    let approx = if d.pages_per_node_sample > 1 { "~" } else { "" };
+    d.pages_per_node
+        .iter()
+        .map(|(n, p)| format!("{n}:{approx}{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Age of the last good save ("-": none), "FAILED" if the latest failed.

@@ -10,6 +10,7 @@
 
 mod codec;
 mod error;
+pub mod numa;
 pub mod persist;
 mod pool;
 mod procmem;

@@ -50,6 +50,9 @@ static LOCK_PROMISED: AtomicU64 = AtomicU64::new(0);
 pub struct MemoryPolicy {
     /// Lock page memory (`mlock2(MLOCK_ONFAULT)` on every arena): never swapped.
     pub mlock: bool,
+    /// The NUMA nodes and policy every arena is `mbind`-ed to before its
+    /// first touch; `None`: the kernel's default (the faulting CPU's node).
+    pub numa: Option<crate::numa::Placement>,
 }
 
 /// A pointer to one page frame owned by the pool's mappings.
@@ -331,6 +334,21 @@ impl PagePool {
         self.check_host().is_ok()
     }
 
+    /// Resident pages of this pool per NUMA node, from the kernel (see
+    /// `numa::pages_per_node`), and the sampling step (1: every page).
+    pub(crate) fn pages_per_node(&self) -> (std::collections::BTreeMap<u32, u64>, u64) {
+        // Arenas live as long as the pool: their addresses stay valid to
+        // ask about once the lock is let go.
+        let ranges: Vec<(usize, usize)> = self
+            .inner
+            .lock()
+            .arenas
+            .iter()
+            .map(|a| (a.base.as_ptr() as usize, ARENA_BYTES))
+            .collect();
+        crate::numa::pages_per_node(&ranges)
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         PoolStats {
             mapped_bytes: self.counters.mapped.load(Relaxed),
@@ -370,6 +388,18 @@ fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
     };
     if p == libc::MAP_FAILED {
         return Err(Error::os("mmap of page arena"));
+    }
+    // Placed before anything touches it: the policy decides where each
+    // page goes at its first fault.
+    if let Some(placement) = &policy.numa {
+        if let Err(e) = placement.bind(p, ARENA_BYTES) {
+            // SAFETY: just mapped, nothing points into it.
+            unsafe { libc::munmap(p, ARENA_BYTES) };
+            return Err(Error::Os {
+                what: "mbind of page arena (--numa-nodes)",
+                source: e,
+            });
+        }
     }
     // Locked as each page is first touched (MLOCK_ONFAULT), not all at
     // once: locking populates nothing ahead of use, so RSS still follows the
@@ -547,7 +577,10 @@ mod tests {
 
     #[test]
     fn locked_pool_pages_can_still_be_released() {
-        let policy = MemoryPolicy { mlock: true };
+        let policy = MemoryPolicy {
+            mlock: true,
+            numa: None,
+        };
         // Root (CAP_IPC_LOCK) or a limit of at least two arenas.
         let Ok(pool) = PagePool::with_policy(0, 0, policy, 4096) else {
             panic!("RLIMIT_MEMLOCK below 4 MiB: run as root or raise it with ulimit -l")

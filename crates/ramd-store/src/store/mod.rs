@@ -373,6 +373,13 @@ impl Store {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
     }
 
+    /// Resident page memory of this disk per NUMA node as the kernel
+    /// reports it (`move_pages`), in pages, and the sampling step (1: every
+    /// page was asked; n: every n-th, counts scaled by n).
+    pub fn pages_per_node(&self) -> (std::collections::BTreeMap<u32, u64>, u64) {
+        self.pool.pages_per_node()
+    }
+
     /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
     pub(crate) fn decay(&self) -> u64 {
         self.pool.decay()
