@@ -87,6 +87,12 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_numa_policy, value_name = "POLICY")]
     pub numa_policy: Option<ramd_store::numa::NumaPolicy>,
 
+    /// Transparent huge pages for the page memory: never, madvise (a 2 MiB
+    /// page at first touch), always (each 2 MiB arena faulted in whole when
+    /// it is mapped). Default: no advice, the system's setting.
+    #[arg(long, value_parser = parse_huge_pages, value_name = "MODE")]
+    pub huge_pages: Option<ramd_store::HugePages>,
+
     /// Refuse writes, trims and zeroing (EPERM).
     #[arg(long, conflicts_with = "mount")]
     pub read_only: bool,
@@ -219,6 +225,10 @@ pub fn parse_numa_nodes(s: &str) -> Result<std::collections::BTreeSet<u32>, Stri
 
 pub fn parse_numa_policy(s: &str) -> Result<ramd_store::numa::NumaPolicy, String> {
     ramd_store::numa::NumaPolicy::parse(s)
+}
+
+pub fn parse_huge_pages(s: &str) -> Result<ramd_store::HugePages, String> {
+    ramd_store::HugePages::parse(s)
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {

@@ -134,6 +134,9 @@ impl Disk {
         // leave room for their allocator's slack, as a compressed disk does.
         let loading = image.as_ref().is_some_and(|(i, _)| i.manifest().is_some());
         let placement = placement(&args)?;
+        if let Some(h) = args.huge_pages {
+            h.check_host()?;
+        }
         let store = Arc::new(
             Store::new(store_config(&args, kind, size, loading, shared, &placement))
                 .with_context(|| format!("disk {:?}", args.name))?,
@@ -464,6 +467,7 @@ fn store_config(
         memory: ramd_store::MemoryPolicy {
             mlock: args.mlock,
             numa: placement.clone(),
+            huge_pages: args.huge_pages,
         },
         ..StoreConfig::new(size.unwrap_or(ramd_store::MAX_SIZE))
     };

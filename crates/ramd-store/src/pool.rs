@@ -53,6 +53,80 @@ pub struct MemoryPolicy {
     /// The NUMA nodes and policy every arena is `mbind`-ed to before its
     /// first touch; `None`: the kernel's default (the faulting CPU's node).
     pub numa: Option<crate::numa::Placement>,
+    /// Transparent huge pages for the arenas; `None`: no advice, the
+    /// system's setting applies.
+    pub huge_pages: Option<HugePages>,
+}
+
+/// `--huge-pages`: whether 2 MiB arenas are backed by transparent huge
+/// pages. A huge page cannot be partly given back: releasing 4 KiB of it
+/// (a trim, the decay) makes the kernel split it, so RSS still follows
+/// `memory_used` and that arena goes on in 4 KiB pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// `MADV_NOHUGEPAGE`: 4 KiB pages even where the system says `always`.
+    Never,
+    /// `MADV_HUGEPAGE`: a huge page at an arena's first touch, when the
+    /// kernel has one.
+    Madvise,
+    /// As `madvise`, and each arena is faulted in whole when it is mapped
+    /// (`MADV_POPULATE_WRITE`): no 4 KiB first-touch faults at all, at the
+    /// cost of up to 2 MiB resident ahead of use.
+    Always,
+}
+
+impl HugePages {
+    pub fn parse(s: &str) -> std::result::Result<HugePages, String> {
+        match s {
+            "never" => Ok(HugePages::Never),
+            "madvise" => Ok(HugePages::Madvise),
+            "always" => Ok(HugePages::Always),
+            _ => Err(format!(
+                "unknown huge-pages mode {s:?} (valid: never, madvise, always)"
+            )),
+        }
+    }
+
+    /// Refuses `madvise` and `always` where transparent huge pages are not
+    /// available: `enabled` is the text of
+    /// /sys/kernel/mm/transparent_hugepage/enabled (`None`: no such file).
+    pub fn check(self, enabled: Option<&str>) -> Result<()> {
+        if self == HugePages::Never {
+            return Ok(());
+        }
+        let mode = enabled.and_then(|t| {
+            let (_, rest) = t.split_once('[')?;
+            Some(rest.split_once(']')?.0.to_string())
+        });
+        match mode.as_deref() {
+            Some("always" | "madvise") => Ok(()),
+            Some(m) => Err(Error::Invalid(format!(
+                "--huge-pages {self}: transparent huge pages are set to {m:?} on this host \
+                 (/sys/kernel/mm/transparent_hugepage/enabled); set it to madvise or always, \
+                 or use --huge-pages never"
+            ))),
+            None => Err(Error::Invalid(format!(
+                "--huge-pages {self}: this kernel has no transparent huge pages \
+                 (/sys/kernel/mm/transparent_hugepage/enabled is missing); use --huge-pages never"
+            ))),
+        }
+    }
+
+    /// [`HugePages::check`] against this host.
+    pub fn check_host(self) -> Result<()> {
+        let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
+        self.check(text.as_deref())
+    }
+}
+
+impl std::fmt::Display for HugePages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HugePages::Never => "never",
+            HugePages::Madvise => "madvise",
+            HugePages::Always => "always",
+        })
+    }
 }
 
 /// A pointer to one page frame owned by the pool's mappings.
@@ -375,19 +449,53 @@ impl Drop for PagePool {
 }
 
 fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
+    // A huge page needs a 2 MiB-aligned arena: map twice the size and trim.
+    let huge = matches!(
+        policy.huge_pages,
+        Some(HugePages::Madvise | HugePages::Always)
+    );
+    let len = if huge { 2 * ARENA_BYTES } else { ARENA_BYTES };
     // SAFETY: a fresh private anonymous mapping aliases nothing.
-    let p = unsafe {
+    let m = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            ARENA_BYTES,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    if p == libc::MAP_FAILED {
+    if m == libc::MAP_FAILED {
         return Err(Error::os("mmap of page arena"));
+    }
+    let p = if huge {
+        let start = m as usize;
+        let aligned = start.next_multiple_of(ARENA_BYTES);
+        let (head, tail) = (aligned - start, len - ARENA_BYTES - (aligned - start));
+        // SAFETY: both pieces lie inside the mapping just made, outside the
+        // aligned arena we keep; nothing points into them.
+        unsafe {
+            if head > 0 {
+                libc::munmap(m, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + ARENA_BYTES) as *mut libc::c_void, tail);
+            }
+        }
+        aligned as *mut libc::c_void
+    } else {
+        m
+    };
+    if let Some(h) = policy.huge_pages {
+        let advice = match h {
+            HugePages::Never => libc::MADV_NOHUGEPAGE,
+            HugePages::Madvise | HugePages::Always => libc::MADV_HUGEPAGE,
+        };
+        // SAFETY: advice on our own fresh mapping. Checked at start that
+        // the kernel has THP; a failure here only loses the advice.
+        let rc = unsafe { libc::madvise(p, ARENA_BYTES, advice) };
+        debug_assert_eq!(rc, 0, "madvise({advice}) of an arena failed");
     }
     // Placed before anything touches it: the policy decides where each
     // page goes at its first fault.
@@ -410,6 +518,11 @@ fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
         // SAFETY: just mapped, nothing points into it.
         unsafe { libc::munmap(p, ARENA_BYTES) };
         return Err(e);
+    }
+    if policy.huge_pages == Some(HugePages::Always) {
+        // SAFETY: our own mapping; populating writes nothing we read.
+        // Refused by kernels before 5.14: the pages then fault in on use.
+        unsafe { libc::madvise(p, ARENA_BYTES, libc::MADV_POPULATE_WRITE) };
     }
     Ok(Arena {
         base: NonNull::new(p as *mut u8).expect("mmap returned null"),
@@ -579,7 +692,7 @@ mod tests {
     fn locked_pool_pages_can_still_be_released() {
         let policy = MemoryPolicy {
             mlock: true,
-            numa: None,
+            ..MemoryPolicy::default()
         };
         // Root (CAP_IPC_LOCK) or a limit of at least two arenas.
         let Ok(pool) = PagePool::with_policy(0, 0, policy, 4096) else {
@@ -597,6 +710,54 @@ mod tests {
         unsafe {
             assert_eq!(*p.as_ptr(), 0);
             p.as_ptr().write_bytes(9, PAGE_SIZE);
+        }
+    }
+
+    #[test]
+    fn huge_pages_need_the_kernels_thp() {
+        let ok = "always [madvise] never\n";
+        for h in [HugePages::Never, HugePages::Madvise, HugePages::Always] {
+            assert!(h.check(Some(ok)).is_ok(), "{h}");
+            assert!(h.check(Some("[always] madvise never")).is_ok(), "{h}");
+        }
+        assert!(HugePages::Never.check(None).is_ok());
+        let e = HugePages::Madvise
+            .check(Some("always madvise [never]"))
+            .unwrap_err();
+        assert!(e.to_string().contains("set to \"never\""), "{e}");
+        let e = HugePages::Always.check(None).unwrap_err();
+        assert!(e.to_string().contains("no transparent huge pages"), "{e}");
+        assert_eq!(HugePages::parse("madvise"), Ok(HugePages::Madvise));
+        assert!(HugePages::parse("sometimes")
+            .unwrap_err()
+            .contains("valid: never"));
+    }
+
+    #[test]
+    fn huge_page_arenas_are_aligned_and_release_like_others() {
+        for h in [HugePages::Never, HugePages::Madvise, HugePages::Always] {
+            let policy = MemoryPolicy {
+                huge_pages: Some(h),
+                ..MemoryPolicy::default()
+            };
+            let pool = PagePool::with_policy(0, 0, policy, 0).unwrap();
+            let pages: Vec<_> = (0..ARENA_PAGES + 1)
+                .map(|_| pool.alloc().unwrap())
+                .collect();
+            if h != HugePages::Never {
+                assert_eq!(pages[0].as_ptr() as usize % ARENA_BYTES, 0, "{h}");
+            }
+            for p in &pages {
+                // SAFETY: the test owns the page until it frees it below.
+                unsafe { p.as_ptr().write_bytes(3, PAGE_SIZE) };
+            }
+            pages.into_iter().for_each(|p| pool.free(p));
+            let s = pool.stats();
+            assert_eq!(
+                s.released_bytes,
+                ((ARENA_PAGES + 1) * PAGE_SIZE) as u64,
+                "{h}"
+            );
         }
     }
 

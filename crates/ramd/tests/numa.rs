@@ -124,3 +124,46 @@ fn bad_placements_are_refused_at_start() {
         out.stderr
     );
 }
+
+/// AnonHugePages of /proc/PID/smaps_rollup, in bytes.
+fn anon_huge_pages(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|k| k * 1024)
+        .unwrap_or_else(|| panic!("no AnonHugePages in smaps_rollup:\n{text}"))
+}
+
+#[test]
+fn huge_pages_back_the_arenas_only_when_asked() {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .expect("this kernel has transparent huge pages");
+    assert!(!thp.contains("[never]"), "THP is off on this host: {thp}");
+    for (mode, want_huge) in [("never", false), ("madvise", true), ("always", true)] {
+        let d = Ramd::start(&["--size", "64M", "--huge-pages", mode]);
+        nbd_script("io.py", &[d.uri(), "write-random", "0", "32M", "5"]);
+        let huge = anon_huge_pages(d.pid());
+        if want_huge {
+            assert!(huge >= 2 * MIB, "--huge-pages {mode}: AnonHugePages {huge}");
+        } else {
+            assert_eq!(huge, 0, "--huge-pages {mode}");
+        }
+        // Trimmed and idle, a huge page is split and goes back as well.
+        let rss_start = d.rss();
+        nbd_script("io.py", &[d.uri(), "trim", "0", "32M"]);
+        wait_until(DECAY, "the trimmed pages to go back", || {
+            d.rss() + 24 * MIB <= rss_start
+        });
+    }
+    let run_dir = scratch();
+    match Ramd::try_start_in(
+        run_dir.path(),
+        &["--size", "16M", "--huge-pages", "sometimes"],
+    ) {
+        Ok(_) => panic!("--huge-pages sometimes started"),
+        Err((_, stderr)) => assert!(stderr.contains("valid: never, madvise, always"), "{stderr}"),
+    }
+}
+
+const DECAY: std::time::Duration = std::time::Duration::from_secs(60);
