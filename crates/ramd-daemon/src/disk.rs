@@ -341,6 +341,7 @@ impl Disk {
     pub fn status(&self) -> DiskStatus {
         let mut store = self.store.stats();
         let (pages_per_node, pages_per_node_sample) = self.store.pages_per_node();
+        let (memory_limit, by) = self.store.effective_limit();
         let frontends: Vec<_> = self.frontends.iter().map(|f| f.status()).collect();
         let connections = frontends
             .iter()
@@ -380,6 +381,8 @@ impl Disk {
                 .map_or_else(PersistStatus::none, |s| s.persister.status()),
             pages_per_node,
             pages_per_node_sample,
+            memory_limit,
+            memory_limit_by: by.into(),
             numa_policy: self.placement.as_ref().map(|p| p.policy.to_string()),
             numa_nodes: self
                 .placement
@@ -635,11 +638,14 @@ fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option
 fn warn_if_overcommitted(store: &Store, reserve: u64) {
     if let Some(avail) = ramd_store::mem_available() {
         if store.max_memory() > avail {
+            let total = ramd_store::mem_total().unwrap_or(0);
             log::warn!(
-                "max memory {} exceeds the host's available memory {}: writes will get \
-                 ENOSPC once the host is down to its reserve of {}",
+                "max memory {} exceeds the host's available memory {} (of {} RAM): the disk \
+                 is thin, as tmpfs's size= is; writes will get ENOSPC once the host is down \
+                 to its reserve of {}",
                 human(store.max_memory()),
                 human(avail),
+                human(total),
                 human(reserve)
             );
         }

@@ -54,6 +54,13 @@ pub struct DiskStatus {
     /// disks), and the counts are scaled by n.
     #[serde(default)]
     pub pages_per_node_sample: u64,
+    /// The most memory the disk could hold now (`max_memory`, or less when
+    /// the daemon's budget or the host's reserve leaves less room), and
+    /// which of them binds: `max_memory`, `daemon` or `host`.
+    #[serde(default)]
+    pub memory_limit: u64,
+    #[serde(default)]
+    pub memory_limit_by: String,
     /// --numa-nodes and --numa-policy, if given.
     #[serde(default)]
     pub numa_nodes: Option<String>,
@@ -136,7 +143,10 @@ pub fn table(disks: &[DiskStatus]) -> String {
             human(s.memory_used),
             human(s.pool.warm_bytes),
             ratio,
-            human(s.max_memory),
+            match d.memory_limit_by.as_str() {
+                "" | "max_memory" => human(s.max_memory),
+                by => format!("{}({by})", human(d.memory_limit)),
+            },
             (s.zero_pages + s.fill_pages).to_string(),
             s.idle_pages.to_string(),
             opt(d.fs.map(|f| f.inodes)),

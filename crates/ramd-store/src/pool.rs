@@ -403,6 +403,16 @@ impl PagePool {
         Ok(())
     }
 
+    /// Bytes of new page memory the host guard would still allow (MemAvailable
+    /// above the reserve, less the margin `check_host` keeps); `None`: no guard.
+    pub(crate) fn host_room(&self) -> Option<u64> {
+        if self.host_reserve == 0 {
+            return None;
+        }
+        let available = mem_available()?;
+        Some(available.saturating_sub(self.host_reserve + ARENA_BYTES as u64))
+    }
+
     /// Whether the host is above its reserve (for memory not from the pool).
     pub(crate) fn host_has_room(&self) -> bool {
         self.check_host().is_ok()

@@ -380,6 +380,25 @@ impl Store {
         self.pool.pages_per_node()
     }
 
+    /// The most memory this disk could hold now, and which limit binds:
+    /// `"max_memory"`, `"daemon"` (the shared budget has less room left) or
+    /// `"host"` (the host is nearer its reserve: new pages would get ENOSPC
+    /// before `max_memory`). Warm pages count as room the host guard does
+    /// not check, so the host figure is what new memory could reach.
+    pub fn effective_limit(&self) -> (u64, &'static str) {
+        let used = self.c.memory_used.load(Relaxed);
+        let mut limit = (self.max_memory, "max_memory");
+        if let Some(b) = &self.shared {
+            let room = b.limit().saturating_sub(b.used());
+            limit = limit.min((used.saturating_add(room), "daemon"));
+        }
+        if let Some(room) = self.pool.host_room() {
+            let warm = self.pool.stats().warm_bytes;
+            limit = limit.min((used.saturating_add(room).saturating_add(warm), "host"));
+        }
+        limit
+    }
+
     /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
     pub(crate) fn decay(&self) -> u64 {
         self.pool.decay()
