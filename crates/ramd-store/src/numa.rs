@@ -352,6 +352,30 @@ impl Placement {
     }
 }
 
+/// Memory `nodes` could give (MemFree plus file pages and reclaimable
+/// slab: what MemAvailable counts, without its watermarks) and their
+/// MemTotal, together, in bytes, from the host's sysfs; `None` if a node's
+/// meminfo cannot be read.
+pub(crate) fn nodes_memory(nodes: &BTreeSet<u32>) -> Option<(u64, u64)> {
+    let (mut free, mut total) = (0, 0);
+    for n in nodes {
+        let text =
+            std::fs::read_to_string(format!("/sys/devices/system/node/node{n}/meminfo")).ok()?;
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.split_once(key).map(|(_, v)| v))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|k| k * 1024)
+        };
+        free += field("MemFree:")?
+            + field("Active(file):").unwrap_or(0)
+            + field("Inactive(file):").unwrap_or(0)
+            + field("SReclaimable:").unwrap_or(0);
+        total += field("MemTotal:")?;
+    }
+    Some((free, total))
+}
+
 /// `0-1,3` from a set.
 pub fn list_text(set: &BTreeSet<u32>) -> String {
     let mut out: Vec<String> = Vec::new();
@@ -550,6 +574,8 @@ mod tests {
         let first = *topo.memory_nodes().iter().next().unwrap();
         let p = Placement::new(NumaPolicy::Bind, Some(&set(&[first])), &topo).unwrap();
         p.probe().unwrap();
+        let (free, total) = nodes_memory(&p.nodes).unwrap();
+        assert!(free > 0 && free <= total, "{free} of {total}");
         let len = 64 * PAGE_SIZE;
         // SAFETY: a fresh private anonymous mapping, unmapped below.
         let m = unsafe {

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::numa::NumaPolicy;
 use crate::PAGE_SIZE;
 
 /// Size of one anonymous mapping that pages are carved from.
@@ -399,6 +400,32 @@ impl PagePool {
                 available,
                 reserve: self.host_reserve,
             });
+        }
+        // Bound to some nodes, a fault the nodes cannot serve wakes the OOM
+        // killer however much the others have: keep those nodes' share of
+        // the reserve free too.
+        if let Some(p) = self
+            .policy
+            .numa
+            .as_ref()
+            .filter(|p| p.policy == NumaPolicy::Bind)
+        {
+            if let (Some((free, total)), Some(host)) =
+                (crate::numa::nodes_memory(&p.nodes), mem_total())
+            {
+                let share =
+                    (self.host_reserve as u128 * total as u128 / host.max(1) as u128) as u64;
+                if free < share + ARENA_BYTES as u64 {
+                    log::warn!(
+                        "refusing page memory: NUMA node(s) {} have {free} bytes free, their share of the reserve is {share} bytes",
+                        crate::numa::list_text(&p.nodes)
+                    );
+                    return Err(Error::HostMemoryLow {
+                        available: free,
+                        reserve: share,
+                    });
+                }
+            }
         }
         Ok(())
     }
