@@ -38,7 +38,13 @@ done
 bench_lock
 need taskset util-linux
 need nbdinfo libnbd-bin
-python3 -c 'import nbd' 2>/dev/null || die "python3 nbd module missing: apt-get install python3-libnbd"
+# Debian's python3-libnbd is for the system python, which may not be the
+# first python3 on PATH.
+py=""
+for cand in /usr/bin/python3 python3; do
+    "$cand" -c 'import nbd' 2>/dev/null && { py=$cand; break; }
+done
+[[ -n $py ]] || die "no python3 can import nbd: apt-get install python3-libnbd"
 
 (cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
 ramd=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
@@ -101,6 +107,8 @@ one() {
     remote) flags=(--numa-nodes "$remote_node") ;;
     esac
     mkdir -p "$work/run"
+    # A URI line left by the last ramd must not pass for this one's.
+    rm -f "$work/uri"
     RAMD_RUN_DIR=$work/run "$ramd" serve --size 64M "${flags[@]}" \
         --listen "unix:$work/ramd.sock" >"$work/uri" 2>"$work/ramd.log" {bench_lock_fd}>&- &
     ramd_pid=$!
@@ -114,7 +122,7 @@ one() {
         hog_pid=$!
     fi
     for op in write read; do
-        us=$(taskset -c "$loop_cpu" python3 "$work/loop.py" "$uri" "$op" "$calls")
+        us=$(taskset -c "$loop_cpu" "$py" "$work/loop.py" "$uri" "$op" "$calls")
         printf '%s\t%s\t%s\t%s\t%s\n' "$placement" "$hog" "$op" "$r" "$us" >>"$work/results.tsv"
         note "$placement, $hog, $op run $r: median $us µs per 8 MiB call"
     done
