@@ -401,14 +401,10 @@ pub fn list_text(set: &BTreeSet<u32>) -> String {
 pub(crate) fn pages_per_node(ranges: &[(usize, usize)]) -> (BTreeMap<u32, u64>, u64) {
     let total: usize = ranges.iter().map(|&(_, len)| len / PAGE_SIZE).sum();
     let step = total.div_ceil(PAGESTAT_SAMPLES).max(1);
-    let mut addrs: Vec<*mut libc::c_void> = Vec::new();
-    for &(base, len) in ranges {
-        let mut off = 0;
-        while off < len {
-            addrs.push((base + off) as *mut libc::c_void);
-            off += step * PAGE_SIZE;
-        }
-    }
+    let addrs: Vec<*mut libc::c_void> = sample(ranges, step)
+        .into_iter()
+        .map(|a| a as *mut libc::c_void)
+        .collect();
     let mut out = BTreeMap::new();
     let mut status = vec![0 as libc::c_int; PAGESTAT_BATCH];
     for batch in addrs.chunks(PAGESTAT_BATCH) {
@@ -432,6 +428,24 @@ pub(crate) fn pages_per_node(ranges: &[(usize, usize)]) -> (BTreeMap<u32, u64>, 
         count_nodes(&status[..batch.len()], step as u64, &mut out);
     }
     (out, step as u64)
+}
+
+/// Every `step`-th page of `ranges` taken end to end, not the first of each
+/// range: arenas fill from their start, so those would all be resident and
+/// overstate a sparse tail.
+fn sample(ranges: &[(usize, usize)], step: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut seen = 0;
+    for &(base, len) in ranges {
+        let pages = len / PAGE_SIZE;
+        let mut i = (step - seen % step) % step;
+        while i < pages {
+            out.push(base + i * PAGE_SIZE);
+            i += step;
+        }
+        seen += pages;
+    }
+    out
 }
 
 /// Adds `weight` per page to its node; negative answers (page not
@@ -560,6 +574,56 @@ mod tests {
         let mut out = BTreeMap::new();
         count_nodes(&[0, 1, 1, -libc::ENOENT, 3, -libc::EFAULT], 4, &mut out);
         assert_eq!(out, BTreeMap::from([(0, 4), (1, 8), (3, 4)]));
+    }
+
+    #[test]
+    fn pinning_a_thread_sets_its_cpus() {
+        let topo = Topology::host().unwrap();
+        let first = *topo.memory_nodes().iter().next().unwrap();
+        let p = Placement::new(NumaPolicy::Bind, Some(&set(&[first])), &topo).unwrap();
+        let got = std::thread::spawn(move || {
+            p.pin_current_thread().unwrap();
+            // A thread started now inherits the set.
+            std::thread::spawn(|| {
+                // SAFETY: sched_getaffinity fills the set we pass.
+                unsafe {
+                    let mut s: libc::cpu_set_t = std::mem::zeroed();
+                    assert_eq!(
+                        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut s),
+                        0
+                    );
+                    (0..libc::CPU_SETSIZE as usize)
+                        .filter(|&c| libc::CPU_ISSET(c, &s))
+                        .map(|c| c as u32)
+                        .collect::<BTreeSet<u32>>()
+                }
+            })
+            .join()
+            .unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, topo.nodes[&first].cpus);
+    }
+
+    #[test]
+    fn sampling_spreads_over_the_ranges() {
+        // Three 10-page ranges, every 4th page: pages 0, 4, 8 | 12, 16 | 20, 24, 28.
+        let page = PAGE_SIZE;
+        let ranges = [
+            (0x10000000, 10 * page),
+            (0x20000000, 10 * page),
+            (0x30000000, 10 * page),
+        ];
+        let mut want = vec![];
+        for g in (0..30).step_by(4) {
+            let (r, i) = (g / 10, g % 10);
+            want.push(ranges[r].0 + i * page);
+        }
+        let got = sample(&ranges, 4);
+        assert_eq!(got, want);
+        assert_eq!(sample(&ranges, 1).len(), 30);
+        assert_eq!(sample(&ranges, 100), vec![ranges[0].0]);
     }
 
     #[test]
