@@ -387,7 +387,9 @@ impl Store {
     /// not check, so the host figure is what new memory could reach.
     pub fn effective_limit(&self) -> (u64, &'static str) {
         let used = self.c.memory_used.load(Relaxed);
-        let mut limit = (self.max_memory, "max_memory");
+        // The accessor, not the field: it survives the field becoming an
+        // atomic (a remount may change the limit).
+        let mut limit = (self.max_memory(), "max_memory");
         if let Some(b) = &self.shared {
             let room = b.limit().saturating_sub(b.used());
             limit = limit.min((used.saturating_add(room), "daemon"));
