@@ -131,6 +131,30 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_memory: Option<u64>,
 
+    /// Lock the disk's page memory (never swapped, as ramfs pages are
+    /// not). RLIMIT_MEMLOCK must allow max memory: `ulimit -l`, or systemd's
+    /// LimitMEMLOCK=.
+    #[arg(long)]
+    pub mlock: bool,
+
+    /// NUMA nodes for the disk's page memory, in numactl's syntax (`0-1,3`);
+    /// its serving threads run on those nodes' CPUs. Default: every node
+    /// with memory, under the kernel's default policy unless --numa-policy.
+    #[arg(long, value_parser = parse_numa_nodes, value_name = "LIST")]
+    pub numa_nodes: Option<std::collections::BTreeSet<u32>>,
+
+    /// How pages go to --numa-nodes: bind (only there), preferred (one node
+    /// first, elsewhere once it is full), interleave (round-robin).
+    /// Default with --numa-nodes: bind.
+    #[arg(long, value_parser = parse_numa_policy, value_name = "POLICY")]
+    pub numa_policy: Option<ramd_store::numa::NumaPolicy>,
+
+    /// Transparent huge pages for the page memory: never, madvise (a 2 MiB
+    /// page at first touch), always (each 2 MiB arena faulted in whole when
+    /// it is mapped). Default: no advice, the system's setting.
+    #[arg(long, value_parser = parse_huge_pages, value_name = "MODE")]
+    pub huge_pages: Option<ramd_store::HugePages>,
+
     /// Refuse writes, trims and zeroing (EPERM); a filesystem disk is
     /// mounted read-only (EROFS).
     #[arg(long)]
@@ -175,7 +199,8 @@ pub struct DiskArgs {
     pub compress_threads: u16,
 
     /// Freed page memory kept resident for reuse instead of being returned
-    /// to the kernel at once (first-touch memory is slow to fault in).
+    /// to the kernel at once (first-touch memory is slow to fault in); what
+    /// the disk stops reusing decays back to the kernel within seconds.
     #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
     pub warm_pool: u64,
 
@@ -277,6 +302,10 @@ impl DiskArgs {
             "iscsi_mutual_chap" => format!("{:?}", self.iscsi_mutual_chap),
             "iscsi_no_auth" => self.iscsi_no_auth.to_string(),
             "block_size" => self.block_size.to_string(),
+            "mlock" => self.mlock.to_string(),
+            "numa_nodes" => format!("{:?}", self.numa_nodes),
+            "numa_policy" => format!("{:?}", self.numa_policy),
+            "huge_pages" => format!("{:?}", self.huge_pages),
             _ => return None,
         };
         Some(v)
@@ -324,6 +353,18 @@ fn parse_flush(s: &str) -> Result<FlushMode, String> {
         "persist" => Ok(FlushMode::Persist),
         _ => Err(format!("invalid flush mode {s:?}: use ignore or persist")),
     }
+}
+
+pub fn parse_numa_nodes(s: &str) -> Result<std::collections::BTreeSet<u32>, String> {
+    ramd_store::numa::parse_list(s)
+}
+
+pub fn parse_numa_policy(s: &str) -> Result<ramd_store::numa::NumaPolicy, String> {
+    ramd_store::numa::NumaPolicy::parse(s)
+}
+
+pub fn parse_huge_pages(s: &str) -> Result<ramd_store::HugePages, String> {
+    ramd_store::HugePages::parse(s)
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {

@@ -114,7 +114,7 @@ impl Published {
             memory_used,
             host_reserve: self.host_reserve,
             compress_threads: self.compress_threads,
-            resident_bytes: resident_bytes(),
+            process: ramd_store::ProcessMemory::now(),
             metrics: self.metrics.clone(),
         }
     }
@@ -131,19 +131,6 @@ impl Published {
         let used = disks.iter().map(|d| d.store.memory_used).sum();
         (self.daemon(used), disks)
     }
-}
-
-/// VmRSS of this process (0 if /proc cannot tell).
-fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf only reads a system constant.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * page.max(0) as u64
 }
 
 impl Daemon {

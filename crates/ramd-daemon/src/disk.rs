@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 
 use ramd_fs::{Fs, FsConfig};
 use ramd_store::metrics::DiskMetrics;
+use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
@@ -90,6 +91,8 @@ pub struct Disk {
     stopping: AtomicBool,
     /// What its frontends took (sockets, mount points), for `reload`.
     claims: Vec<Claim>,
+    /// Its NUMA nodes and policy (--numa-nodes, --numa-policy).
+    placement: Option<Placement>,
 }
 
 /// What a disk's frontends would claim, checked before anything is built.
@@ -136,8 +139,12 @@ impl Disk {
         // An image may hold compressed pages whatever --compress says now:
         // leave room for their allocator's slack, as a compressed disk does.
         let loading = image.as_ref().is_some_and(|(i, _)| i.manifest().is_some());
+        let placement = placement(&args)?;
+        if let Some(h) = args.huge_pages {
+            h.check_host()?;
+        }
         let store = Arc::new(
-            Store::new(store_config(&args, kind, size, loading, shared))
+            Store::new(store_config(&args, kind, size, loading, shared, &placement))
                 .with_context(|| format!("disk {:?}", args.name))?,
         );
         let (fs, image, loaded_tree) = match kind {
@@ -203,6 +210,7 @@ impl Disk {
             serving: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             claims: claimed,
+            placement,
         });
         let _ = target.set(Arc::downgrade(&disk));
         log::info!("{}", disk.describe());
@@ -261,9 +269,19 @@ impl Disk {
         let mut serving = self.serving.lock();
         for (i, f) in self.frontends.iter().enumerate() {
             let (f, events, name) = (f.clone(), events.clone(), self.args.name.clone());
+            let placement = self.placement.clone();
             let t = std::thread::Builder::new()
                 .name(format!("serve-{}-{i}", self.args.name))
                 .spawn(move || {
+                    // Every thread the frontend starts (connections, NBD
+                    // workers, FUSE workers) inherits this CPU set.
+                    if let Some(p) = &placement {
+                        if let Err(e) = p.pin_current_thread() {
+                            log::warn!(
+                                "disk {name:?}: running its threads on its nodes' CPUs: {e}"
+                            );
+                        }
+                    }
                     let r = f.serve();
                     if let Err(e) = &r {
                         log::error!("disk {name:?}: {e:#}");
@@ -426,6 +444,8 @@ impl Disk {
 
     pub fn status(&self) -> DiskStatus {
         let mut store = self.store.stats();
+        let (pages_per_node, pages_per_node_sample) = self.store.pages_per_node();
+        let (memory_limit, by) = self.store.effective_limit();
         let frontends: Vec<_> = self.frontends.iter().map(|f| f.status()).collect();
         let connections = frontends
             .iter()
@@ -471,6 +491,16 @@ impl Disk {
                 .saving
                 .as_ref()
                 .map_or_else(PersistStatus::none, |s| s.persister.status()),
+            pages_per_node,
+            pages_per_node_sample,
+            memory_limit,
+            memory_limit_by: by.into(),
+            numa_policy: self.placement.as_ref().map(|p| p.policy.to_string()),
+            numa_nodes: self
+                .placement
+                .as_ref()
+                .map(|p| ramd_store::numa::list_text(&p.nodes)),
+            process: ramd_store::ProcessMemory::now(),
         }
     }
 }
@@ -550,6 +580,7 @@ fn store_config(
     size: Option<u64>,
     loading: bool,
     shared: &Shared,
+    placement: &Option<Placement>,
 ) -> StoreConfig {
     let base = StoreConfig {
         warm_pool: args.warm_pool,
@@ -560,6 +591,11 @@ fn store_config(
         compress_after: args.compress_after,
         recompress: args.recompress,
         idle_after: args.idle_after,
+        memory: ramd_store::MemoryPolicy {
+            mlock: args.mlock,
+            numa: placement.clone(),
+            huge_pages: args.huge_pages,
+        },
         ..StoreConfig::new(size.unwrap_or(ramd_store::MAX_SIZE))
     };
     match kind {
@@ -598,6 +634,33 @@ fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
         }
         None => mem_total(),
     }
+}
+
+/// The disk's NUMA placement, if --numa-nodes or --numa-policy asks for
+/// one: checked against the host's nodes and probed with a real `mbind`,
+/// so every mistake fails here, at start.
+fn placement(args: &DiskArgs) -> Result<Option<Placement>> {
+    if args.numa_nodes.is_none() && args.numa_policy.is_none() {
+        return Ok(None);
+    }
+    let topo = ramd_store::numa::Topology::host()?;
+    let p = Placement::new(
+        args.numa_policy.unwrap_or_default(),
+        args.numa_nodes.as_ref(),
+        &topo,
+    )?;
+    p.probe()?;
+    log::info!(
+        "disk {:?}: page memory {} on NUMA node(s) {}, serving threads on CPU(s) {}",
+        args.name,
+        p.policy,
+        ramd_store::numa::list_text(&p.nodes),
+        match p.cpus.is_empty() {
+            true => "anywhere (the nodes have none)".to_string(),
+            false => ramd_store::numa::list_text(&p.cpus),
+        }
+    );
+    Ok(Some(p))
 }
 
 fn mem_total() -> u64 {
@@ -676,8 +739,9 @@ fn start_saving(
     })
 }
 
-/// Background compression and compaction, if the disk compresses, on the
-/// daemon's shared threads; it runs until the returned handle is dropped.
+/// Background compression and compaction, if the disk compresses, and the
+/// warm pool's decay, on the daemon's shared threads; they run until the
+/// returned handle is dropped.
 fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
     if args.compresses() {
         log::info!(
@@ -698,18 +762,21 @@ fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option
             shared.compress_threads
         );
     }
-    shared.scanners.add(store.clone())
+    Some(shared.scanners.add(store.clone()))
 }
 
 /// A sparse disk may promise more than the host has (as tmpfs may); say so.
 fn warn_if_overcommitted(store: &Store, reserve: u64) {
     if let Some(avail) = ramd_store::mem_available() {
         if store.max_memory() > avail {
+            let total = ramd_store::mem_total().unwrap_or(0);
             log::warn!(
-                "max memory {} exceeds the host's available memory {}: writes will get \
-                 ENOSPC once the host is down to its reserve of {}",
+                "max memory {} exceeds the host's available memory {} (of {} RAM): the disk \
+                 is thin, as tmpfs's size= is; writes will get ENOSPC once the host is down \
+                 to its reserve of {}",
                 human(store.max_memory()),
                 human(avail),
+                human(total),
                 human(reserve)
             );
         }

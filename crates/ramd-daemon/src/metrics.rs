@@ -410,7 +410,7 @@ impl prometheus_client::collector::Collector for Scrape {
             "process_resident_memory",
             "Resident memory of the ramd process (VmRSS).",
             Some(Unit::Bytes),
-            vec![(vec![], d.resident_bytes)],
+            vec![(vec![], d.process.resident_bytes)],
         )?;
         gauge(
             e,
@@ -518,6 +518,21 @@ impl prometheus_client::collector::Collector for Scrape {
                     kinds
                         .iter()
                         .map(|(k, f)| (with(disk_labels(s), "state", k), f(s)))
+                })
+                .collect(),
+        )?;
+        gauge(
+            e,
+            "ramd_disk_node_pages",
+            "Resident page memory (pages in use and warm) per NUMA node, in 4 KiB \
+             pages, as the kernel's move_pages answers (sampled on large disks).",
+            None,
+            disks
+                .iter()
+                .flat_map(|s| {
+                    s.pages_per_node
+                        .iter()
+                        .map(|(n, p)| (with(disk_labels(s), "node", &n.to_string()), *p))
                 })
                 .collect(),
         )?;

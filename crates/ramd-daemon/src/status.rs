@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use ramd_fs::FsStats;
-use ramd_store::StoreStats;
+use ramd_store::{ProcessMemory, StoreStats};
 
 use crate::frontend::FrontendStatus;
 use ramd_store::human;
@@ -49,6 +49,31 @@ pub struct DiskStatus {
     /// latency histograms.
     #[serde(default)]
     pub io: Vec<FrontendIo>,
+    /// The serving process's resident memory and where it goes (shared by
+    /// every disk of a `ramd up` daemon: this disk's own part is
+    /// `memory_used` + `pool.warm_bytes`).
+    #[serde(default)]
+    pub process: ProcessMemory,
+    /// Its resident page memory (pages in use and warm) per NUMA node, in
+    /// 4 KiB pages, as the kernel answers `move_pages`: not bookkeeping.
+    #[serde(default)]
+    pub pages_per_node: std::collections::BTreeMap<u32, u64>,
+    /// 1: every page of the disk was asked about; n: every n-th (large
+    /// disks), and the counts are scaled by n.
+    #[serde(default)]
+    pub pages_per_node_sample: u64,
+    /// The most memory the disk could hold now (`max_memory`, or less when
+    /// the daemon's budget or the host's reserve leaves less room), and
+    /// which of them binds: `max_memory`, `daemon` or `host`.
+    #[serde(default)]
+    pub memory_limit: u64,
+    #[serde(default)]
+    pub memory_limit_by: String,
+    /// --numa-nodes and --numa-policy, if given.
+    #[serde(default)]
+    pub numa_nodes: Option<String>,
+    #[serde(default)]
+    pub numa_policy: Option<String>,
 }
 
 /// A daemon started by `ramd up`: what its disks share.
@@ -66,12 +91,12 @@ pub struct DaemonStatus {
     pub host_reserve: u64,
     /// Background threads shared by its disks.
     pub compress_threads: u16,
-    /// Resident memory of the whole process (VmRSS).
-    #[serde(default)]
-    pub resident_bytes: u64,
     /// Where its Prometheus endpoint is (`--metrics`), if it has one.
     #[serde(default)]
     pub metrics: Option<String>,
+    /// Its resident memory and where it goes.
+    #[serde(default)]
+    pub process: ProcessMemory,
 }
 
 /// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
@@ -87,12 +112,14 @@ pub fn table(disks: &[DiskStatus]) -> String {
         "COMPR",
         "ALGORITHM",
         "TOTAL",
+        "WARM",
         "RATIO",
         "MAX-MEM",
         "SAME",
         "IDLE",
         "INODES",
         "CONNS",
+        "NODES",
         "SAVED",
         "WHERE",
     ];
@@ -125,12 +152,17 @@ pub fn table(disks: &[DiskStatus]) -> String {
             human(s.stored_bytes),
             algorithm,
             human(s.memory_used),
+            human(s.pool.warm_bytes),
             ratio,
-            human(s.max_memory),
+            match d.memory_limit_by.as_str() {
+                "" | "max_memory" => human(s.max_memory),
+                by => format!("{}({by})", human(d.memory_limit)),
+            },
             (s.zero_pages + s.fill_pages).to_string(),
             s.idle_pages.to_string(),
             opt(d.fs.map(|f| f.inodes)),
             opt(d.connections),
+            nodes(d),
             saved(&d.persist),
             if endpoints.is_empty() {
                 d.uri.clone()
@@ -160,7 +192,36 @@ pub fn table(disks: &[DiskStatus]) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    let mut pids: Vec<u32> = disks.iter().map(|d| d.pid).collect();
+    pids.dedup();
+    for pid in pids {
+        if let Some(d) = disks.iter().find(|d| d.pid == pid) {
+            out.push_str(&process_line(pid, &d.process));
+        }
+    }
     out
+}
+
+/// Where a process's resident memory goes, as one line.
+pub fn process_line(pid: u32, m: &ProcessMemory) -> String {
+    let signed = |v: i64| match v {
+        v if v < 0 => format!("-{}", human(v.unsigned_abs())),
+        v => human(v as u64),
+    };
+    format!(
+        "process {pid}: resident {} = pages {} + warm {} + heap {} + heap free {} + program {} + other {}{}\n",
+        human(m.resident_bytes),
+        human(m.pages_bytes),
+        human(m.warm_bytes),
+        human(m.heap_bytes),
+        human(m.heap_free_bytes),
+        human(m.program_bytes),
+        signed(m.other_bytes),
+        match m.locked_bytes {
+            0 => String::new(),
+            n => format!("; locked {}", human(n)),
+        }
+    )
 }
 
 /// One line per daemon of `ramd up`: its shared budget.
@@ -184,6 +245,20 @@ pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
         ));
     }
     out
+}
+
+/// Pages per NUMA node, `0:8192,1:40` (`~` before a sampled count), or
+/// "-" with none resident.
+fn nodes(d: &DiskStatus) -> String {
+    if d.pages_per_node.is_empty() {
+        return "-".into();
+    }
+    let approx = if d.pages_per_node_sample > 1 { "~" } else { "" };
+    d.pages_per_node
+        .iter()
+        .map(|(n, p)| format!("{n}:{approx}{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Age of the last good save ("-": none), "FAILED" if the latest failed.
@@ -248,7 +323,9 @@ mod tests {
     fn table_lines_up() {
         let t = table(&[sample()]);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
+        // The serving process's resident memory, once per process.
+        assert!(lines[2].starts_with("process 1: resident 0B = pages 0B + warm 0B"));
         assert!(lines[0].starts_with("NAME  KIND"));
         assert!(lines[1].contains("1G"));
         assert!(lines[1].contains("lz4/zstd:9"));

@@ -11,8 +11,10 @@
 mod codec;
 mod error;
 pub mod metrics;
+pub mod numa;
 pub mod persist;
 mod pool;
+mod procmem;
 mod scanner;
 mod store;
 mod zs;
@@ -20,7 +22,8 @@ mod zs;
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use persist::{PageRef, SavePlan, SaveSession};
-pub use pool::{mem_available, mem_total, PoolStats};
+pub use pool::{mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
+pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,

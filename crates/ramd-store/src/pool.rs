@@ -7,6 +7,13 @@
 //! go *cold* (`MADV_DONTNEED`: RSS drops at once, the address is reused later).
 //! Up to `warm_limit` free pages stay warm; beyond that they are released in
 //! batches, sorted and coalesced so one `madvise` covers many pages.
+//!
+//! The warm list also *decays* (as jemalloc's dirty pages do): every
+//! [`DECAY_TICK`] the background thread calls [`PagePool::decay`], which
+//! releases half of the pages that sat in the list through the whole last
+//! tick (its low-water mark), all of them once that is under 1 MiB. Pages the
+//! disk keeps reusing never reach the low-water mark, so a busy disk keeps
+//! them; an idle one is back at its `memory_used` within a few seconds.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -15,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::numa::NumaPolicy;
 use crate::PAGE_SIZE;
 
 /// Size of one anonymous mapping that pages are carved from.
@@ -23,6 +31,104 @@ const ARENA_PAGES: usize = ARENA_BYTES / PAGE_SIZE;
 /// How many fresh (never-touched) pages may be handed out between two looks
 /// at the host's `MemAvailable`.
 const HOST_CHECK_PAGES: u64 = ARENA_PAGES as u64;
+/// How often the warm list decays (see [`PagePool::decay`]).
+pub const DECAY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+/// Below this many idle warm pages (1 MiB) a decay releases them all rather
+/// than half, so the list reaches zero instead of creeping towards it.
+const DECAY_ALL_PAGES: usize = 256;
+
+/// Page memory of every pool of the process, for the process-wide figures
+/// of `ramd status` (see `crate::procmem`).
+pub(crate) static PROCESS_IN_USE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static PROCESS_WARM: AtomicU64 = AtomicU64::new(0);
+/// Bytes the pools of this process with `mlock` may lock, together: what
+/// RLIMIT_MEMLOCK must allow.
+static LOCK_PROMISED: AtomicU64 = AtomicU64::new(0);
+
+/// How a pool's page memory is held: locked, and (see `placement.rs`)
+/// placed on NUMA nodes and backed by huge pages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPolicy {
+    /// Lock page memory (`mlock2(MLOCK_ONFAULT)` on every arena): never swapped.
+    pub mlock: bool,
+    /// The NUMA nodes and policy every arena is `mbind`-ed to before its
+    /// first touch; `None`: the kernel's default (the faulting CPU's node).
+    pub numa: Option<crate::numa::Placement>,
+    /// Transparent huge pages for the arenas; `None`: no advice, the
+    /// system's setting applies.
+    pub huge_pages: Option<HugePages>,
+}
+
+/// `--huge-pages`: whether 2 MiB arenas are backed by transparent huge
+/// pages. A huge page cannot be partly given back: releasing 4 KiB of it
+/// (a trim, the decay) makes the kernel split it, so RSS still follows
+/// `memory_used` and that arena goes on in 4 KiB pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// `MADV_NOHUGEPAGE`: 4 KiB pages even where the system says `always`.
+    Never,
+    /// `MADV_HUGEPAGE`: a huge page at an arena's first touch, when the
+    /// kernel has one.
+    Madvise,
+    /// As `madvise`, and each arena is faulted in whole when it is mapped
+    /// (`MADV_POPULATE_WRITE`): no 4 KiB first-touch faults at all, at the
+    /// cost of up to 2 MiB resident ahead of use.
+    Always,
+}
+
+impl HugePages {
+    pub fn parse(s: &str) -> std::result::Result<HugePages, String> {
+        match s {
+            "never" => Ok(HugePages::Never),
+            "madvise" => Ok(HugePages::Madvise),
+            "always" => Ok(HugePages::Always),
+            _ => Err(format!(
+                "unknown huge-pages mode {s:?} (valid: never, madvise, always)"
+            )),
+        }
+    }
+
+    /// Refuses `madvise` and `always` where transparent huge pages are not
+    /// available: `enabled` is the text of
+    /// /sys/kernel/mm/transparent_hugepage/enabled (`None`: no such file).
+    pub fn check(self, enabled: Option<&str>) -> Result<()> {
+        if self == HugePages::Never {
+            return Ok(());
+        }
+        let mode = enabled.and_then(|t| {
+            let (_, rest) = t.split_once('[')?;
+            Some(rest.split_once(']')?.0.to_string())
+        });
+        match mode.as_deref() {
+            Some("always" | "madvise") => Ok(()),
+            Some(m) => Err(Error::Invalid(format!(
+                "--huge-pages {self}: transparent huge pages are set to {m:?} on this host \
+                 (/sys/kernel/mm/transparent_hugepage/enabled); set it to madvise or always, \
+                 or use --huge-pages never"
+            ))),
+            None => Err(Error::Invalid(format!(
+                "--huge-pages {self}: this kernel has no transparent huge pages \
+                 (/sys/kernel/mm/transparent_hugepage/enabled is missing); use --huge-pages never"
+            ))),
+        }
+    }
+
+    /// [`HugePages::check`] against this host.
+    pub fn check_host(self) -> Result<()> {
+        let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
+        self.check(text.as_deref())
+    }
+}
+
+impl std::fmt::Display for HugePages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HugePages::Never => "never",
+            HugePages::Madvise => "madvise",
+            HugePages::Always => "always",
+        })
+    }
+}
 
 /// A pointer to one page frame owned by the pool's mappings.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -62,6 +168,9 @@ struct Inner {
     bump_next: usize,
     /// Fresh pages that may be handed out before the next host memory check.
     host_budget: u64,
+    /// The fewest warm pages since the last decay: that many sat unused
+    /// through the whole tick.
+    low: usize,
 }
 
 /// Counters readable without the pool lock.
@@ -71,6 +180,8 @@ struct Counters {
     warm: AtomicU64,
     cold: AtomicU64,
     released: AtomicU64,
+    in_use: AtomicU64,
+    decayed: AtomicU64,
 }
 
 pub(crate) struct PagePool {
@@ -78,6 +189,9 @@ pub(crate) struct PagePool {
     warm_limit: usize,
     host_reserve: u64,
     counters: Counters,
+    policy: MemoryPolicy,
+    /// What this pool added to `LOCK_PROMISED`.
+    promised: u64,
 }
 
 /// Pool figures for `ramd status`, in bytes.
@@ -91,29 +205,70 @@ pub struct PoolStats {
     pub cold_bytes: u64,
     /// Total bytes ever given back to the kernel with MADV_DONTNEED.
     pub released_bytes: u64,
+    /// Pages handed out (holding data, zspages or frames): resident.
+    #[serde(default)]
+    pub in_use_bytes: u64,
+    /// Of `released_bytes`, what the warm list's decay gave back.
+    #[serde(default)]
+    pub decayed_bytes: u64,
 }
 
 impl PagePool {
+    #[cfg(test)]
     pub(crate) fn new(warm_limit_bytes: u64, host_reserve: u64) -> PagePool {
-        PagePool {
+        PagePool::with_policy(warm_limit_bytes, host_reserve, MemoryPolicy::default(), 0)
+            .expect("no policy to check")
+    }
+
+    /// A pool whose memory follows `policy`; with `mlock`, `max_bytes` is
+    /// the most it will hold, checked against RLIMIT_MEMLOCK here (an error
+    /// naming the limit and how to raise it), before anything is mapped.
+    pub(crate) fn with_policy(
+        warm_limit_bytes: u64,
+        host_reserve: u64,
+        policy: MemoryPolicy,
+        max_bytes: u64,
+    ) -> Result<PagePool> {
+        let promised = match policy.mlock {
+            // Arenas are locked whole: round up, plus the one being filled.
+            true => promise_lock(
+                max_bytes
+                    .div_ceil(ARENA_BYTES as u64)
+                    .saturating_add(1)
+                    .saturating_mul(ARENA_BYTES as u64),
+            )?,
+            false => 0,
+        };
+        Ok(PagePool {
             inner: Mutex::new(Inner {
                 warm: VecDeque::new(),
                 cold: Vec::new(),
                 arenas: Vec::new(),
                 bump_next: ARENA_PAGES,
                 host_budget: 0,
+                low: 0,
             }),
             warm_limit: (warm_limit_bytes / PAGE_SIZE as u64) as usize,
             host_reserve,
             counters: Counters::default(),
-        }
+            policy,
+            promised,
+        })
     }
 
     /// Takes a free page. Its contents are unspecified: callers overwrite it.
     pub(crate) fn alloc(&self) -> Result<PagePtr> {
+        let p = self.alloc_inner()?;
+        self.counters.in_use.fetch_add(PAGE_SIZE as u64, Relaxed);
+        PROCESS_IN_USE.fetch_add(PAGE_SIZE as u64, Relaxed);
+        Ok(p)
+    }
+
+    fn alloc_inner(&self) -> Result<PagePtr> {
         let mut inner = self.inner.lock();
         if let Some(p) = inner.warm.pop_back() {
-            self.counters.warm.fetch_sub(PAGE_SIZE as u64, Relaxed);
+            inner.low = inner.low.min(inner.warm.len());
+            self.sub_warm(1);
             return Ok(p);
         }
         // Everything below faults in new memory: guard the host first.
@@ -127,7 +282,7 @@ impl PagePool {
             return Ok(p);
         }
         if inner.bump_next == ARENA_PAGES {
-            let arena = map_arena()?;
+            let arena = map_arena(&self.policy)?;
             inner.arenas.push(arena);
             inner.bump_next = 0;
             self.counters.mapped.fetch_add(ARENA_BYTES as u64, Relaxed);
@@ -141,10 +296,13 @@ impl PagePool {
 
     /// Returns a page. The caller gives up every access to it.
     pub(crate) fn free(&self, page: PagePtr) {
+        self.counters.in_use.fetch_sub(PAGE_SIZE as u64, Relaxed);
+        PROCESS_IN_USE.fetch_sub(PAGE_SIZE as u64, Relaxed);
         let batch = {
             let mut inner = self.inner.lock();
             inner.warm.push_back(page);
             self.counters.warm.fetch_add(PAGE_SIZE as u64, Relaxed);
+            PROCESS_WARM.fetch_add(PAGE_SIZE as u64, Relaxed);
             if inner.warm.len() <= self.warm_limit {
                 return;
             }
@@ -152,12 +310,42 @@ impl PagePool {
             // each pay for a madvise.
             let keep = self.warm_limit * 3 / 4;
             let n = inner.warm.len() - keep;
-            self.counters
-                .warm
-                .fetch_sub((n * PAGE_SIZE) as u64, Relaxed);
+            self.sub_warm(n);
+            inner.low = inner.low.min(keep);
             inner.warm.drain(..n).collect::<Vec<_>>()
         };
         self.release(batch);
+    }
+
+    fn sub_warm(&self, pages: usize) {
+        let bytes = (pages * PAGE_SIZE) as u64;
+        self.counters.warm.fetch_sub(bytes, Relaxed);
+        PROCESS_WARM.fetch_sub(bytes, Relaxed);
+    }
+
+    /// One decay tick: gives back half of the warm pages that went unused
+    /// since the last tick (all of them under 1 MiB), oldest first, and
+    /// returns the bytes released. Meant to run every [`DECAY_TICK`].
+    pub(crate) fn decay(&self) -> u64 {
+        let batch = {
+            let mut inner = self.inner.lock();
+            let idle = inner.low.min(inner.warm.len());
+            let n = if idle <= DECAY_ALL_PAGES {
+                idle
+            } else {
+                idle.div_ceil(2)
+            };
+            self.sub_warm(n);
+            let batch: Vec<_> = inner.warm.drain(..n).collect();
+            inner.low = inner.warm.len();
+            batch
+        };
+        let bytes = (batch.len() * PAGE_SIZE) as u64;
+        if bytes > 0 {
+            self.counters.decayed.fetch_add(bytes, Relaxed);
+            self.release(batch);
+        }
+        bytes
     }
 
     /// Gives the memory of `pages` back to the kernel, then files them as cold.
@@ -172,18 +360,24 @@ impl PagePool {
             {
                 j += 1;
             }
-            // SAFETY: the range covers only free pages of our own mappings,
-            // which nobody reads or writes while they sit in the pool.
-            let rc = unsafe {
-                libc::madvise(
-                    start as *mut libc::c_void,
-                    (j - i) * PAGE_SIZE,
-                    libc::MADV_DONTNEED,
-                )
-            };
+            let (addr, len) = (start as *mut libc::c_void, (j - i) * PAGE_SIZE);
+            // Locked pages cannot be dropped (EINVAL): unlock them first and
+            // lock the range again on fault, which brings nothing back in.
+            // SAFETY (all three): the range covers only free pages of our own
+            // mappings, which nobody reads or writes while they sit in the pool.
+            if self.policy.mlock {
+                let rc = unsafe { libc::munlock(addr, len) };
+                debug_assert_eq!(rc, 0, "munlock failed");
+            }
+            let rc = unsafe { libc::madvise(addr, len, libc::MADV_DONTNEED) };
             // madvise on our own private anonymous mapping cannot fail for
             // reasons we could act on; the pages stay usable either way.
             debug_assert_eq!(rc, 0, "madvise(MADV_DONTNEED) failed");
+            if self.policy.mlock {
+                // Within the limit: the same range was locked a moment ago.
+                let rc = unsafe { libc::mlock2(addr, len, libc::MLOCK_ONFAULT) };
+                debug_assert_eq!(rc, 0, "mlock2 failed");
+            }
             i = j;
         }
         let bytes = (pages.len() * PAGE_SIZE) as u64;
@@ -207,12 +401,63 @@ impl PagePool {
                 reserve: self.host_reserve,
             });
         }
+        // Bound to some nodes, a fault the nodes cannot serve wakes the OOM
+        // killer however much the others have: keep those nodes' share of
+        // the reserve free too.
+        if let Some(p) = self
+            .policy
+            .numa
+            .as_ref()
+            .filter(|p| p.policy == NumaPolicy::Bind)
+        {
+            if let (Some((free, total)), Some(host)) =
+                (crate::numa::nodes_memory(&p.nodes), mem_total())
+            {
+                let share =
+                    (self.host_reserve as u128 * total as u128 / host.max(1) as u128) as u64;
+                if free < share + ARENA_BYTES as u64 {
+                    log::warn!(
+                        "refusing page memory: NUMA node(s) {} have {free} bytes free, their share of the reserve is {share} bytes",
+                        crate::numa::list_text(&p.nodes)
+                    );
+                    return Err(Error::HostMemoryLow {
+                        available: free,
+                        reserve: share,
+                    });
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Bytes of new page memory the host guard would still allow (MemAvailable
+    /// above the reserve, less the margin `check_host` keeps); `None`: no guard.
+    pub(crate) fn host_room(&self) -> Option<u64> {
+        if self.host_reserve == 0 {
+            return None;
+        }
+        let available = mem_available()?;
+        Some(available.saturating_sub(self.host_reserve + ARENA_BYTES as u64))
     }
 
     /// Whether the host is above its reserve (for memory not from the pool).
     pub(crate) fn host_has_room(&self) -> bool {
         self.check_host().is_ok()
+    }
+
+    /// Resident pages of this pool per NUMA node, from the kernel (see
+    /// `numa::pages_per_node`), and the sampling step (1: every page).
+    pub(crate) fn pages_per_node(&self) -> (std::collections::BTreeMap<u32, u64>, u64) {
+        // Arenas live as long as the pool: their addresses stay valid to
+        // ask about once the lock is let go.
+        let ranges: Vec<(usize, usize)> = self
+            .inner
+            .lock()
+            .arenas
+            .iter()
+            .map(|a| (a.base.as_ptr() as usize, ARENA_BYTES))
+            .collect();
+        crate::numa::pages_per_node(&ranges)
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -221,12 +466,17 @@ impl PagePool {
             warm_bytes: self.counters.warm.load(Relaxed),
             cold_bytes: self.counters.cold.load(Relaxed),
             released_bytes: self.counters.released.load(Relaxed),
+            in_use_bytes: self.counters.in_use.load(Relaxed),
+            decayed_bytes: self.counters.decayed.load(Relaxed),
         }
     }
 }
 
 impl Drop for PagePool {
     fn drop(&mut self) {
+        LOCK_PROMISED.fetch_sub(self.promised, Relaxed);
+        PROCESS_IN_USE.fetch_sub(self.counters.in_use.load(Relaxed), Relaxed);
+        PROCESS_WARM.fetch_sub(self.counters.warm.load(Relaxed), Relaxed);
         for arena in self.inner.get_mut().arenas.drain(..) {
             // SAFETY: the store that owned every page of this arena is being
             // dropped, so no pointer into it is used again.
@@ -235,24 +485,140 @@ impl Drop for PagePool {
     }
 }
 
-fn map_arena() -> Result<Arena> {
+fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
+    // A huge page needs a 2 MiB-aligned arena: map twice the size and trim.
+    let huge = matches!(
+        policy.huge_pages,
+        Some(HugePages::Madvise | HugePages::Always)
+    );
+    let len = if huge { 2 * ARENA_BYTES } else { ARENA_BYTES };
     // SAFETY: a fresh private anonymous mapping aliases nothing.
-    let p = unsafe {
+    let m = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            ARENA_BYTES,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    if p == libc::MAP_FAILED {
+    if m == libc::MAP_FAILED {
         return Err(Error::os("mmap of page arena"));
+    }
+    let p = if huge {
+        let start = m as usize;
+        let aligned = start.next_multiple_of(ARENA_BYTES);
+        let (head, tail) = (aligned - start, len - ARENA_BYTES - (aligned - start));
+        // SAFETY: both pieces lie inside the mapping just made, outside the
+        // aligned arena we keep; nothing points into them.
+        unsafe {
+            if head > 0 {
+                libc::munmap(m, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + ARENA_BYTES) as *mut libc::c_void, tail);
+            }
+        }
+        aligned as *mut libc::c_void
+    } else {
+        m
+    };
+    if let Some(h) = policy.huge_pages {
+        let advice = match h {
+            HugePages::Never => libc::MADV_NOHUGEPAGE,
+            HugePages::Madvise | HugePages::Always => libc::MADV_HUGEPAGE,
+        };
+        // SAFETY: advice on our own fresh mapping. Checked at start that
+        // the kernel has THP; a failure here only loses the advice.
+        let rc = unsafe { libc::madvise(p, ARENA_BYTES, advice) };
+        debug_assert_eq!(rc, 0, "madvise({advice}) of an arena failed");
+    }
+    // Placed before anything touches it: the policy decides where each
+    // page goes at its first fault.
+    if let Some(placement) = &policy.numa {
+        if let Err(e) = placement.bind(p, ARENA_BYTES) {
+            // SAFETY: just mapped, nothing points into it.
+            unsafe { libc::munmap(p, ARENA_BYTES) };
+            return Err(Error::Os {
+                what: "mbind of page arena (--numa-nodes)",
+                source: e,
+            });
+        }
+    }
+    // Locked as each page is first touched (MLOCK_ONFAULT), not all at
+    // once: locking populates nothing ahead of use, so RSS still follows the
+    // pages in use; and released pages stay releasable (see `release`).
+    // SAFETY: our own fresh mapping.
+    if policy.mlock && unsafe { libc::mlock2(p, ARENA_BYTES, libc::MLOCK_ONFAULT) } != 0 {
+        let e = Error::os("mlock2 of page arena (--mlock)");
+        // SAFETY: just mapped, nothing points into it.
+        unsafe { libc::munmap(p, ARENA_BYTES) };
+        return Err(e);
+    }
+    if policy.huge_pages == Some(HugePages::Always) {
+        // SAFETY: our own mapping; populating writes nothing we read.
+        // Refused by kernels before 5.14: the pages then fault in on use.
+        unsafe { libc::madvise(p, ARENA_BYTES, libc::MADV_POPULATE_WRITE) };
     }
     Ok(Arena {
         base: NonNull::new(p as *mut u8).expect("mmap returned null"),
     })
+}
+
+/// Adds `bytes` to what this process's pools may lock, or says why
+/// RLIMIT_MEMLOCK does not allow it and how to raise it. Root with
+/// CAP_IPC_LOCK has no limit.
+fn promise_lock(bytes: u64) -> Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Err(Error::os("getrlimit(RLIMIT_MEMLOCK)"));
+    }
+    let before = LOCK_PROMISED.fetch_add(bytes, Relaxed);
+    if lim.rlim_cur != libc::RLIM_INFINITY && !has_cap_ipc_lock() {
+        let limit = lim.rlim_cur;
+        if before.saturating_add(bytes) > limit {
+            LOCK_PROMISED.fetch_sub(bytes, Relaxed);
+            return Err(Error::Unusable(lock_limit_message(bytes, before, limit)));
+        }
+    }
+    Ok(bytes)
+}
+
+fn lock_limit_message(bytes: u64, others: u64, limit: u64) -> String {
+    format!(
+        "--mlock: the disk may lock up to {} of page memory{}, but RLIMIT_MEMLOCK \
+         (the locked-memory limit) is {}: raise it where ramd starts, with `ulimit -l unlimited` \
+         (or `ulimit -l KIB`) in its shell, `prlimit --memlock=unlimited`, or \
+         `LimitMEMLOCK=infinity` in its systemd unit (the one `ramd install-systemd` writes \
+         has it); or give the disk a smaller --max-memory",
+        crate::human(bytes),
+        match others {
+            0 => String::new(),
+            n => format!(
+                " (beside {} for other disks of this process)",
+                crate::human(n)
+            ),
+        },
+        crate::human(limit)
+    )
+}
+
+/// linux/capability.h's number for CAP_IPC_LOCK.
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether this process may lock memory beyond RLIMIT_MEMLOCK.
+fn has_cap_ipc_lock() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -308,6 +674,128 @@ mod tests {
         assert!(s.warm_bytes <= (limit_pages * PAGE_SIZE) as u64);
         assert_eq!(s.warm_bytes + s.cold_bytes, (64 * PAGE_SIZE) as u64);
         assert!(s.released_bytes > 0);
+    }
+
+    #[test]
+    fn decay_gives_back_what_idles_and_keeps_what_is_reused() {
+        let pool = PagePool::new(64 << 20, 0);
+        let pages: Vec<_> = (0..2048).map(|_| pool.alloc().unwrap()).collect();
+        for p in &pages {
+            // SAFETY: test owns the page until it frees it below.
+            unsafe { p.as_ptr().write_bytes(1, PAGE_SIZE) };
+        }
+        for p in pages {
+            pool.free(p);
+        }
+        let page = PAGE_SIZE as u64;
+        // The tick in which they were freed: none of them sat idle through it.
+        assert_eq!(pool.decay(), 0);
+        assert_eq!(pool.stats().warm_bytes, 2048 * page);
+        // A disk reusing 100 pages each tick keeps those 100 warm while the
+        // rest halves, then goes at once below 1 MiB.
+        let mut warm = vec![];
+        for _ in 0..12 {
+            let reused: Vec<_> = (0..100).map(|_| pool.alloc().unwrap()).collect();
+            reused.into_iter().for_each(|p| pool.free(p));
+            pool.decay();
+            warm.push(pool.stats().warm_bytes / page);
+        }
+        assert_eq!(&warm[..4], &[1074, 587, 343, 100], "{warm:?}");
+        assert!(warm[4..].iter().all(|&w| w == 100), "{warm:?}");
+        // Idle: all goes.
+        pool.decay();
+        let s = pool.stats();
+        assert_eq!((s.warm_bytes, s.in_use_bytes), (0, 0));
+        assert_eq!(s.cold_bytes, 2048 * page);
+        assert_eq!(s.decayed_bytes, 2048 * page);
+    }
+
+    #[test]
+    fn lock_limit_message_names_the_limit_and_the_ways_to_raise_it() {
+        let m = lock_limit_message(130 << 20, 0, 8 << 20);
+        for want in [
+            "up to 130M",
+            "RLIMIT_MEMLOCK",
+            "is 8M",
+            "ulimit -l",
+            "LimitMEMLOCK=infinity",
+        ] {
+            assert!(m.contains(want), "{want:?} not in {m}");
+        }
+        assert!(lock_limit_message(4 << 20, 2 << 20, 1 << 20).contains("beside 2M"));
+    }
+
+    #[test]
+    fn locked_pool_pages_can_still_be_released() {
+        let policy = MemoryPolicy {
+            mlock: true,
+            ..MemoryPolicy::default()
+        };
+        // Root (CAP_IPC_LOCK) or a limit of at least two arenas.
+        let Ok(pool) = PagePool::with_policy(0, 0, policy, 4096) else {
+            panic!("RLIMIT_MEMLOCK below 4 MiB: run as root or raise it with ulimit -l")
+        };
+        let pages: Vec<_> = (0..64).map(|_| pool.alloc().unwrap()).collect();
+        for p in &pages {
+            // SAFETY: test owns the page until it frees it below.
+            unsafe { p.as_ptr().write_bytes(7, PAGE_SIZE) };
+        }
+        pages.into_iter().for_each(|p| pool.free(p));
+        assert_eq!(pool.stats().released_bytes, 64 * PAGE_SIZE as u64);
+        let p = pool.alloc().unwrap();
+        // SAFETY: ours; a released page reads as zeros and is writable.
+        unsafe {
+            assert_eq!(*p.as_ptr(), 0);
+            p.as_ptr().write_bytes(9, PAGE_SIZE);
+        }
+    }
+
+    #[test]
+    fn huge_pages_need_the_kernels_thp() {
+        let ok = "always [madvise] never\n";
+        for h in [HugePages::Never, HugePages::Madvise, HugePages::Always] {
+            assert!(h.check(Some(ok)).is_ok(), "{h}");
+            assert!(h.check(Some("[always] madvise never")).is_ok(), "{h}");
+        }
+        assert!(HugePages::Never.check(None).is_ok());
+        let e = HugePages::Madvise
+            .check(Some("always madvise [never]"))
+            .unwrap_err();
+        assert!(e.to_string().contains("set to \"never\""), "{e}");
+        let e = HugePages::Always.check(None).unwrap_err();
+        assert!(e.to_string().contains("no transparent huge pages"), "{e}");
+        assert_eq!(HugePages::parse("madvise"), Ok(HugePages::Madvise));
+        assert!(HugePages::parse("sometimes")
+            .unwrap_err()
+            .contains("valid: never"));
+    }
+
+    #[test]
+    fn huge_page_arenas_are_aligned_and_release_like_others() {
+        for h in [HugePages::Never, HugePages::Madvise, HugePages::Always] {
+            let policy = MemoryPolicy {
+                huge_pages: Some(h),
+                ..MemoryPolicy::default()
+            };
+            let pool = PagePool::with_policy(0, 0, policy, 0).unwrap();
+            let pages: Vec<_> = (0..ARENA_PAGES + 1)
+                .map(|_| pool.alloc().unwrap())
+                .collect();
+            if h != HugePages::Never {
+                assert_eq!(pages[0].as_ptr() as usize % ARENA_BYTES, 0, "{h}");
+            }
+            for p in &pages {
+                // SAFETY: the test owns the page until it frees it below.
+                unsafe { p.as_ptr().write_bytes(3, PAGE_SIZE) };
+            }
+            pages.into_iter().for_each(|p| pool.free(p));
+            let s = pool.stats();
+            assert_eq!(
+                s.released_bytes,
+                ((ARENA_PAGES + 1) * PAGE_SIZE) as u64,
+                "{h}"
+            );
+        }
     }
 
     #[test]

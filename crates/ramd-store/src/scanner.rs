@@ -6,6 +6,10 @@
 //! with one leader thread; a pass of one store is split over `threads`
 //! threads, and passes of different stores take turns, so background work
 //! never takes more than `threads` cores whatever the number of disks.
+//!
+//! The same leader also ticks every store's warm-page decay once a
+//! [`DECAY_TICK`] (see `pool.rs`), compressed or not: no other thread wakes
+//! up for it, and a tick that finds nothing idle costs one lock.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,14 +17,18 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::pool::DECAY_TICK;
 use crate::store::Store;
 
 struct Entry {
     id: u64,
     store: Arc<Store>,
-    period: Duration,
+    /// `None`: no background passes, only the decay.
+    period: Option<Duration>,
     next: Instant,
-    /// A pass of this store is running (its handle waits for it on drop).
+    decay_next: Instant,
+    /// A pass or decay of this store is running (its handle waits for it
+    /// on drop).
     busy: bool,
 }
 
@@ -74,24 +82,27 @@ impl ScannerPool {
         })
     }
 
-    /// Adds a store; `None` if it has no background work.
-    pub fn add(&self, store: Arc<Store>) -> Option<ScanHandle> {
-        let period = store.scanner_period()?;
+    /// Adds a store: its passes if it has background work, its decay
+    /// whatever it has.
+    pub fn add(&self, store: Arc<Store>) -> ScanHandle {
+        let period = store.scanner_period();
         let mut st = self.shared.state.lock();
         let id = st.next_id;
         st.next_id += 1;
+        let now = Instant::now();
         st.entries.push(Entry {
             id,
             store,
             period,
-            next: Instant::now() + period,
+            next: now + period.unwrap_or(Duration::ZERO),
+            decay_next: now + DECAY_TICK,
             busy: false,
         });
         self.shared.changed.notify_all();
-        Some(ScanHandle {
+        ScanHandle {
             shared: self.shared.clone(),
             id,
-        })
+        }
     }
 }
 
@@ -102,10 +113,40 @@ fn leader(shared: &Shared) {
             return;
         }
         let now = Instant::now();
+        // Decay first: a tick is cheap, and a long pass of one store must
+        // not keep another's idle pages resident.
+        let decays: Vec<(u64, Arc<Store>)> = st
+            .entries
+            .iter_mut()
+            .filter(|e| !e.busy && e.decay_next <= now)
+            .map(|e| {
+                e.busy = true;
+                (e.id, e.store.clone())
+            })
+            .collect();
+        if !decays.is_empty() {
+            drop(st);
+            let released: u64 = decays.iter().map(|(_, s)| s.decay()).sum();
+            if released > 0 {
+                // Heap memory freed with the pages (chunks, zspage
+                // descriptors, request buffers) goes back too.
+                trim_heap();
+            }
+            st = shared.state.lock();
+            let next = Instant::now() + DECAY_TICK;
+            for (id, _) in decays {
+                if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
+                    e.busy = false;
+                    e.decay_next = next;
+                }
+            }
+            shared.changed.notify_all();
+            continue;
+        }
         let due = st
             .entries
             .iter_mut()
-            .filter(|e| !e.busy)
+            .filter(|e| !e.busy && e.period.is_some())
             .min_by_key(|e| e.next);
         match due {
             Some(e) if e.next <= now => {
@@ -116,15 +157,25 @@ fn leader(shared: &Shared) {
                 st = shared.state.lock();
                 if let Some(e) = st.entries.iter_mut().find(|e| e.id == id) {
                     e.busy = false;
-                    e.next = Instant::now() + e.period;
+                    e.next = Instant::now() + e.period.unwrap_or(DECAY_TICK);
                 }
                 shared.changed.notify_all();
             }
-            Some(e) => {
-                let until = e.next;
-                shared.changed.wait_until(&mut st, until);
+            due => {
+                let pass = due.map(|e| e.next);
+                let decay = st
+                    .entries
+                    .iter()
+                    .filter(|e| !e.busy)
+                    .map(|e| e.decay_next)
+                    .min();
+                match pass.into_iter().chain(decay).min() {
+                    Some(until) => {
+                        shared.changed.wait_until(&mut st, until);
+                    }
+                    None => shared.changed.wait(&mut st),
+                }
             }
-            None => shared.changed.wait(&mut st),
         }
     }
 }
@@ -177,6 +228,16 @@ fn run_pass(store: &Store, threads: usize) {
     store.end_pass(pass);
     if report != Default::default() {
         log::debug!("background pass: {report:?}");
+    }
+}
+
+/// Gives the C heap's free memory back to the kernel (glibc keeps it
+/// otherwise: freed chunk maps and buffers would stay in RSS).
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only reorganises the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

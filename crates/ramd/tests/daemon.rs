@@ -409,3 +409,85 @@ fn a_second_daemon_in_one_run_dir_is_refused() {
     assert!(err.contains("both want socket"), "{err}");
     assert_eq!(names(&status_json(rd.path())), ["one"]);
 }
+
+/// MemAvailable of the host, in bytes.
+fn mem_available() -> u64 {
+    let text = fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemAvailable in /proc/meminfo");
+    kib * 1024
+}
+
+#[test]
+fn near_the_host_reserve_new_pages_get_enospc_and_data_stays() {
+    let tmp = scratch();
+    let rd = run_dir();
+    // A disk twice the host's RAM starts (thin, as tmpfs's size= may be),
+    // with a reserve that leaves the daemon about 256 MiB of the host.
+    let total = fs::read_to_string("/proc/meminfo").unwrap();
+    let ram_kib: u64 = total
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let size = (ram_kib * 1024 * 2).next_multiple_of(MIB);
+    let reserve = mem_available() - 256 * MIB;
+    let config = write_config(
+        tmp.path(),
+        &format!("[daemon]\nhost_reserve = \"{reserve}\"\n\n[disk.big]\nsize = \"{size}\"\n"),
+    );
+    let up = Up::start(rd.path(), &config);
+    assert!(
+        up.stderr().contains("is thin") && up.stderr().contains("RAM"),
+        "no warning with the figures:\n{}",
+        up.stderr()
+    );
+    let uri = up.uri("big");
+    nbd_script("io.py", &[&uri, "write-random", "0", "16M", "kept"]);
+    let out = nbd_script("io.py", &[&uri, "fill-until-enospc", "16M", "1G", "more"]);
+    let written: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("written "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("io.py said {out:?}"));
+    assert!(
+        written < 1024 * MIB - 16 * MIB,
+        "{written} bytes of 1 GiB went in with the host 256 MiB above its reserve"
+    );
+    // What was written stays readable; the daemon is alive and serving.
+    nbd_script("io.py", &[&uri, "verify-random", "0", "16M", "kept"]);
+    let w = written.to_string();
+    nbd_script("io.py", &[&uri, "verify-random", "16M", &w, "more"]);
+    let s = status_json(rd.path());
+    let disk = disk_entry(&s, "big").unwrap();
+    assert_eq!(disk["memory_limit_by"], "host", "{disk}");
+    assert!(
+        field(disk, "memory_limit") < field(disk, "max_memory"),
+        "{disk}"
+    );
+    let table = ramd_cmd(rd.path(), &["status"]).ok();
+    assert!(table.contains("(host)"), "no host-bound limit in:\n{table}");
+    // Room made on the disk is room again.
+    nbd_script(
+        "io.py",
+        &[
+            &uri,
+            "trim",
+            "16M",
+            &w,
+            ",",
+            "write-random",
+            "16M",
+            "8M",
+            "again",
+            ",",
+            "verify-random",
+            "16M",
+            "8M",
+            "again",
+        ],
+    );
+}

@@ -294,3 +294,252 @@ fn concurrent_writers_share_one_budget() {
         "4 writers stored {total} bytes under a 48 MiB budget"
     );
 }
+
+/// How far RSS may stay above `memory_used` once the warm pool has decayed:
+/// growth of the C heap and thread stacks since the start.
+const DECAYED_SLACK: u64 = 8 * MIB;
+/// How long an idle disk may take to give its warm pages back: the decay
+/// halves them every second; a loaded machine is slow.
+const DECAY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The status's process breakdown adds up to the resident size, give or
+/// take what it cannot see (stacks): a few MiB or a few percent.
+fn assert_process_adds_up(s: &serde_json::Value) {
+    let p = &s["process"];
+    let resident = field(p, "resident_bytes");
+    let other = p["other_bytes"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no other_bytes: {s}"));
+    assert!(
+        other.unsigned_abs() <= (4 * MIB).max(resident / 20),
+        "resident {resident} is not pages + warm + heap + heap free + program: {p}"
+    );
+    // The same figure as the host's, read a moment apart.
+    let host = vm_rss(field(s, "pid") as u32);
+    assert!(
+        resident.abs_diff(host) <= 4 * MIB,
+        "status says resident {resident}, /proc says {host}: {p}"
+    );
+}
+
+/// RSS (from /proc/PID/status) falls to `memory_used` plus what the
+/// process held before any data: the warm pool has decayed.
+fn wait_for_rss_to_follow(d: &Ramd, rss_start: u64, what: &str) -> serde_json::Value {
+    let mut last = (0, 0);
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(DECAY_DEADLINE, what, || {
+            let s = d.stats();
+            let used = field(&s, "memory_used");
+            last = (d.rss(), used);
+            last.0 <= rss_start + used + DECAYED_SLACK && field(&s["pool"], "warm_bytes") == 0
+        })
+    }));
+    if waited.is_err() {
+        panic!(
+            "{what}: RSS {} with memory_used {} (RSS at start {rss_start}): {}",
+            last.0,
+            last.1,
+            d.stats()
+        );
+    }
+    d.stats()
+}
+
+#[test]
+fn idle_disk_gives_its_warm_pages_back_after_a_trim() {
+    let d = Ramd::start(&["--size", "512M"]);
+    let rss_start = d.rss();
+    io(
+        &d,
+        &["write-random", "0", "128M", "5", ",", "trim", "0", "96M"],
+    );
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 32 * MIB / PAGE, "{s}");
+    let s = wait_for_rss_to_follow(&d, rss_start, "RSS to follow memory_used after a trim");
+    assert_eq!(field(&s["pool"], "warm_bytes"), 0, "{s}");
+    assert!(field(&s["pool"], "decayed_bytes") > 0, "{s}");
+    assert_eq!(field(&s["process"], "warm_bytes"), 0, "{s}");
+    assert_process_adds_up(&s);
+    // What stayed is intact, and new writes reuse the returned addresses.
+    io(
+        &d,
+        &[
+            "verify-random",
+            "96M",
+            "32M",
+            "5",
+            ",",
+            "write-random",
+            "0",
+            "32M",
+            "6",
+            ",",
+            "verify-random",
+            "0",
+            "32M",
+            "6",
+        ],
+    );
+    let s = d.stats();
+    assert_eq!(field(&s, "data_pages"), 64 * MIB / PAGE, "{s}");
+    assert_accounting(&s);
+}
+
+#[test]
+fn repacked_disk_resident_memory_follows_memory_used() {
+    require_tool("nbdcopy");
+    require_tool("tar");
+    let tmp = scratch();
+    let data = tmp.path().join("usr.tar");
+    // 96 MiB of the machine's own programs and libraries, as a tar stream.
+    let script = format!(
+        "tar -cf - --sort=name /usr/bin /usr/lib 2>/dev/null | head -c {} > {}",
+        96 * MIB,
+        data.display()
+    );
+    run_ok(&mut cmd("sh", ["-c", &script]));
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 96 * MIB);
+    let d = Ramd::start(&[
+        "--size",
+        "128M",
+        "--compress",
+        "lz4",
+        "--recompress",
+        "zstd:12",
+        "--idle-after",
+        "1s",
+    ]);
+    let rss_start = d.rss();
+    run_ok(&mut cmd("nbdcopy", [data.to_str().unwrap(), d.uri()]));
+    // Every page idle: the scanner has had its turn at all of them.
+    wait_until(
+        std::time::Duration::from_secs(120),
+        "the data to go idle and be re-packed",
+        || {
+            let s = d.stats();
+            field(&s, "idle_pages") == field(&s, "data_pages") && field(&s, "frames") > 0
+        },
+    );
+    let s = wait_for_rss_to_follow(&d, rss_start, "RSS to follow memory_used after re-packing");
+    assert!(
+        field(&s, "memory_used") < 80 * MIB,
+        "96 MiB of /usr re-packed with zstd:12 still takes: {s}"
+    );
+    assert_process_adds_up(&s);
+    let back = tmp.path().join("back");
+    run_ok(&mut cmd("nbdcopy", [d.uri(), back.to_str().unwrap()]));
+    let back_bytes = std::fs::read(&back).unwrap();
+    assert_eq!(
+        back_bytes[..(96 * MIB) as usize],
+        std::fs::read(&data).unwrap()[..]
+    );
+}
+
+/// A `Key: N kB` line of /proc/PID/status, in bytes.
+fn proc_status_bytes(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    let kib: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("bad {key} line {line:?}"));
+    kib * 1024
+}
+
+#[test]
+fn mlock_locks_the_disks_page_memory() {
+    let d = Ramd::start(&["--size", "256M", "--mlock"]);
+    let (pid, rss_start) = (d.pid(), d.rss());
+    let locked_start = proc_status_bytes(pid, "VmLck:");
+    io(&d, &["write-random", "0", "64M", "11"]);
+    let locked = proc_status_bytes(pid, "VmLck:");
+    assert!(
+        locked >= locked_start + 64 * MIB,
+        "64 MiB written with --mlock, VmLck went from {locked_start} to {locked}"
+    );
+    let s = d.stats();
+    assert!(field(&s["process"], "locked_bytes") >= 64 * MIB, "{s}");
+    // Locked pages still go back to the kernel once freed and idle.
+    io(&d, &["trim", "0", "48M"]);
+    wait_for_rss_to_follow(&d, rss_start, "RSS to follow memory_used with --mlock");
+    io(&d, &["verify-random", "48M", "16M", "11"]);
+}
+
+#[test]
+fn mlock_beyond_the_locked_memory_limit_is_refused_at_start() {
+    require_tool("setpriv");
+    require_tool("prlimit");
+    let run_dir = scratch();
+    // Without CAP_IPC_LOCK (root has it, and it lifts the limit) and with
+    // an 8 MiB RLIMIT_MEMLOCK, a 256 MiB disk cannot be locked.
+    let out = run(
+        &mut cmd(
+            "setpriv",
+            [
+                "--bounding-set",
+                "-ipc_lock",
+                "--inh-caps",
+                "-ipc_lock",
+                "prlimit",
+                "--memlock=8388608",
+                ramd_bin(),
+                "--run-dir",
+                run_dir.path().to_str().unwrap(),
+                "serve",
+                "--size",
+                "256M",
+                "--mlock",
+            ],
+        ),
+        CMD_TIMEOUT,
+    )
+    .failed();
+    for want in [
+        "RLIMIT_MEMLOCK",
+        "is 8M",
+        "ulimit -l",
+        "LimitMEMLOCK=infinity",
+    ] {
+        assert!(
+            out.stderr.contains(want),
+            "{want:?} not in:\n{}",
+            out.stderr
+        );
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "a refused disk printed {:?}",
+        out.stdout
+    );
+    // The same disk under the same limit starts without --mlock, and a
+    // small one fits the limit with it.
+    for args in [&["--size", "256M"][..], &["--size", "4M", "--mlock"][..]] {
+        let mut full = vec![
+            "--bounding-set",
+            "-ipc_lock",
+            "--inh-caps",
+            "-ipc_lock",
+            "prlimit",
+            "--memlock=8388608",
+            ramd_bin(),
+            "--run-dir",
+            run_dir.path().to_str().unwrap(),
+            "serve",
+            "--name",
+            "fits",
+            "--read-only",
+        ];
+        full.extend_from_slice(args);
+        let mut child = Background::spawn(&mut cmd("setpriv", full));
+        let sock = run_dir.path().join("fits.sock");
+        wait_until(START_DEADLINE, "the disk to listen", || sock.exists());
+        child.assert_running();
+        ramd_cmd(run_dir.path(), &["down", "fits"]).ok();
+        child.finish_ok();
+    }
+}

@@ -352,6 +352,12 @@ fn scrape_matches_status_and_counts_nbd_and_fuse_requests() {
             &[("disk", name), ("state", "hot")],
         );
         assert_eq!(hot, field(d, "hot_pages") as f64, "{name} hot pages");
+        // Per NUMA node: a series for every node status names (the counts
+        // are the kernel's, read at each request, so only presence is fixed).
+        for node in d["pages_per_node"].as_object().unwrap().keys() {
+            let l = [("disk", name), ("node", node.as_str())];
+            assert!(after.value("ramd_disk_node_pages", "ramd_disk_node_pages", &l) >= 0.0);
+        }
         for io in d["io"].as_array().unwrap() {
             let frontend = io["frontend"].as_str().unwrap();
             for o in io["ops"].as_array().unwrap() {

@@ -42,7 +42,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableRe
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
-use crate::pool::{PagePool, PagePtr, PoolStats};
+use crate::pool::{MemoryPolicy, PagePool, PagePtr, PoolStats};
 use crate::zs::{self, Handle, ZsAlloc};
 use crate::PAGE_SIZE;
 
@@ -112,6 +112,8 @@ pub struct StoreConfig {
     /// A budget shared with other stores (a daemon's), on top of
     /// `max_memory`.
     pub shared_budget: Option<Arc<Budget>>,
+    /// How page memory is held: locked, placed, huge pages.
+    pub memory: MemoryPolicy,
 }
 
 impl StoreConfig {
@@ -128,6 +130,7 @@ impl StoreConfig {
             idle_after: Duration::from_secs(300),
             track_changes: false,
             shared_budget: None,
+            memory: MemoryPolicy::default(),
         }
     }
 }
@@ -331,6 +334,7 @@ impl Store {
             let n = d.as_nanos().div_ceil(tick.as_nanos().max(1));
             n.min(MAX_AGE as u128) as u16
         };
+        let pool = PagePool::with_policy(cfg.warm_pool, cfg.host_reserve, cfg.memory, max_memory)?;
         let shards = (0..SHARDS)
             .map(|_| Shard(RwLock::new(HashMap::new())))
             .collect();
@@ -353,7 +357,7 @@ impl Store {
             gone: Mutex::new(HashSet::new()),
             flush_hook: OnceLock::new(),
             zs: ZsAlloc::new(),
-            pool: PagePool::new(cfg.warm_pool, cfg.host_reserve),
+            pool,
         })
     }
 
@@ -369,6 +373,39 @@ impl Store {
     /// `None` when this store needs no background work.
     pub fn scanner_period(&self) -> Option<Duration> {
         (!self.compress.is_none() || !self.recompress.is_none()).then_some(self.tick)
+    }
+
+    /// Resident page memory of this disk per NUMA node as the kernel
+    /// reports it (`move_pages`), in pages, and the sampling step (1: every
+    /// page was asked; n: every n-th, counts scaled by n).
+    pub fn pages_per_node(&self) -> (std::collections::BTreeMap<u32, u64>, u64) {
+        self.pool.pages_per_node()
+    }
+
+    /// The most memory this disk could hold now, and which limit binds:
+    /// `"max_memory"`, `"daemon"` (the shared budget has less room left) or
+    /// `"host"` (the host is nearer its reserve: new pages would get ENOSPC
+    /// before `max_memory`). Warm pages count as room the host guard does
+    /// not check, so the host figure is what new memory could reach.
+    pub fn effective_limit(&self) -> (u64, &'static str) {
+        let used = self.c.memory_used.load(Relaxed);
+        // The accessor, not the field: it survives the field becoming an
+        // atomic (a remount may change the limit).
+        let mut limit = (self.max_memory(), "max_memory");
+        if let Some(b) = &self.shared {
+            let room = b.limit().saturating_sub(b.used());
+            limit = limit.min((used.saturating_add(room), "daemon"));
+        }
+        if let Some(room) = self.pool.host_room() {
+            let warm = self.pool.stats().warm_bytes;
+            limit = limit.min((used.saturating_add(room).saturating_add(warm), "host"));
+        }
+        limit
+    }
+
+    /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
+    pub(crate) fn decay(&self) -> u64 {
+        self.pool.decay()
     }
 
     /// Disk offsets of the chunks (`CHUNK_BYTES` each) that hold any page
