@@ -1100,6 +1100,7 @@ impl Mount {
         );
         Mount {
             target: Some(target.to_path_buf()),
+            env: Vec::new(),
         }
     }
 
