@@ -107,6 +107,68 @@ impl Kind {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// Its thread id, to read what FUSE does not pass (capabilities and
+    /// supplementary groups) from /proc; 0 when unknown.
+    pub pid: u32,
+}
+
+/// What the VFS weighs before dropping setuid and setgid and FUSE does not
+/// pass: CAP_FSETID and the groups a caller is in.
+struct Creds {
+    fsetid: bool,
+    /// The filesystem gid first, then the supplementary groups.
+    groups: Vec<u32>,
+}
+
+impl Caller {
+    /// Read from /proc/PID/status only when a privilege bit is at stake
+    /// (rare); without it, root stands in for CAP_FSETID.
+    fn creds(self) -> Creds {
+        const CAP_FSETID: u32 = 4;
+        let mut c = Creds {
+            fsetid: self.uid == 0,
+            groups: vec![self.gid],
+        };
+        if self.pid == 0 {
+            return c;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return c;
+        };
+        for line in status.lines() {
+            let Some((key, val)) = line.split_once(':') else {
+                continue;
+            };
+            let mut nums = val.split_whitespace();
+            match key {
+                "CapEff" => {
+                    if let Some(caps) = nums.next().and_then(|h| u64::from_str_radix(h, 16).ok()) {
+                        c.fsetid = caps & (1 << CAP_FSETID) != 0;
+                    }
+                }
+                // Real, effective, saved, filesystem: the last one counts.
+                "Gid" => {
+                    if let Some(fsgid) = nums.nth(3).and_then(|g| g.parse().ok()) {
+                        c.groups[0] = fsgid;
+                    }
+                }
+                "Groups" => c.groups.extend(nums.filter_map(|g| g.parse::<u32>().ok())),
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// Why privilege bits may go ([`Fs::drop_privileges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    Chown,
+    /// A write, truncate or fallocate.
+    Modify,
+    /// A write the kernel flagged (FUSE_WRITE_KILL_SUIDGID): it found the
+    /// writer without CAP_FSETID.
+    KernelSays,
 }
 
 /// A stat result.
@@ -286,7 +348,13 @@ pub struct Fs {
     size: AtomicU64,
     atime: AtomicU8,
     state: RwLock<State>,
+    /// Told when an inode's attributes change without the kernel asking
+    /// (privilege bits dropped on a write): its cached copy is stale.
+    on_attr_change: std::sync::OnceLock<AttrHook>,
 }
+
+/// See [`Fs::on_attr_change`].
+pub type AttrHook = Box<dyn Fn(Ino) + Send + Sync>;
 
 fn name_cost(name: &OsStr) -> u64 {
     DIRENT_COST + name.len() as u64
@@ -441,6 +509,7 @@ impl Fs {
             atime: AtomicU8::new(cfg.atime.bits()),
             store,
             cfg,
+            on_attr_change: std::sync::OnceLock::new(),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -456,6 +525,18 @@ impl Fs {
     /// needs (every other changing call takes its own).
     pub fn change(&self) -> Change<'_> {
         self.store.change()
+    }
+
+    /// Sets what to call (once, for the mount's life) when an inode's
+    /// attributes change behind the kernel's back; called without locks.
+    pub fn on_attr_change(&self, hook: AttrHook) {
+        let _ = self.on_attr_change.set(hook);
+    }
+
+    fn attr_changed(&self, ino: Ino) {
+        if let Some(hook) = self.on_attr_change.get() {
+            hook(ino);
+        }
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -527,18 +608,18 @@ impl Fs {
 
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
-    /// chown of a non-directory and a truncate by an unprivileged caller
-    /// drop setuid, setgid and file capabilities.
+    /// chown of a non-directory, and a truncate by a caller without
+    /// CAP_FSETID, drop setuid, setgid and file capabilities.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        // root stands in for CAP_FSETID: fuser does not pass the kernel's
-        // FATTR_KILL_SUIDGID flag, which says the same.
-        let truncating = set.size.is_some() && who.uid != 0;
-        if set.uid.is_some() || set.gid.is_some() || truncating {
-            self.drop_privileges(inode);
+        if set.uid.is_some() || set.gid.is_some() {
+            self.drop_privileges(inode, who, Kill::Chown);
+        }
+        if set.size.is_some() {
+            self.drop_privileges(inode, who, Kill::Modify);
         }
         if let Some(size) = set.size {
             let Data::File {
@@ -604,20 +685,44 @@ impl Fs {
         delta
     }
 
-    /// Clears setuid, setgid (when group-executable, as the VFS does) and
-    /// the `security.capability` xattr of a non-directory.
-    fn drop_privileges(&self, inode: &mut Inode) {
-        if inode.kind == Kind::Dir {
-            return;
+    /// Drops what a change by `who` takes away from a non-directory, as
+    /// the VFS does on tmpfs (`setattr_should_drop_suidgid`, `chown_common`):
+    /// the `security.capability` xattr always; setuid, and setgid when the
+    /// file is group-executable or `who` is not in its group, on a chown,
+    /// and on a write, truncate or fallocate by a caller without CAP_FSETID.
+    /// Returns whether the mode changed (the kernel's copy is then stale).
+    fn drop_privileges(&self, inode: &mut Inode, who: Caller, why: Kill) -> bool {
+        let regular = inode.kind == Kind::File;
+        if inode.kind == Kind::Dir || (why != Kill::Chown && !regular) {
+            return false;
         }
-        inode.perm &= !(libc::S_ISUID as u16);
-        if inode.perm & libc::S_IXGRP as u16 != 0 {
-            inode.perm &= !(libc::S_ISGID as u16);
+        if !inode.xattrs.is_empty() {
+            let cap = OsStr::new("security.capability");
+            if let Some(v) = inode.xattrs.remove(cap) {
+                self.store.uncharge(xattr_cost(cap, &v));
+            }
         }
-        let cap = OsStr::new("security.capability");
-        if let Some(v) = inode.xattrs.remove(cap) {
-            self.store.uncharge(xattr_cost(cap, &v));
+        let (suid, sgid, xgrp) = (
+            libc::S_ISUID as u16,
+            libc::S_ISGID as u16,
+            libc::S_IXGRP as u16,
+        );
+        if inode.perm & (suid | sgid) == 0 {
+            return false;
         }
+        let creds = who.creds();
+        let fsetid = creds.fsetid && why != Kill::KernelSays;
+        if fsetid && why != Kill::Chown {
+            return false;
+        }
+        let mut kill = inode.perm & suid;
+        if inode.perm & sgid != 0
+            && (inode.perm & xgrp != 0 || !(fsetid || creds.groups.contains(&inode.gid)))
+        {
+            kill |= sgid;
+        }
+        inode.perm &= !kill;
+        kill != 0
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -1048,9 +1153,10 @@ impl Fs {
     /// allows it (`short_ok`) stores what fits and returns that count, as
     /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
     /// which would take a short count as success) it fails whole. With
-    /// `drop_privs` (the kernel says the writer lacks CAP_FSETID) setuid,
-    /// setgid and capabilities go, as on any Linux filesystem. The caller
-    /// holds `c` ([`Fs::change`]) over the whole request.
+    /// setuid, setgid and capabilities go as [`Fs::drop_privileges`] says
+    /// (`kernel_kill`: the kernel flagged the writer as lacking CAP_FSETID).
+    /// The caller holds `c` ([`Fs::change`]) over the whole request.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         c: &Change<'_>,
@@ -1058,7 +1164,8 @@ impl Fs {
         off: u64,
         data: &[u8],
         short_ok: bool,
-        drop_privs: bool,
+        who: Caller,
+        kernel_kill: bool,
     ) -> Result<usize> {
         let (base, _) = self.file(ino)?;
         let end = off
@@ -1092,15 +1199,23 @@ impl Fs {
             *pages = pages.saturating_add_signed(delta);
         }
         r?;
-        if drop_privs {
-            self.drop_privileges(inode);
-        }
+        let why = if kernel_kill {
+            Kill::KernelSays
+        } else {
+            Kill::Modify
+        };
+        let killed = self.drop_privileges(inode, who, why);
         inode.size = inode.size.max(end);
         inode.touch_mc(now);
+        drop(st);
+        if killed {
+            self.attr_changed(ino);
+        }
         Ok((end - off) as usize)
     }
 
-    pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
+    /// fallocate(2) for `who`: like a write, it drops privilege bits.
+    pub fn fallocate(&self, who: Caller, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
@@ -1156,6 +1271,11 @@ impl Fs {
         } else if mode & (PUNCH | ZERO) != 0 {
             inode.touch_mc(now);
         }
+        let killed = self.drop_privileges(inode, who, Kill::Modify);
+        drop(st);
+        if killed {
+            self.attr_changed(ino);
+        }
         Ok(())
     }
 
@@ -1187,6 +1307,7 @@ impl Fs {
     /// Copies file data within the store; returns bytes copied.
     pub fn copy_range(
         &self,
+        who: Caller,
         ino_in: Ino,
         off_in: u64,
         ino_out: Ino,
@@ -1207,7 +1328,7 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            let put = self.write(&c, ino_out, off_out + done, &buf[..got], true, false)?;
+            let put = self.write(&c, ino_out, off_out + done, &buf[..got], true, who, false)?;
             done += put as u64;
             if put < got {
                 break;

@@ -4,14 +4,14 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
@@ -48,11 +48,28 @@ impl std::fmt::Debug for FuseOptions {
 pub struct FuseFs {
     fs: Arc<Fs>,
     opts: FuseOptions,
+    /// The session's notifier, once the session exists ([`crate::mount`]).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
-        FuseFs { fs, opts }
+        let notifier = Arc::new(OnceLock::<Notifier>::new());
+        let n = notifier.clone();
+        // Attributes only (a negative offset): the kernel rereads them.
+        fs.on_attr_change(Box::new(move |ino| {
+            if let Some(n) = n.get() {
+                if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                    log::warn!("invalidating the kernel's attributes of inode {ino}: {e}");
+                }
+            }
+        }));
+        FuseFs { fs, opts, notifier }
+    }
+
+    /// Where [`crate::mount`] puts the session's notifier.
+    pub(crate) fn notifier_cell(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
     }
 
     /// fsync and fsyncdir: the whole disk is saved at once, so both wait
@@ -108,6 +125,7 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
     }
 }
 
@@ -338,7 +356,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -351,14 +369,15 @@ impl fuser::Filesystem for FuseFs {
         // Writes flushed from the kernel's cache must fail whole, so that
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let r = self.fs.write(
             &self.fs.change(),
             Ino(ino.0),
             offset,
             data,
             short_ok,
-            drop_privs,
+            caller(req),
+            kill,
         );
         match r {
             Ok(n) => reply.written(n as u32),
@@ -571,7 +590,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -579,7 +598,11 @@ impl fuser::Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fs.fallocate(Ino(ino.0), offset, length, mode));
+        empty(
+            reply,
+            self.fs
+                .fallocate(caller(req), Ino(ino.0), offset, length, mode),
+        );
     }
 
     fn lseek(
@@ -608,7 +631,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -621,10 +644,14 @@ impl fuser::Filesystem for FuseFs {
     ) {
         // One reply carries a u32 count; the kernel loops for the rest.
         let len = len.min(1 << 30);
-        match self
-            .fs
-            .copy_range(Ino(ino_in.0), offset_in, Ino(ino_out.0), offset_out, len)
-        {
+        match self.fs.copy_range(
+            caller(req),
+            Ino(ino_in.0),
+            offset_in,
+            Ino(ino_out.0),
+            offset_out,
+            len,
+        ) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }

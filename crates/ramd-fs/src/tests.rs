@@ -11,6 +11,7 @@ use crate::fs::*;
 const ME: Caller = Caller {
     uid: 1000,
     gid: 100,
+    pid: 0,
 };
 
 fn fs_with(size: u64, nr_inodes: u64) -> Fs {
@@ -51,7 +52,7 @@ fn create_write_read_truncate() {
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     assert_eq!((a.uid, a.gid, a.perm, a.nlink), (1000, 100, 0o644, 1));
     assert_eq!(
-        f.write(&f.change(), a.ino, 5000, b"hello", true, false)
+        f.write(&f.change(), a.ino, 5000, b"hello", true, ME, false)
             .unwrap(),
         5
     );
@@ -90,7 +91,8 @@ fn unlink_frees_data_at_last_close() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(f.store().stats().data_pages, 256);
     f.unlink(ROOT_INO, n("a")).unwrap();
     // Still open: the data stays readable.
@@ -190,7 +192,11 @@ fn setgid_directories_pass_group_down() {
         },
     )
     .unwrap();
-    let other = Caller { uid: 5, gid: 6 };
+    let other = Caller {
+        uid: 5,
+        gid: 6,
+        pid: 0,
+    };
     let file = f.create(other, d.ino, n("f"), REG).unwrap();
     assert_eq!(file.gid, 42);
     let sub = f.mkdir(other, d.ino, n("s"), 0o755).unwrap();
@@ -202,9 +208,10 @@ fn limits_give_enospc_and_keep_data() {
     let f = fs_with(1 << 20, 4);
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(
-        f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, false),
+        f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, ME, false),
         Err(Errno::ENOSPC)
     );
     let mut back = vec![0; 1 << 20];
@@ -227,16 +234,16 @@ fn fallocate_modes_and_seek() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let p = PAGE_SIZE as u64;
-    f.write(&f.change(), a.ino, 0, &[1; PAGE_SIZE], true, false)
+    f.write(&f.change(), a.ino, 0, &[1; PAGE_SIZE], true, ME, false)
         .unwrap();
-    f.write(&f.change(), a.ino, 4 * p, &[2; PAGE_SIZE], true, false)
+    f.write(&f.change(), a.ino, 4 * p, &[2; PAGE_SIZE], true, ME, false)
         .unwrap();
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
     assert_eq!(f.seek(a.ino, 5 * p, Whence::Data), Err(Errno::ENXIO));
     // Default mode allocates without touching data and extends the size.
-    f.fallocate(a.ino, 0, 8 * p, 0).unwrap();
+    f.fallocate(ME, a.ino, 0, 8 * p, 0).unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!((attr.size, attr.blocks), (8 * p, 64));
     let mut b = [0; 4];
@@ -244,16 +251,16 @@ fn fallocate_modes_and_seek() {
     assert_eq!(b, [2; 4]);
     // Punch needs KEEP_SIZE, and frees the pages.
     assert_eq!(
-        f.fallocate(a.ino, 0, p, libc::FALLOC_FL_PUNCH_HOLE),
+        f.fallocate(ME, a.ino, 0, p, libc::FALLOC_FL_PUNCH_HOLE),
         Err(Errno::EOPNOTSUPP)
     );
     let keep = libc::FALLOC_FL_KEEP_SIZE;
-    f.fallocate(a.ino, 0, 8 * p, libc::FALLOC_FL_PUNCH_HOLE | keep)
+    f.fallocate(ME, a.ino, 0, 8 * p, libc::FALLOC_FL_PUNCH_HOLE | keep)
         .unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!((attr.size, attr.blocks), (8 * p, 0));
     // KEEP_SIZE past the end allocates without growing; truncate frees it.
-    f.fallocate(a.ino, 8 * p, 8 * p, keep).unwrap();
+    f.fallocate(ME, a.ino, 8 * p, 8 * p, keep).unwrap();
     assert_eq!(f.getattr(a.ino).unwrap().size, 8 * p);
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 64);
     f.setattr(
@@ -318,14 +325,14 @@ fn copy_range_and_efbig() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    f.write(&f.change(), a.ino, 0, b"abcdefgh", true, false)
+    f.write(&f.change(), a.ino, 0, b"abcdefgh", true, ME, false)
         .unwrap();
-    assert_eq!(f.copy_range(a.ino, 2, b.ino, 10, 100).unwrap(), 6);
+    assert_eq!(f.copy_range(ME, a.ino, 2, b.ino, 10, 100).unwrap(), 6);
     let mut buf = [0; 16];
     assert_eq!(f.read(b.ino, 0, &mut buf).unwrap(), 16);
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
-        f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, false),
+        f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, ME, false),
         Err(Errno::EFBIG)
     );
     assert_eq!(
@@ -349,7 +356,7 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     let data: Vec<u8> = (0..2 << 20).map(|i| (i % 249) as u8).collect();
     // A cache flush fails whole and leaves nothing past EOF...
     assert_eq!(
-        f.write(&f.change(), a.ino, 0, &data, false, false),
+        f.write(&f.change(), a.ino, 0, &data, false, ME, false),
         Err(Errno::ENOSPC)
     );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
@@ -368,20 +375,22 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     assert_eq!(b, [0; 4096]);
     // ...a program's write is short, like tmpfs: what fits is stored.
     let c = f.create(ME, ROOT_INO, n("c"), REG).unwrap();
-    let short = f.write(&f.change(), c.ino, 0, &data, true, false).unwrap();
+    let short = f
+        .write(&f.change(), c.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(
         short,
         1 << 20,
         "the disk holds 1 MiB, and a (grown by truncate) holds no page"
     );
     assert_eq!(
-        f.write(&f.change(), c.ino, short as u64, &data, true, false),
+        f.write(&f.change(), c.ino, short as u64, &data, true, ME, false),
         Err(Errno::ENOSPC)
     );
     f.release(c.ino);
     f.unlink(ROOT_INO, n("c")).unwrap();
     let b2 = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    assert_eq!(f.fallocate(b2.ino, 0, 4 << 20, 0), Err(Errno::ENOSPC));
+    assert_eq!(f.fallocate(ME, b2.ino, 0, 4 << 20, 0), Err(Errno::ENOSPC));
     assert_eq!(f.getattr(b2.ino).unwrap().blocks, 0);
     for (ino, name) in [(a.ino, "a"), (b2.ino, "b")] {
         f.release(ino);
@@ -431,7 +440,7 @@ fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
     let f = fs();
     let file = f.create(ME, ROOT_INO, n("f"), 0o644).unwrap().ino;
     // (A read at the end touches nothing: the kernel never sends one.)
-    f.write(&f.change(), file, 0, b"some data", true, false)
+    f.write(&f.change(), file, 0, b"some data", true, ME, false)
         .unwrap();
     let dir = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let future = SystemTime::now() + Duration::from_secs(3600);
@@ -498,7 +507,8 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     f.setxattr(a.ino, n("security.capability"), b"cap", 0)
         .unwrap();
     // A write the kernel flags (writer without CAP_FSETID).
-    f.write(&f.change(), a.ino, 0, b"x", true, true).unwrap();
+    f.write(&f.change(), a.ino, 0, b"x", true, ME, true)
+        .unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!(attr.perm, 0o755, "setuid and (group-exec) setgid dropped");
     assert_eq!(
@@ -511,7 +521,11 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
         ..Default::default()
     };
     f.setattr(ME, a.ino, mode(0o6745)).unwrap();
-    let root = Caller { uid: 0, gid: 0 };
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
     let chown = SetAttr {
         uid: Some(5),
         ..Default::default()
@@ -525,6 +539,31 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     };
     assert_eq!(f.setattr(root, a.ino, trunc).unwrap().perm, 0o4755);
     assert_eq!(f.setattr(ME, a.ino, trunc).unwrap().perm, 0o755);
+}
+
+#[test]
+fn setgid_goes_for_a_writer_outside_the_group_as_on_tmpfs() {
+    let f = fs();
+    // pid 0: no /proc to read, so uid 0 stands in for CAP_FSETID.
+    let other = Caller {
+        uid: 5,
+        gid: 6,
+        pid: 0,
+    };
+    let mk = |name| {
+        f.create(ME, ROOT_INO, n(name), libc::S_IFREG | 0o6666)
+            .unwrap()
+            .ino
+    };
+    let (w, fa, own) = (mk("w"), mk("fa"), mk("own"));
+    f.write(&f.change(), w, 0, b"x", true, other, true).unwrap();
+    assert_eq!(f.getattr(w).unwrap().perm, 0o666, "not in the file's group");
+    f.fallocate(other, fa, 0, 4096, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(f.getattr(fa).unwrap().perm, 0o666, "fallocate is a write");
+    // In the group and not group-executable: setgid stays, setuid goes.
+    f.write(&f.change(), own, 0, b"x", true, ME, false).unwrap();
+    assert_eq!(f.getattr(own).unwrap().perm, 0o2666);
 }
 
 // ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
@@ -665,11 +704,19 @@ struct Built {
 /// A tree with one of everything `Fs` keeps.
 fn build_tree(f: &Fs) -> Built {
     let p = PAGE_SIZE as u64;
-    let root = Caller { uid: 0, gid: 0 };
-    let other = Caller { uid: 7, gid: 8 };
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+    let other = Caller {
+        uid: 7,
+        gid: 8,
+        pid: 0,
+    };
     let docs = f.mkdir(ME, ROOT_INO, n("docs"), 0o755).unwrap().ino;
     let a = f.create(ME, docs, n("a.txt"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     f.release(a);
     let mut dir = docs;
@@ -677,12 +724,12 @@ fn build_tree(f: &Fs) -> Built {
         dir = f.mkdir(other, dir, n(name), 0o700).unwrap().ino;
     }
     let bottom = f.create(other, dir, n("bottom"), REG).unwrap().ino;
-    f.write(&f.change(), bottom, 0, b"at the bottom", true, false)
+    f.write(&f.change(), bottom, 0, b"at the bottom", true, ME, false)
         .unwrap();
     f.release(bottom);
     // Sparse: data, a 3 MiB hole, data.
     let sparse = f.create(ME, ROOT_INO, n("sparse"), REG).unwrap().ino;
-    f.write(&f.change(), sparse, 0, &pattern(4096, 2), true, false)
+    f.write(&f.change(), sparse, 0, &pattern(4096, 2), true, ME, false)
         .unwrap();
     f.write(
         &f.change(),
@@ -690,21 +737,22 @@ fn build_tree(f: &Fs) -> Built {
         (3 << 20) + 10,
         &pattern(100, 3),
         true,
+        ME,
         false,
     )
     .unwrap();
     f.release(sparse);
     // Allocated past its size (KEEP_SIZE), in the next chunk too.
     let pre = f.create(ME, ROOT_INO, n("prealloc"), REG).unwrap().ino;
-    f.write(&f.change(), pre, 0, &pattern(5000, 4), true, false)
+    f.write(&f.change(), pre, 0, &pattern(5000, 4), true, ME, false)
         .unwrap();
-    f.fallocate(pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
+    f.fallocate(ME, pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
         .unwrap();
     f.release(pre);
     // Zero pages (fallocate) and a same-filled page.
     let filled = f.create(ME, ROOT_INO, n("filled"), REG).unwrap().ino;
-    f.fallocate(filled, 0, 4 * p, 0).unwrap();
-    f.write(&f.change(), filled, 4 * p, &[7; PAGE_SIZE], true, false)
+    f.fallocate(ME, filled, 0, 4 * p, 0).unwrap();
+    f.write(&f.change(), filled, 4 * p, &[7; PAGE_SIZE], true, ME, false)
         .unwrap();
     f.release(filled);
     let empty = f.mknod(ME, ROOT_INO, n("empty"), REG, 0).unwrap().ino;
@@ -754,8 +802,16 @@ fn build_tree(f: &Fs) -> Built {
     f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0).unwrap();
     // Unlinked but open, with data; and a removed directory still looked up.
     let orphan = f.create(ME, ROOT_INO, n("orphan"), REG).unwrap().ino;
-    f.write(&f.change(), orphan, 0, &pattern(1 << 20, 6), true, false)
-        .unwrap();
+    f.write(
+        &f.change(),
+        orphan,
+        0,
+        &pattern(1 << 20, 6),
+        true,
+        ME,
+        false,
+    )
+    .unwrap();
     f.unlink(ROOT_INO, n("orphan")).unwrap();
     let gone_dir = f.mkdir(ME, ROOT_INO, n("gone"), 0o755).unwrap().ino;
     f.rmdir(ROOT_INO, n("gone")).unwrap();
@@ -863,7 +919,7 @@ fn save_and_load_keep_everything_and_its_cost() {
     // The loaded tree works on: a new file takes a free slot, not a
     // loaded file's, and its pages land in its own range.
     let c = f2.create(ME, ROOT_INO, n("new"), REG).unwrap().ino;
-    f2.write(&f2.change(), c, 0, &pattern(300_000, 9), true, false)
+    f2.write(&f2.change(), c, 0, &pattern(300_000, 9), true, ME, false)
         .unwrap();
     let d = f2.mkdir(ME, ROOT_INO, n("newdir"), 0o755).unwrap().ino;
     assert!(c > built.gone_dir && d > c, "inode numbers not reused");
@@ -907,7 +963,7 @@ fn load_on_the_same_store_trims_what_no_file_owns() {
     // Find a file's slot from the chunks its first write creates.
     let chunks: BTreeSet<u64> = s.data_chunks().into_iter().collect();
     let a = f1.create(ME, ROOT_INO, n("five"), REG).unwrap().ino;
-    f1.write(&f1.change(), a, 0, &pattern(5000, 10), true, false)
+    f1.write(&f1.change(), a, 0, &pattern(5000, 10), true, ME, false)
         .unwrap();
     f1.release(a);
     let new: Vec<u64> = s
@@ -981,7 +1037,8 @@ fn small() -> (Fs, Vec<u8>) {
     let f = Fs::new(new_store(DISK), cfg(100)).unwrap();
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let a = f.create(ME, d, n("a"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, b"data", true, false).unwrap();
+    f.write(&f.change(), a, 0, b"data", true, ME, false)
+        .unwrap();
     f.link(a, ROOT_INO, n("b")).unwrap();
     f.create(ME, ROOT_INO, n("c"), REG).unwrap();
     f.symlink(ME, d, n("l"), n("a")).unwrap();
@@ -1257,7 +1314,7 @@ fn limits_lower_than_the_tree_still_load() {
 fn a_partial_last_page_is_freed_too() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     let trunc = SetAttr {
         size: Some(0),
@@ -1266,7 +1323,7 @@ fn a_partial_last_page_is_freed_too() {
     f.setattr(ME, a, trunc).unwrap();
     assert_eq!(f.getattr(a).unwrap().blocks, 0);
     assert_eq!(f.store().pages_used().0, 0);
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     f.release(a);
     f.unlink(ROOT_INO, n("a")).unwrap();

@@ -263,6 +263,7 @@ impl Fs {
             store,
             cfg,
             state: RwLock::new(st),
+            on_attr_change: std::sync::OnceLock::new(),
         })
     }
 }
