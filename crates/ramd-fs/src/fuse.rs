@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -50,6 +50,35 @@ pub struct FuseFs {
     opts: FuseOptions,
     /// The session's notifier, once the session exists ([`crate::mount`]).
     notifier: Arc<OnceLock<Notifier>>,
+    /// Direct writes whose range of the page cache is to be dropped before
+    /// they are answered (see `write`).
+    dio: mpsc::Sender<DirectWrite>,
+}
+
+/// A stored direct write, not yet answered.
+struct DirectWrite {
+    ino: INodeNo,
+    offset: u64,
+    written: u32,
+    reply: ReplyWrite,
+}
+
+/// Drops the page cache over each direct write, then answers it. The
+/// kernel's own invalidation after a direct write is skipped for
+/// asynchronous ones (FUSE_ASYNC_DIO), so a buffered read made while such a
+/// write was in flight would stay cached, stale. This runs on its own
+/// thread because dropping a page waits for its lock, which a buffered read
+/// holds until a FUSE worker answers it: a worker waiting here could leave
+/// none to answer.
+fn invalidate_direct_writes(rx: mpsc::Receiver<DirectWrite>, notifier: Arc<OnceLock<Notifier>>) {
+    for w in rx {
+        if let Some(n) = notifier.get() {
+            if let Err(e) = n.inval_inode(w.ino, w.offset as i64, w.written.into()) {
+                log::debug!("dropping cached pages of inode {}: {e}", w.ino.0);
+            }
+        }
+        w.reply.written(w.written);
+    }
 }
 
 impl FuseFs {
@@ -64,7 +93,18 @@ impl FuseFs {
                 }
             }
         }));
-        FuseFs { fs, opts, notifier }
+        let (dio, rx) = mpsc::channel();
+        let n = notifier.clone();
+        std::thread::Builder::new()
+            .name("ramd-fuse-dio".into())
+            .spawn(move || invalidate_direct_writes(rx, n))
+            .expect("spawning a thread");
+        FuseFs {
+            fs,
+            opts,
+            notifier,
+            dio,
+        }
     }
 
     /// Where [`crate::mount`] puts the session's notifier.
@@ -362,7 +402,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -380,6 +420,17 @@ impl fuser::Filesystem for FuseFs {
             kill,
         );
         match r {
+            Ok(n) if flags.0 & libc::O_DIRECT != 0 => {
+                let w = DirectWrite {
+                    ino,
+                    offset,
+                    written: n as u32,
+                    reply,
+                };
+                if let Err(mpsc::SendError(w)) = self.dio.send(w) {
+                    w.reply.written(w.written);
+                }
+            }
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }

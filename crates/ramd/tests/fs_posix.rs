@@ -12,6 +12,7 @@ mod fs_common;
 use common::*;
 use fs_common::*;
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
 fn sh_env(script: &str, args: &[&str], env: (&str, &str)) -> Output {
@@ -97,5 +98,94 @@ fn writes_by_another_user_drop_setuid_and_setgid_as_on_tmpfs() {
     for line in out.lines().filter(|l| l.contains(".punch ")) {
         let zero = line.replace(".punch ", ".zero ");
         assert!(with_zero.contains(&format!("{zero}\n")), "{with_zero}");
+    }
+}
+
+const AIO_STALE_C: &str = r#"/* Buffered reads mixed with asynchronous direct writes: a buffered read
+ * while the writes are in flight, and after io_getevents has reaped them
+ * another, which must return what was written. Usage: aiostale FILE ROUNDS. Prints "ok" or the first stale
+ * offset and exits 1. */
+#include <fcntl.h>
+#include <linux/aio_abi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define BS 4096
+#define N 64
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: aiostale FILE ROUNDS\n"); return 2; }
+    int rounds = atoi(argv[2]);
+    int bfd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (bfd < 0) { perror("open buffered"); return 2; }
+    static char buf[N * BS];
+    memset(buf, 'a', sizeof buf);
+    if (pwrite(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pwrite"); return 2; }
+    int dfd = open(argv[1], O_RDWR | O_DIRECT);
+    if (dfd < 0) { perror("open O_DIRECT"); return 2; }
+    aio_context_t ctx = 0;
+    if (syscall(SYS_io_setup, N, &ctx) < 0) { perror("io_setup"); return 2; }
+    char *wbuf;
+    if (posix_memalign((void **)&wbuf, BS, N * BS)) return 2;
+    for (int r = 0; r < rounds; r++) {
+        /* Fill the page cache with the current contents. */
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        char c = 'b' + r % 24;
+        memset(wbuf, c, N * BS);
+        struct iocb cbs[N], *cbp[N];
+        memset(cbs, 0, sizeof cbs);
+        for (int i = 0; i < N; i++) {
+            cbs[i].aio_fildes = dfd;
+            cbs[i].aio_lio_opcode = IOCB_CMD_PWRITE;
+            cbs[i].aio_buf = (unsigned long)(wbuf + i * BS);
+            cbs[i].aio_nbytes = BS;
+            cbs[i].aio_offset = (long long)i * BS;
+            cbp[i] = &cbs[i];
+        }
+        if (syscall(SYS_io_submit, ctx, N, cbp) != N) { perror("io_submit"); return 2; }
+        /* A buffered read while the writes are in flight may cache what
+         * was there before them. */
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        struct io_event ev[N];
+        int got = 0;
+        while (got < N) {
+            long n = syscall(SYS_io_getevents, ctx, 1, N - got, ev, NULL);
+            if (n < 0) { perror("io_getevents"); return 2; }
+            for (long i = 0; i < n; i++)
+                if (ev[i].res != BS) { fprintf(stderr, "aio write: %lld\n", (long long)ev[i].res); return 2; }
+            got += n;
+        }
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        for (size_t i = 0; i < sizeof buf; i++)
+            if (buf[i] != c) {
+                printf("stale: round %d offset %zu has '%c', wrote '%c'\n", r, i, buf[i], c);
+                return 1;
+            }
+    }
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn buffered_reads_never_see_stale_data_after_async_direct_writes() {
+    let prog = c_program("aiostale", AIO_STALE_C);
+    let check = |dir: &Path| {
+        let out = run(
+            Command::new(&prog.path).arg(dir.join("f")).arg("40"),
+            LONG_TIMEOUT,
+        );
+        assert_eq!(out.stdout, "ok\n", "{dir:?}: {}{}", out.stdout, out.stderr);
+    };
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    check(tmpfs.path());
+    // One worker too: dropping the cache must not wait on the worker that
+    // would answer the read holding the page.
+    for threads in ["8", "1"] {
+        let disk = FsDisk::mount(&["--size", "64M", "--threads", threads]);
+        check(disk.path());
     }
 }
