@@ -326,7 +326,7 @@ struct State {
     next_ino: u64,
     free_slots: Vec<u64>,
     next_slot: u64,
-    /// Open directory handles: a snapshot taken at opendir.
+    /// Open directory handles: the list taken when last read from the start.
     dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
     next_fh: u64,
 }
@@ -1337,50 +1337,41 @@ impl Fs {
         Ok(done)
     }
 
+    /// Opens a directory; its entries are listed when it is read from
+    /// the start ([`Fs::dir_entries`]).
     pub fn opendir(&self, ino: Ino) -> Result<Fh> {
         let mut st = self.state.write();
-        let d = st.get(ino)?;
-        let Data::Dir { entries, parent } = &d.data else {
-            return err(Errno::ENOTDIR);
-        };
-        let mut list = Vec::with_capacity(entries.len() + 2);
-        list.push(DirEntry {
-            ino,
-            kind: Kind::Dir,
-            name: ".".into(),
-        });
-        list.push(DirEntry {
-            ino: *parent,
-            kind: Kind::Dir,
-            name: "..".into(),
-        });
-        for (name, &child) in entries {
-            let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
-            list.push(DirEntry {
-                ino: child,
-                kind,
-                name: name.clone(),
-            });
-        }
+        st.get(ino)?.entries()?;
         let fh = Fh(st.next_fh);
         st.next_fh += 1;
-        st.dir_handles.insert(fh, Arc::new(list));
+        st.dir_handles.insert(fh, Arc::new(Vec::new()));
         Ok(fh)
     }
 
-    /// The snapshot of an open directory. Reading it from the start counts
-    /// as an access of the directory.
+    /// The entries of an open directory: listed afresh when read from the
+    /// start (opendir, rewinddir: POSIX wants names added since then), the
+    /// same list when read on, so offsets stay valid. Reading from the
+    /// start counts as an access of the directory.
     pub fn dir_entries(&self, ino: Ino, fh: Fh, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
-        let entries = self
-            .state
-            .read()
-            .dir_handles
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)?;
-        if offset == 0 {
-            self.accessed(ino);
+        if offset != 0 {
+            return self
+                .state
+                .read()
+                .dir_handles
+                .get(&fh)
+                .cloned()
+                .ok_or(Errno::EBADF);
         }
+        let entries = {
+            let mut st = self.state.write();
+            if !st.dir_handles.contains_key(&fh) {
+                return err(Errno::EBADF);
+            }
+            let list = Arc::new(list_dir(&st, ino)?);
+            st.dir_handles.insert(fh, list.clone());
+            list
+        };
+        self.accessed(ino);
         Ok(entries)
     }
 
@@ -1489,6 +1480,34 @@ impl Fs {
             file_bytes: bytes,
         }
     }
+}
+
+/// ".", ".." and the entries of directory `ino`, in name order.
+fn list_dir(st: &State, ino: Ino) -> Result<Vec<DirEntry>> {
+    let d = st.get(ino)?;
+    let Data::Dir { entries, parent } = &d.data else {
+        return err(Errno::ENOTDIR);
+    };
+    let mut list = Vec::with_capacity(entries.len() + 2);
+    list.push(DirEntry {
+        ino,
+        kind: Kind::Dir,
+        name: ".".into(),
+    });
+    list.push(DirEntry {
+        ino: *parent,
+        kind: Kind::Dir,
+        name: "..".into(),
+    });
+    for (name, &child) in entries {
+        let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
+        list.push(DirEntry {
+            ino: child,
+            kind,
+            name: name.clone(),
+        });
+    }
+    Ok(list)
 }
 
 fn base(slot: u64) -> u64 {

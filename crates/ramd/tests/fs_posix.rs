@@ -189,3 +189,49 @@ fn buffered_reads_never_see_stale_data_after_async_direct_writes() {
         check(disk.path());
     }
 }
+
+/// opendir, read all, create a name, rewinddir, read all again: the new
+/// name must be there (POSIX). Prints the count of each pass and whether
+/// the new name was seen.
+const REWINDDIR_C: &str = r#"
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int pass(DIR *d, const char *want, int *seen) {
+    struct dirent *e;
+    int n = 0;
+    *seen = 0;
+    while ((e = readdir(d)) != NULL) {
+        n++;
+        if (want && strcmp(e->d_name, want) == 0) *seen = 1;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    close(open("before", O_CREAT | O_WRONLY, 0644));
+    DIR *d = opendir(".");
+    if (!d) { perror("opendir"); return 2; }
+    int seen;
+    int first = pass(d, "after", &seen);
+    close(open("after", O_CREAT | O_WRONLY, 0644));
+    rewinddir(d);
+    int second = pass(d, "after", &seen);
+    printf("first %d second %d after %s\n", first, second, seen ? "seen" : "missing");
+    closedir(d);
+    return 0;
+}
+"#;
+
+#[test]
+fn rewinddir_shows_names_added_since_opendir() {
+    let prog = c_program("rewind", REWINDDIR_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"", prog.path.display());
+    let out = same_as_tmpfs(&disk, "rewind", &script);
+    assert_eq!(out, "first 3 second 4 after seen\n");
+}
