@@ -579,12 +579,22 @@ impl Fs {
             .is_ok_and(|i| atime_moves(a, i, now))
     }
 
+    /// Looks `name` up in `parent`, counting a lookup. "." and ".." are
+    /// what the kernel asks for to open a file handle whose inode it no
+    /// longer caches (`.` of any inode, `..` of a directory).
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return err(Errno::ENAMETOOLONG);
         }
         let mut st = self.state.write();
-        let ino = st.child(parent, name)?;
+        let ino = match name.as_bytes() {
+            b"." => parent,
+            b".." => match st.get(parent)?.data {
+                Data::Dir { parent, .. } => parent,
+                _ => return err(Errno::ENOTDIR),
+            },
+            _ => st.child(parent, name)?,
+        };
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
         Ok(inode.attr(ino))

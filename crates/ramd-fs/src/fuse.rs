@@ -20,6 +20,10 @@ use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence
 /// changes go through this mount and the kernel invalidates what an
 /// operation touches, so a short TTL only guards against our own races.
 const TTL: Duration = Duration::from_secs(1);
+/// The generation of every inode: inode numbers are never reused (not
+/// across a save and load either), so the number alone names one inode for
+/// its life, which file handles need; 1 rather than 0, which reads as unset.
+const GENERATION: Generation = Generation(1);
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
@@ -178,7 +182,7 @@ fn set_time(t: TimeOrNow) -> SetTime {
 
 fn entry(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
     match r {
-        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Ok(a) => reply.entry(&TTL, &fattr(&a), GENERATION),
         Err(e) => reply.error(ferr(e)),
     }
 }
@@ -213,6 +217,9 @@ impl fuser::Filesystem for FuseFs {
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_PARALLEL_DIROPS
+            // File handles (open_by_handle_at, NFS export) that work after
+            // the kernel dropped the inode: it then looks up "." by number.
+            | InitFlags::FUSE_EXPORT_SUPPORT
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.writeback_cache {
@@ -536,7 +543,7 @@ impl fuser::Filesystem for FuseFs {
                 &e.name,
                 &TTL,
                 &fattr(&attr),
-                Generation(0),
+                GENERATION,
             ) {
                 // Not sent: give back the lookup just counted.
                 if !dot {
@@ -631,7 +638,7 @@ impl fuser::Filesystem for FuseFs {
             Ok(a) => reply.created(
                 &TTL,
                 &fattr(&a),
-                Generation(0),
+                GENERATION,
                 FileHandle(0),
                 open_flags(&self.fs, a.ino),
             ),

@@ -566,6 +566,16 @@ fn setgid_goes_for_a_writer_outside_the_group_as_on_tmpfs() {
     assert_eq!(f.getattr(own).unwrap().perm, 0o2666);
 }
 
+#[test]
+fn lookup_of_dot_and_dotdot_for_file_handles() {
+    let f = fs();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap();
+    let a = f.create(ME, d.ino, n("a"), libc::S_IFREG | 0o644).unwrap();
+    assert_eq!(f.lookup(a.ino, n(".")).unwrap().ino, a.ino);
+    assert_eq!(f.lookup(d.ino, n("..")).unwrap().ino, ROOT_INO);
+    assert_eq!(f.lookup(a.ino, n("..")), Err(Errno::ENOTDIR));
+}
+
 // ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
 
 use std::collections::BTreeSet;

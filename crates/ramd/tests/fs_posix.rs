@@ -235,3 +235,72 @@ fn rewinddir_shows_names_added_since_opendir() {
     let out = same_as_tmpfs(&disk, "rewind", &script);
     assert_eq!(out, "first 3 second 4 after seen\n");
 }
+
+/// File handles: name_to_handle_at on a file, a directory and a file then
+/// removed; the kernel's caches dropped (drop_caches 2, with nothing held
+/// open but the mount's root); then open_by_handle_at must read the file,
+/// list the directory and answer ESTALE for the removed file.
+const HANDLES_C: &str = r#"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static struct file_handle *handle(const char *path) {
+    struct file_handle *h = malloc(sizeof *h + MAX_HANDLE_SZ);
+    h->handle_bytes = MAX_HANDLE_SZ;
+    int mount_id;
+    if (name_to_handle_at(AT_FDCWD, path, h, &mount_id, 0) != 0) {
+        fprintf(stderr, "name_to_handle_at %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    return h;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    int fd = open("file", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, "handled\n", 8) != 8) { perror("file"); return 2; }
+    close(fd);
+    if (mkdir("dir", 0755) != 0) { perror("mkdir"); return 2; }
+    close(open("dir/inside", O_CREAT | O_WRONLY, 0644));
+    close(open("gone", O_CREAT | O_WRONLY, 0644));
+    struct file_handle *hf = handle("file"), *hd = handle("dir"), *hg = handle("gone");
+    if (unlink("gone") != 0) { perror("unlink"); return 2; }
+    int mnt = open(".", O_RDONLY | O_DIRECTORY);
+    if (chdir("/") != 0) return 2;
+    sync();
+    int dc = open("/proc/sys/vm/drop_caches", O_WRONLY);
+    if (dc < 0 || write(dc, "2\n", 2) != 2) { perror("drop_caches"); return 2; }
+    close(dc);
+    char buf[64] = {0};
+    fd = open_by_handle_at(mnt, hf, O_RDONLY);
+    if (fd < 0) { printf("file: %s\n", strerror(errno)); return 1; }
+    if (read(fd, buf, sizeof buf - 1) < 0) { perror("read"); return 2; }
+    printf("file: %s", buf);
+    close(fd);
+    fd = open_by_handle_at(mnt, hd, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) { printf("dir: %s\n", strerror(errno)); return 1; }
+    DIR *d = fdopendir(fd);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, "inside") == 0) printf("dir: inside\n");
+    closedir(d);
+    fd = open_by_handle_at(mnt, hg, O_RDONLY);
+    printf("gone: %s\n", fd < 0 ? strerror(errno) : "opened");
+    return 0;
+}
+"#;
+
+#[test]
+fn file_handles_outlive_the_kernels_inode_cache() {
+    let prog = c_program("handles", HANDLES_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"", prog.path.display());
+    let out = same_as_tmpfs(&disk, "handles", &script);
+    assert_eq!(out, "file: handled\ndir: inside\ngone: Stale file handle\n");
+}
