@@ -65,6 +65,15 @@ const XATTR_SIZE_MAX: usize = 64 << 10;
 const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
 const DIRENT_COST: u64 = 48;
 
+/// The chattr(1) flags tmpfs keeps (FS_IOC_GETFLAGS/SETFLAGS): immutable,
+/// append-only, no dump, no atime. The VFS enforces the first two through
+/// inode flags FUSE never sets, so `Fs` enforces them itself.
+pub const FL_IMMUTABLE: u32 = 0x10;
+pub const FL_APPEND: u32 = 0x20;
+pub const FL_NODUMP: u32 = 0x40;
+pub const FL_NOATIME: u32 = 0x80;
+pub const FL_SUPPORTED: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
+
 /// What a failed call answers the kernel: the store's errno vocabulary.
 pub use ramd_store::Errno;
 
@@ -318,6 +327,8 @@ struct Inode {
     xattrs: BTreeMap<OsString, Vec<u8>>,
     lookups: u64,
     opens: u32,
+    /// chattr(1) flags ([`FL_SUPPORTED`]).
+    flags: u32,
     data: Data,
 }
 
@@ -387,6 +398,7 @@ impl Inode {
             ctime: now,
             btime: now,
             xattrs: BTreeMap::new(),
+            flags: 0,
             lookups: 1,
             opens: 0,
             data,
@@ -428,6 +440,22 @@ impl Inode {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
         }
+    }
+
+    /// EPERM if the inode is immutable or append-only: it may not be
+    /// removed, renamed, linked, or have its attributes changed.
+    fn check_fixed(&self) -> Result<()> {
+        if self.flags & (FL_IMMUTABLE | FL_APPEND) != 0 {
+            return err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    fn check_mutable(&self) -> Result<()> {
+        if self.flags & FL_IMMUTABLE != 0 {
+            return err(Errno::EPERM);
+        }
+        Ok(())
     }
 
     fn touch_mc(&mut self, now: SystemTime) {
@@ -576,7 +604,7 @@ impl Fs {
         self.state
             .read()
             .get(ino)
-            .is_ok_and(|i| atime_moves(a, i, now))
+            .is_ok_and(|i| i.flags & FL_NOATIME == 0 && atime_moves(a, i, now))
     }
 
     /// Looks `name` up in `parent`, counting a lookup. "." and ".." are
@@ -625,6 +653,12 @@ impl Fs {
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        inode.check_mutable()?;
+        // Append-only: times may still move (the kernel's writeback sends
+        // them), nothing else.
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            inode.check_fixed()?;
+        }
         if set.uid.is_some() || set.gid.is_some() {
             self.drop_privileges(inode, who, Kill::Chown);
         }
@@ -756,7 +790,7 @@ impl Fs {
             .state
             .read()
             .get(ino)
-            .is_ok_and(|i| !atime_moves(a, i, now))
+            .is_ok_and(|i| i.flags & FL_NOATIME != 0 || !atime_moves(a, i, now))
         {
             return;
         }
@@ -822,6 +856,7 @@ impl Fs {
         let now = SystemTime::now();
         let mut st = self.state.write();
         let p = st.check_new_entry(parent, name)?;
+        p.check_mutable()?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
             return err(Errno::ENOSPC);
         }
@@ -885,8 +920,9 @@ impl Fs {
         check_name(newname)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
-        st.check_new_entry(newparent, newname)?;
+        st.check_new_entry(newparent, newname)?.check_mutable()?;
         let inode = st.get(ino)?;
+        inode.check_fixed()?;
         if inode.kind == Kind::Dir {
             return err(Errno::EPERM);
         }
@@ -914,6 +950,8 @@ impl Fs {
         if st.get(ino)?.kind == Kind::Dir {
             return err(Errno::EISDIR);
         }
+        st.get(parent)?.check_fixed()?;
+        st.get(ino)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -932,6 +970,8 @@ impl Fs {
         if !d.entries()?.is_empty() {
             return err(Errno::ENOTEMPTY);
         }
+        d.check_fixed()?;
+        st.get(parent)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -1022,6 +1062,14 @@ impl Fs {
         };
         if st.get(newparent)?.nlink == 0 {
             return err(Errno::ENOENT);
+        }
+        st.get(src)?.check_fixed()?;
+        st.get(parent)?.check_fixed()?;
+        st.get(newparent)?.check_mutable()?;
+        if let Some(dst) = dst {
+            st.get(dst)?.check_fixed()?;
+            // An entry replaced or exchanged leaves the new parent.
+            st.get(newparent)?.check_fixed()?;
         }
         let src_dir = st.get(src)?.kind == Kind::Dir;
         // Moving a directory below itself is refused by the VFS already;
@@ -1116,11 +1164,20 @@ impl Fs {
         }
     }
 
-    pub fn open(&self, ino: Ino) -> Result<()> {
+    /// Opens a non-directory with open(2)'s `flags`.
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<()> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
             return err(Errno::EISDIR);
+        }
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            inode.check_mutable()?;
+            if inode.flags & FL_APPEND != 0
+                && (flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0)
+            {
+                return err(Errno::EPERM);
+            }
         }
         inode.opens += 1;
         Ok(())
@@ -1136,12 +1193,13 @@ impl Fs {
         self.maybe_free(&c, &mut st, ino);
     }
 
-    /// Where a regular file's data starts in the store, and its size.
-    fn file(&self, ino: Ino) -> Result<(u64, u64)> {
+    /// Where a regular file's data starts in the store, its size and its
+    /// chattr flags.
+    fn file(&self, ino: Ino) -> Result<(u64, u64, u32)> {
         let st = self.state.read();
         let inode = st.get(ino)?;
         match inode.data {
-            Data::File { slot, .. } => Ok((base(slot), inode.size)),
+            Data::File { slot, .. } => Ok((base(slot), inode.size, inode.flags)),
             _ if inode.kind == Kind::Dir => err(Errno::EISDIR),
             _ => err(Errno::EINVAL),
         }
@@ -1149,7 +1207,7 @@ impl Fs {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let (base, size) = self.file(ino)?;
+        let (base, size, _) = self.file(ino)?;
         if off >= size {
             return Ok(0);
         }
@@ -1177,7 +1235,12 @@ impl Fs {
         who: Caller,
         kernel_kill: bool,
     ) -> Result<usize> {
-        let (base, _) = self.file(ino)?;
+        let (base, size, flags) = self.file(ino)?;
+        // Append-only: a program's write lands at the end (O_APPEND was
+        // required to open); the kernel's write-back may rewrite a page.
+        if flags & FL_IMMUTABLE != 0 || (flags & FL_APPEND != 0 && short_ok && off < size) {
+            return err(Errno::EPERM);
+        }
         let end = off
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
@@ -1236,7 +1299,10 @@ impl Fs {
         if mode & PUNCH != 0 && mode & KEEP_SIZE == 0 {
             return err(Errno::EOPNOTSUPP);
         }
-        let (base, size) = self.file(ino)?;
+        let (base, size, flags) = self.file(ino)?;
+        if flags & FL_IMMUTABLE != 0 || (flags & FL_APPEND != 0 && mode & !KEEP_SIZE != 0) {
+            return err(Errno::EPERM);
+        }
         let end = off
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
@@ -1292,7 +1358,7 @@ impl Fs {
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
-        let (base, size) = self.file(ino)?;
+        let (base, size, _) = self.file(ino)?;
         if off >= size {
             return err(Errno::ENXIO);
         }
@@ -1325,7 +1391,7 @@ impl Fs {
         len: u64,
     ) -> Result<u64> {
         let c = self.store.change();
-        let (_, size_in) = self.file(ino_in)?;
+        let (_, size_in, _) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
             return err(Errno::EINVAL);
         }
@@ -1385,6 +1451,25 @@ impl Fs {
         Ok(entries)
     }
 
+    /// The chattr flags (FS_IOC_GETFLAGS).
+    pub fn flags(&self, ino: Ino) -> Result<u32> {
+        Ok(self.state.read().get(ino)?.flags)
+    }
+
+    /// FS_IOC_SETFLAGS: only the flags tmpfs keeps (EOPNOTSUPP otherwise,
+    /// as tmpfs). The kernel has checked ownership and CAP_LINUX_IMMUTABLE.
+    pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
+        let _change = self.store.change();
+        if flags & !FL_SUPPORTED != 0 {
+            return err(Errno::EOPNOTSUPP);
+        }
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        inode.flags = flags;
+        inode.ctime = SystemTime::now();
+        Ok(())
+    }
+
     /// For readdirplus: the attributes of an entry, counting a lookup.
     pub fn lookup_ino(&self, ino: Ino) -> Result<Attr> {
         let mut st = self.state.write();
@@ -1422,6 +1507,7 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        inode.check_fixed()?;
         let old = inode.xattrs.get(name);
         if flags & libc::XATTR_CREATE != 0 && old.is_some() {
             return err(Errno::EEXIST);
@@ -1463,6 +1549,7 @@ impl Fs {
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        inode.check_fixed()?;
         let v = inode.xattrs.remove(name).ok_or(Errno::ENODATA)?;
         self.store.uncharge(xattr_cost(name, &v));
         inode.ctime = SystemTime::now();

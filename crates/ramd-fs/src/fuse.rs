@@ -1,17 +1,19 @@
 //! FUSE adapter: translates fuser's requests into [`Fs`] calls and replies.
 //! No filesystem logic lives here.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
@@ -54,6 +56,8 @@ pub struct FuseFs {
     opts: FuseOptions,
     /// The session's notifier, once the session exists ([`crate::mount`]).
     notifier: Arc<OnceLock<Notifier>>,
+    /// The ioctl commands already logged as unsupported (each once).
+    unknown_ioctls: Mutex<HashSet<u32>>,
     /// Direct writes whose range of the page cache is to be dropped before
     /// they are answered (see `write`).
     dio: mpsc::Sender<DirectWrite>,
@@ -108,6 +112,7 @@ impl FuseFs {
             opts,
             notifier,
             dio,
+            unknown_ioctls: Mutex::new(HashSet::new()),
         }
     }
 
@@ -368,8 +373,8 @@ impl fuser::Filesystem for FuseFs {
         entry(reply, self.fs.link(Ino(ino.0), Ino(newparent.0), newname));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(Ino(ino.0)) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(Ino(ino.0), flags.0) {
             Ok(()) => reply.opened(FileHandle(0), open_flags(&self.fs, Ino(ino.0))),
             Err(e) => reply.error(ferr(e)),
         }
@@ -687,6 +692,67 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // The kernel sends chattr's flags as an unsigned int, whichever
+        // width the command's number says (fs/fuse/ioctl.c).
+        const GETFLAGS: [u32; 2] = [libc::FS_IOC_GETFLAGS as u32, libc::FS_IOC32_GETFLAGS as u32];
+        const SETFLAGS: [u32; 2] = [libc::FS_IOC_SETFLAGS as u32, libc::FS_IOC32_SETFLAGS as u32];
+        // _IOR('X', 31, struct fsxattr): the kernel asks for it before
+        // it sets chattr flags, and for a fileattr query.
+        const FSGETXATTR: u32 = 0x801c_581f;
+        let ino = Ino(ino.0);
+        if cmd == FSGETXATTR {
+            match self.fs.flags(ino) {
+                Ok(f) => {
+                    // struct fsxattr: xflags, then four u32 and 8 bytes
+                    // of padding, all zero here.
+                    let mut b = [0u8; 28];
+                    b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
+                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else if GETFLAGS.contains(&cmd) {
+            match self.fs.flags(ino) {
+                Ok(f) => {
+                    let b = f.to_ne_bytes();
+                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else if SETFLAGS.contains(&cmd) {
+            let Some(b) = in_data.get(..4) else {
+                return reply.error(FErrno::EINVAL);
+            };
+            let f = u32::from_ne_bytes(b.try_into().expect("4 bytes"));
+            match self.fs.set_flags(ino, f) {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else {
+            // ENOTTY, as tmpfs; said once per command, not once per call.
+            if self
+                .unknown_ioctls
+                .lock()
+                .expect("not poisoned")
+                .insert(cmd)
+            {
+                log::info!("unsupported ioctl {cmd:#x} (answered ENOTTY; not logged again)");
+            }
+            reply.error(FErrno::ENOTTY);
+        }
+    }
+
     fn copy_file_range(
         &self,
         req: &Request,
@@ -714,6 +780,20 @@ impl fuser::Filesystem for FuseFs {
             Err(e) => reply.error(ferr(e)),
         }
     }
+}
+
+/// The FS_XFLAG_* spelling of chattr flags (only those `Fs` keeps).
+fn xflags(flags: u32) -> u32 {
+    use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
+    [
+        (FL_IMMUTABLE, 0x8),
+        (FL_APPEND, 0x10),
+        (FL_NOATIME, 0x40),
+        (FL_NODUMP, 0x80),
+    ]
+    .iter()
+    .filter(|(fl, _)| flags & fl != 0)
+    .fold(0, |x, (_, xf)| x | xf)
 }
 
 fn xattr_reply(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {

@@ -1071,10 +1071,13 @@ fn refused(meta: &[u8]) -> String {
     }
 }
 
+/// `meta` with its tree changed (what follows the tree kept).
 fn edit(meta: &[u8], change: impl FnOnce(&mut SavedMeta<'static>)) -> Vec<u8> {
-    let mut m: SavedMeta<'static> = postcard::from_bytes(meta).unwrap();
+    let (mut m, rest): (SavedMeta<'static>, _) = postcard::take_from_bytes(meta).unwrap();
     change(&mut m);
-    postcard::to_stdvec(&m).unwrap()
+    let mut out = postcard::to_stdvec(&m).unwrap();
+    out.extend_from_slice(rest);
+    out
 }
 
 fn inode<'m>(
@@ -1155,7 +1158,7 @@ fn inconsistent_trees_are_refused() {
     );
     type Edit = Box<dyn FnOnce(&mut SavedMeta<'static>)>;
     let cases: Vec<(&str, Edit)> = vec![
-        ("format version 2", Box::new(|m| m.version = 2)),
+        ("format version 3", Box::new(|m| m.version = 3)),
         (
             "inode 999, which was not saved",
             Box::new(|m| entries(m, ROOT_INO).push((name("ghost"), 999))),
@@ -1296,7 +1299,62 @@ fn inconsistent_trees_are_refused() {
     assert!(refused(&[]).contains("no format version"));
     // The edits themselves are sound: no change loads.
     Fs::load(new_store(DISK), cfg(100), &edit(&meta, |_| {})).unwrap();
-    assert_eq!(META_VERSION, 1);
+    assert_eq!(META_VERSION, 2);
+}
+
+#[test]
+fn chattr_flags_are_enforced_saved_and_loaded() {
+    let f = fs();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let a = f.create(ME, d, n("a"), libc::S_IFREG | 0o644).unwrap().ino;
+    let b = f.create(ME, d, n("b"), libc::S_IFREG | 0o644).unwrap().ino;
+    f.write(&f.change(), a, 0, b"abc", true, ME, false).unwrap();
+    assert_eq!(f.set_flags(a, 0x4000), Err(Errno::EOPNOTSUPP));
+    f.set_flags(a, FL_APPEND | FL_NODUMP).unwrap();
+    f.set_flags(b, FL_IMMUTABLE).unwrap();
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    let eperm = Err(Errno::EPERM);
+    assert_eq!(
+        f.open(a, libc::O_WRONLY),
+        eperm,
+        "append-only needs O_APPEND"
+    );
+    f.open(a, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    assert_eq!(
+        f.write(&f.change(), a, 0, b"x", true, ME, false),
+        Err(Errno::EPERM)
+    );
+    f.write(&f.change(), a, 3, b"d", true, ME, false).unwrap();
+    assert_eq!(f.setattr(ME, a, trunc).map(|_| ()), eperm);
+    assert_eq!(f.unlink(d, n("a")), eperm);
+    assert_eq!(f.open(b, libc::O_RDWR), eperm);
+    f.open(b, libc::O_RDONLY).unwrap();
+    assert_eq!(
+        f.write(&f.change(), b, 0, b"x", true, ME, false),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(f.rename(d, n("b"), d, n("c"), 0), eperm);
+    assert_eq!(f.link(b, ROOT_INO, n("b2")).map(|_| ()), eperm);
+    assert_eq!(f.fallocate(ME, b, 0, 4096, 0), eperm);
+    f.set_flags(d, FL_IMMUTABLE).unwrap();
+    assert_eq!(
+        f.create(ME, d, n("new"), libc::S_IFREG | 0o644).map(|_| ()),
+        eperm
+    );
+    f.set_flags(d, 0).unwrap();
+    let meta = f.save_meta();
+    let g = Fs::load(new_store(DISK), cfg(100), &meta).unwrap();
+    assert_eq!(g.flags(a), Ok(FL_APPEND | FL_NODUMP));
+    assert_eq!(g.flags(b), Ok(FL_IMMUTABLE));
+    // Version 1 (no flags after the tree) still loads.
+    let v1 = edit(&meta, |m| m.version = 1);
+    let (_, rest) = postcard::take_from_bytes::<SavedMeta>(&v1).unwrap();
+    let v1 = v1[..v1.len() - rest.len()].to_vec();
+    let h = Fs::load(new_store(DISK), cfg(100), &v1).unwrap();
+    assert_eq!(h.flags(a), Ok(0));
 }
 
 #[test]

@@ -304,3 +304,83 @@ fn file_handles_outlive_the_kernels_inode_cache() {
     let out = same_as_tmpfs(&disk, "handles", &script);
     assert_eq!(out, "file: handled\ndir: inside\ngone: Stale file handle\n");
 }
+
+/// chattr's flags tmpfs keeps, set and enforced: append-only (appends
+/// only, no truncate, remove or rename), immutable (no change at all),
+/// no dump, no atime (a read leaves atime alone), and one tmpfs refuses.
+const CHATTR_SCRIPT: &str = r#"
+cd "$1"
+try() { if "$@" 2>/dev/null; then echo "ok: $*"; else echo "refused: $*"; fi; }
+flags() { lsattr -d "$1" | cut -d' ' -f1; }
+echo one > a; echo data > i; echo n > n; echo t > t; mkdir d
+chattr +a a; chattr +i i; chattr +d n; chattr +A t
+for f in a i n t; do echo "$f $(flags $f)"; done
+try sh -c 'echo two >> a'
+try sh -c 'echo over > a'
+try truncate -s 0 a
+try mv a a2
+try rm -f a
+try ln a a3
+try chmod 600 a
+cat a
+try sh -c 'echo more >> i'
+try touch i
+try chmod 600 i
+try rm -f i
+try ln i i2
+try setfattr -n user.x -v 1 i
+try chattr +C n
+touch -a -d 2001-01-01 t
+cat t >/dev/null
+stat -c %X t
+chattr +i d
+try touch d/new
+chattr -i d
+try touch d/new
+chattr -a a; chattr -i i
+try rm -f a i
+ls
+"#;
+
+#[test]
+fn chattr_flags_are_kept_and_enforced_as_on_tmpfs() {
+    for t in ["chattr", "lsattr", "setfattr"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "chattr", CHATTR_SCRIPT);
+    assert!(out.contains("refused: rm -f a\n"), "{out}");
+    assert!(out.contains("ok: sh -c echo two >> a\n"), "{out}");
+    assert!(out.contains("\n978307200\n"), "noatime: {out}");
+}
+
+/// An ioctl nobody supports, called many times: ENOTTY each time, as on
+/// tmpfs, and one line in the daemon's log.
+const IOCTL_C: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_CREAT | O_RDWR, 0644);
+    if (fd < 0) { perror("open"); return 2; }
+    int v = 0, enotty = 0;
+    for (int i = 0; i < 200; i++)
+        if (ioctl(fd, _IOR('r', 0x42, int), &v) < 0 && errno == ENOTTY) enotty++;
+    printf("ENOTTY %d\n", enotty);
+    return 0;
+}
+"#;
+
+#[test]
+fn an_unsupported_ioctl_is_logged_once() {
+    let prog = c_program("ioctl", IOCTL_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"/f", prog.path.display());
+    assert_eq!(same_as_tmpfs(&disk, "ioctl", &script), "ENOTTY 200\n");
+    let log = disk.stderr();
+    let n = log.matches("unsupported ioctl 0x80047242").count();
+    assert_eq!(n, 1, "logged {n} times:\n{log}");
+}
