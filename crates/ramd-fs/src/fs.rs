@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
+mod acl;
 pub(crate) mod meta;
 
 /// File data of one file spans at most 1 TiB of store address space.
@@ -119,6 +120,9 @@ pub struct Caller {
     /// Its thread id, to read what FUSE does not pass (capabilities and
     /// supplementary groups) from /proc; 0 when unknown.
     pub pid: u32,
+    /// Its umask, for what it creates: the mount negotiates POSIX ACLs
+    /// (and FUSE_DONT_MASK), so `Fs` applies it unless a default ACL rules.
+    pub umask: u32,
 }
 
 /// What the VFS weighs before dropping setuid and setgid and FUSE does not
@@ -860,9 +864,25 @@ impl Fs {
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
             return err(Errno::ENOSPC);
         }
+        // A default ACL replaces the umask (POSIX.1e, as posix_acl_create).
+        let default_acl = p.xattrs.get(OsStr::new(ACL_DEFAULT)).cloned();
+        let mut xattrs = BTreeMap::new();
+        let mut mode = mode & 0o7777;
+        match default_acl {
+            Some(acl) if kind != Kind::Symlink => {
+                if let Some(access) = acl::inherit(&acl, &mut mode) {
+                    xattrs.insert(OsString::from(ACL_ACCESS), access);
+                }
+                if kind == Kind::Dir {
+                    xattrs.insert(OsString::from(ACL_DEFAULT), acl);
+                }
+            }
+            _ if kind != Kind::Symlink => mode &= !who.umask,
+            _ => {}
+        }
         // setgid directories hand their group, and to subdirectories the
         // setgid bit, down to what is created in them.
-        let mut perm = (mode & 0o7777) as u16;
+        let mut perm = mode as u16;
         let gid = if p.perm & libc::S_ISGID as u16 != 0 {
             if kind == Kind::Dir {
                 perm |= libc::S_ISGID as u16;
@@ -871,7 +891,10 @@ impl Fs {
         } else {
             who.gid
         };
-        let cost = INODE_COST + name_cost(name) + target.map_or(0, |t| t.len() as u64);
+        let cost = INODE_COST
+            + name_cost(name)
+            + target.map_or(0, |t| t.len() as u64)
+            + xattrs.iter().map(|(k, v)| xattr_cost(k, v)).sum::<u64>();
         self.store.charge(cost)?;
         let data = match kind {
             Kind::File => {
@@ -904,6 +927,7 @@ impl Fs {
         let mut inode = Inode::new(kind, perm, who.uid, gid, data, now);
         inode.rdev = rdev;
         inode.size = target.map_or(0, |t| t.len() as u64);
+        inode.xattrs = xattrs;
         let attr = inode.attr(ino);
         st.inodes.insert(ino, inode);
         let p = st.get_mut(parent)?;
@@ -1508,6 +1532,19 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.check_fixed()?;
+        if name == ACL_ACCESS {
+            // The mode follows an access ACL, and one that says no more
+            // than the mode is not kept (the kernel leaves both to us).
+            let (mode, extended) = acl::mode_of(value).ok_or(Errno::EINVAL)?;
+            inode.perm = (inode.perm & !0o777) | mode as u16;
+            inode.ctime = SystemTime::now();
+            if !extended {
+                if let Some(v) = inode.xattrs.remove(name) {
+                    self.store.uncharge(xattr_cost(name, &v));
+                }
+                return Ok(());
+            }
+        }
         let old = inode.xattrs.get(name);
         if flags & libc::XATTR_CREATE != 0 && old.is_some() {
             return err(Errno::EEXIST);
@@ -1620,10 +1657,17 @@ fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {
     DIRENT_COST + name.len() as u64 + value.len() as u64
 }
 
-/// Namespaces tmpfs supports; ACLs (system.*) are not offered.
+/// Where POSIX ACLs live (the kernel reads and checks them itself).
+const ACL_ACCESS: &str = "system.posix_acl_access";
+const ACL_DEFAULT: &str = "system.posix_acl_default";
+
+/// Namespaces tmpfs supports, and of system.* the two ACLs.
 fn check_xattr_name(name: &OsStr) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
         return err(Errno::ERANGE);
+    }
+    if name == ACL_ACCESS || name == ACL_DEFAULT {
+        return Ok(());
     }
     let b = name.as_bytes();
     let known = [&b"user."[..], b"trusted.", b"security."]

@@ -175,6 +175,7 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
         pid: req.pid(),
+        umask: 0,
     }
 }
 
@@ -225,6 +226,11 @@ impl fuser::Filesystem for FuseFs {
             // File handles (open_by_handle_at, NFS export) that work after
             // the kernel dropped the inode: it then looks up "." by number.
             | InitFlags::FUSE_EXPORT_SUPPORT
+            // POSIX ACLs: the kernel checks them and keeps them in step
+            // with chmod; new inodes inherit a default ACL here, which is
+            // why the umask is left to `Fs` too (DONT_MASK).
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.writeback_cache {
@@ -302,14 +308,15 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.mknod(caller(req), Ino(parent.0), name, mode, rdev),
-        );
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        entry(reply, self.fs.mknod(who, Ino(parent.0), name, mode, rdev));
     }
 
     fn mkdir(
@@ -318,10 +325,14 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.mkdir(caller(req), Ino(parent.0), name, mode));
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        entry(reply, self.fs.mkdir(who, Ino(parent.0), name, mode));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -635,11 +646,15 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fs.create(caller(req), Ino(parent.0), name, mode) {
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        match self.fs.create(who, Ino(parent.0), name, mode) {
             Ok(a) => reply.created(
                 &TTL,
                 &fattr(&a),

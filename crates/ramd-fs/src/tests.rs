@@ -12,6 +12,7 @@ const ME: Caller = Caller {
     uid: 1000,
     gid: 100,
     pid: 0,
+    umask: 0,
 };
 
 fn fs_with(size: u64, nr_inodes: u64) -> Fs {
@@ -196,6 +197,7 @@ fn setgid_directories_pass_group_down() {
         uid: 5,
         gid: 6,
         pid: 0,
+        umask: 0,
     };
     let file = f.create(other, d.ino, n("f"), REG).unwrap();
     assert_eq!(file.gid, 42);
@@ -294,8 +296,9 @@ fn xattrs() {
     assert_eq!(f.listxattr(a.ino).unwrap(), b"trusted.t\0user.x\0");
     f.removexattr(a.ino, n("user.x")).unwrap();
     assert_eq!(f.getxattr(a.ino, n("user.x")), Err(Errno::ENODATA));
+    // ACLs are the only system.* names (the kernel checks their format).
     assert_eq!(
-        f.setxattr(a.ino, n("system.posix_acl_access"), b"", 0),
+        f.setxattr(a.ino, n("system.other"), b"", 0),
         Err(Errno::EOPNOTSUPP)
     );
 }
@@ -525,6 +528,7 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
         uid: 0,
         gid: 0,
         pid: 0,
+        umask: 0,
     };
     let chown = SetAttr {
         uid: Some(5),
@@ -549,6 +553,7 @@ fn setgid_goes_for_a_writer_outside_the_group_as_on_tmpfs() {
         uid: 5,
         gid: 6,
         pid: 0,
+        umask: 0,
     };
     let mk = |name| {
         f.create(ME, ROOT_INO, n(name), libc::S_IFREG | 0o6666)
@@ -574,6 +579,43 @@ fn lookup_of_dot_and_dotdot_for_file_handles() {
     assert_eq!(f.lookup(a.ino, n(".")).unwrap().ino, a.ino);
     assert_eq!(f.lookup(d.ino, n("..")).unwrap().ino, ROOT_INO);
     assert_eq!(f.lookup(a.ino, n("..")), Err(Errno::ENOTDIR));
+}
+
+#[test]
+fn a_default_acl_replaces_the_umask_and_is_inherited() {
+    let f = fs();
+    let acl = |entries: &[(u16, u16, u32)]| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm, id) in entries {
+            v.extend(tag.to_le_bytes());
+            v.extend(perm.to_le_bytes());
+            v.extend(id.to_le_bytes());
+        }
+        v
+    };
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    // user::rwx user:42:rwx group::r-x mask::rwx other::---
+    let default = acl(&[(1, 7, 0), (2, 7, 42), (4, 5, 0), (0x10, 7, 0), (0x20, 0, 0)]);
+    f.setxattr(d, n("system.posix_acl_default"), &default, 0)
+        .unwrap();
+    let masked = Caller { umask: 0o077, ..ME };
+    let a = f.create(masked, d, n("a"), libc::S_IFREG | 0o664).unwrap();
+    assert_eq!(a.perm, 0o660, "mode limited by the ACL, not the umask");
+    let access = f.getxattr(a.ino, n("system.posix_acl_access")).unwrap();
+    assert_eq!(
+        access,
+        acl(&[(1, 6, 0), (2, 7, 42), (4, 5, 0), (0x10, 6, 0), (0x20, 0, 0)])
+    );
+    let sub = f.mkdir(masked, d, n("sub"), 0o777).unwrap().ino;
+    assert_eq!(
+        f.getxattr(sub, n("system.posix_acl_default")).unwrap(),
+        default
+    );
+    // Without a default ACL the umask applies.
+    let b = f
+        .create(masked, ROOT_INO, n("b"), libc::S_IFREG | 0o666)
+        .unwrap();
+    assert_eq!(b.perm, 0o600);
 }
 
 // ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
@@ -718,11 +760,13 @@ fn build_tree(f: &Fs) -> Built {
         uid: 0,
         gid: 0,
         pid: 0,
+        umask: 0,
     };
     let other = Caller {
         uid: 7,
         gid: 8,
         pid: 0,
+        umask: 0,
     };
     let docs = f.mkdir(ME, ROOT_INO, n("docs"), 0o755).unwrap().ino;
     let a = f.create(ME, docs, n("a.txt"), REG).unwrap().ino;

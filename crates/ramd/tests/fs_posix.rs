@@ -384,3 +384,41 @@ fn an_unsupported_ioctl_is_logged_once() {
     let n = log.matches("unsupported ioctl 0x80047242").count();
     assert_eq!(n, 1, "logged {n} times:\n{log}");
 }
+
+/// POSIX ACLs: set, read back, enforced for another user, kept in step
+/// with chmod, removed; a directory's default ACL inherited by files and
+/// subdirectories in place of the umask.
+const ACL_SCRIPT: &str = r#"
+cd "$1"
+umask 022
+nobody='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
+try() { if "$@" 2>/dev/null >/dev/null; then echo "ok: $*"; else echo "refused: $*"; fi; }
+echo hi > own; chmod 600 own
+try $nobody cat own
+setfacl -m u:65534:r own
+try $nobody cat own
+getfacl -c own
+chmod 640 own
+getfacl -c own
+stat -c '%a' own
+setfacl -m u:65534:- own
+try $nobody cat own
+setfacl -b own
+getfacl -c own
+mkdir d
+setfacl -d -m u:65534:rwx,g::r-x,o::- d
+touch d/f; mkdir d/sub
+for p in d d/f d/sub; do echo "== $p $(stat -c %a $p)"; getfacl -c $p; done
+"#;
+
+#[test]
+fn posix_acls_are_kept_enforced_and_inherited_as_on_tmpfs() {
+    for t in ["setfacl", "getfacl", "setpriv"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "acl", ACL_SCRIPT);
+    assert!(out.contains("refused: setpriv"), "{out}");
+    assert!(out.contains("ok: setpriv"), "the ACL let nobody read: {out}");
+    assert!(out.contains("user:nobody:r--"), "{out}");
+}
