@@ -1061,8 +1061,12 @@ impl Fs {
         self.store.uncharge(cost);
     }
 
+    /// renameat2(2) by `who`. RENAME_WHITEOUT leaves a whiteout (a
+    /// character device 0:0, mode 0, `who`'s) at the old name, as tmpfs
+    /// does for overlayfs; the kernel has checked CAP_MKNOD.
     pub fn rename(
         &self,
+        who: Caller,
         parent: Ino,
         name: &OsStr,
         newparent: Ino,
@@ -1071,8 +1075,11 @@ impl Fs {
     ) -> Result<()> {
         const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+        const WHITEOUT: u32 = libc::RENAME_WHITEOUT;
         let c = self.store.change();
-        if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
+        if flags & !(NOREPLACE | EXCHANGE | WHITEOUT) != 0
+            || flags & EXCHANGE != 0 && flags & (NOREPLACE | WHITEOUT) != 0
+        {
             return err(Errno::EINVAL);
         }
         check_name(newname)?;
@@ -1142,7 +1149,19 @@ impl Fs {
             }
         }
         // Nothing may fail after the replaced entry is gone: charge first.
-        self.store.charge(name_cost(newname))?;
+        let whiteout_cost = INODE_COST + name_cost(name);
+        if flags & WHITEOUT != 0 {
+            if st.inodes.len() as u64 >= self.cfg.nr_inodes {
+                return err(Errno::ENOSPC);
+            }
+            self.store.charge(whiteout_cost)?;
+        }
+        if let Err(e) = self.store.charge(name_cost(newname)) {
+            if flags & WHITEOUT != 0 {
+                self.store.uncharge(whiteout_cost);
+            }
+            return Err(e.into());
+        }
         if let Some(dst) = dst {
             self.remove_entry(&c, &mut st, newparent, newname, dst);
         }
@@ -1157,6 +1176,17 @@ impl Fs {
         st.get_mut(src)?.ctime = now;
         for p in [parent, newparent] {
             st.get_mut(p)?.touch_mc(now);
+        }
+        if flags & WHITEOUT != 0 {
+            let ino = Ino(st.next_ino);
+            st.next_ino += 1;
+            let mut w = Inode::new(Kind::CharDev, 0, who.uid, who.gid, Data::Special, now);
+            // No reply announces it: the kernel looks it up when it wants it.
+            w.lookups = 0;
+            st.inodes.insert(ino, w);
+            st.get_mut(parent)?
+                .entries_mut()?
+                .insert(name.to_owned(), ino);
         }
         Ok(())
     }

@@ -359,7 +359,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -367,9 +367,14 @@ impl fuser::Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = self
-            .fs
-            .rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits());
+        let r = self.fs.rename(
+            caller(req),
+            Ino(parent.0),
+            name,
+            Ino(newparent.0),
+            newname,
+            flags.bits(),
+        );
         empty(reply, r);
     }
 

@@ -140,34 +140,34 @@ fn rename_rules() {
     let file = f.create(ME, a.ino, n("f"), REG).unwrap();
     // Directory into its own subtree.
     assert_eq!(
-        f.rename(ROOT_INO, n("a"), a.ino, n("sub"), 0),
+        f.rename(ME, ROOT_INO, n("a"), a.ino, n("sub"), 0),
         Err(Errno::EINVAL)
     );
     // Non-directory over a directory and back.
     assert_eq!(
-        f.rename(a.ino, n("f"), ROOT_INO, n("b"), 0),
+        f.rename(ME, a.ino, n("f"), ROOT_INO, n("b"), 0),
         Err(Errno::EISDIR)
     );
     f.create(ME, ROOT_INO, n("g"), REG).unwrap();
     assert_eq!(
-        f.rename(ROOT_INO, n("b"), ROOT_INO, n("g"), 0),
+        f.rename(ME, ROOT_INO, n("b"), ROOT_INO, n("g"), 0),
         Err(Errno::ENOTDIR)
     );
     // NOREPLACE refuses an existing target.
     assert_eq!(
-        f.rename(a.ino, n("f"), ROOT_INO, n("g"), libc::RENAME_NOREPLACE),
+        f.rename(ME, a.ino, n("f"), ROOT_INO, n("g"), libc::RENAME_NOREPLACE),
         Err(Errno::EEXIST)
     );
     // Moving a directory fixes both parents' link counts and "..".
-    f.rename(ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
+    f.rename(ME, ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(f.getattr(a.ino).unwrap().nlink, 3);
     let fh = f.opendir(b.ino).unwrap();
     assert_eq!(f.dir_entries(b.ino, fh, 0).unwrap()[1].ino, a.ino);
     // EXCHANGE swaps a file and a directory across parents.
-    f.rename(a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
+    f.rename(ME, a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, file.ino);
-    f.rename(ROOT_INO, n("g"), a.ino, n("b"), libc::RENAME_EXCHANGE)
+    f.rename(ME, ROOT_INO, n("g"), a.ino, n("b"), libc::RENAME_EXCHANGE)
         .unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, b.ino);
     assert_eq!(f.lookup(a.ino, n("b")).unwrap().ino, file.ino);
@@ -175,7 +175,7 @@ fn rename_rules() {
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 4);
     // Renaming over a hard link of itself changes nothing.
     f.link(file.ino, a.ino, n("same")).unwrap();
-    f.rename(a.ino, n("b"), a.ino, n("same"), 0).unwrap();
+    f.rename(ME, a.ino, n("b"), a.ino, n("same"), 0).unwrap();
     assert_eq!(f.getattr(file.ino).unwrap().nlink, 2);
 }
 
@@ -842,10 +842,11 @@ fn build_tree(f: &Fs) -> Built {
     )
     .unwrap();
     // Moved across directories: parents and ".." change.
-    f.rename(ROOT_INO, n("empty"), sticky, n("moved"), 0)
+    f.rename(ME, ROOT_INO, n("empty"), sticky, n("moved"), 0)
         .unwrap();
     let mv = f.mkdir(ME, ROOT_INO, n("mvdir"), 0o755).unwrap().ino;
-    f.rename(ROOT_INO, n("mvdir"), docs, n("mvdir"), 0).unwrap();
+    f.rename(ME, ROOT_INO, n("mvdir"), docs, n("mvdir"), 0)
+        .unwrap();
     f.setxattr(a, n("user.bin"), &[0, 1, 2, 255, 0], 0).unwrap();
     f.setxattr(a, n("user.big"), &pattern(60_000, 5), 0)
         .unwrap();
@@ -1380,7 +1381,7 @@ fn chattr_flags_are_enforced_saved_and_loaded() {
         f.write(&f.change(), b, 0, b"x", true, ME, false),
         Err(Errno::EPERM)
     );
-    assert_eq!(f.rename(d, n("b"), d, n("c"), 0), eperm);
+    assert_eq!(f.rename(ME, d, n("b"), d, n("c"), 0), eperm);
     assert_eq!(f.link(b, ROOT_INO, n("b2")).map(|_| ()), eperm);
     assert_eq!(f.fallocate(ME, b, 0, 4096, 0), eperm);
     f.set_flags(d, FL_IMMUTABLE).unwrap();

@@ -419,6 +419,43 @@ fn posix_acls_are_kept_enforced_and_inherited_as_on_tmpfs() {
     let disk = FsDisk::mount(&["--size", "64M"]);
     let out = same_as_tmpfs(&disk, "acl", ACL_SCRIPT);
     assert!(out.contains("refused: setpriv"), "{out}");
-    assert!(out.contains("ok: setpriv"), "the ACL let nobody read: {out}");
+    assert!(
+        out.contains("ok: setpriv"),
+        "the ACL let nobody read: {out}"
+    );
     assert!(out.contains("user:nobody:r--"), "{out}");
+}
+
+/// renameat2 with RENAME_WHITEOUT (what overlayfs does on its upper
+/// layer): the old name becomes a whiteout, a character device 0:0.
+const WHITEOUT_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    close(open("a", O_CREAT | O_WRONLY, 0644));
+    if (syscall(SYS_renameat2, AT_FDCWD, "a", AT_FDCWD, "b", RENAME_WHITEOUT) != 0) {
+        perror("renameat2 RENAME_WHITEOUT");
+        return 1;
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout_as_on_tmpfs() {
+    let prog = c_program("whiteout", WHITEOUT_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!(
+        "{} \"$1\" && cd \"$1\" && stat -c '%n %F %t:%T %a %u:%g %h' a b && ls",
+        prog.path.display()
+    );
+    let out = same_as_tmpfs(&disk, "whiteout", &script);
+    assert!(
+        out.starts_with("a character special file 0:0 0 0:0 1\n"),
+        "{out}"
+    );
 }
