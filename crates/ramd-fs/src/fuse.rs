@@ -231,6 +231,9 @@ impl fuser::Filesystem for FuseFs {
             // why the umask is left to `Fs` too (DONT_MASK).
             | InitFlags::FUSE_POSIX_ACL
             | InitFlags::FUSE_DONT_MASK
+            // Idmapped mounts: the kernel maps the ids of requests made
+            // through one before they come here (it needs default_permissions).
+            | InitFlags::FUSE_ALLOW_IDMAP
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.writeback_cache {

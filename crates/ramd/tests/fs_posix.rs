@@ -459,3 +459,108 @@ fn rename_whiteout_leaves_a_whiteout_as_on_tmpfs() {
         "{out}"
     );
 }
+
+const IDMAP_C: &str = r#"/* idmap SRC DST: bind-mounts SRC on DST as an idmapped mount whose ids
+ * are those of a user namespace mapping 0..65535 in it to 100000.. outside
+ * (mount_setattr MOUNT_ATTR_IDMAP). */
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void put(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) { perror(path); exit(2); }
+    close(fd);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: idmap SRC DST\n"); return 2; }
+    int go[2];
+    if (pipe(go)) return 2;
+    pid_t child = fork();
+    if (child == 0) {
+        if (unshare(CLONE_NEWUSER)) { perror("unshare"); _exit(2); }
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) < 0) _exit(2);
+        _exit(0);
+    }
+    char path[64];
+    /* Wait until the child is in its own namespace. */
+    for (int i = 0; i < 1000; i++) {
+        char a[64], b[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/user", child);
+        ssize_t n = readlink(path, a, sizeof a - 1);
+        ssize_t m = readlink("/proc/self/ns/user", b, sizeof b - 1);
+        if (n > 0 && m > 0 && (n != m || memcmp(a, b, n) != 0)) break;
+        usleep(1000);
+    }
+    snprintf(path, sizeof path, "/proc/%d/uid_map", child);
+    put(path, "0 100000 65536\n");
+    snprintf(path, sizeof path, "/proc/%d/setgroups", child);
+    put(path, "deny\n");
+    snprintf(path, sizeof path, "/proc/%d/gid_map", child);
+    put(path, "0 100000 65536\n");
+    snprintf(path, sizeof path, "/proc/%d/ns/user", child);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) { perror("userns"); return 2; }
+    int tree = open_tree(AT_FDCWD, argv[1], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0) { perror("open_tree"); return 2; }
+    struct mount_attr attr = { .attr_set = MOUNT_ATTR_IDMAP, .userns_fd = userns };
+    int rc = 0;
+    if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+        perror("mount_setattr MOUNT_ATTR_IDMAP");
+        rc = 1;
+    } else if (move_mount(tree, "", AT_FDCWD, argv[2], MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+        perror("move_mount");
+        rc = 2;
+    }
+    close(go[1]);
+    waitpid(child, NULL, 0);
+    return rc;
+}
+"#;
+
+/// Through an idmapped mount of `root` (ids 0..65535 shown as 100000..):
+/// a file made by host root, one made by mapped uid 100005, a chown to
+/// mapped 100007; both views' owners.
+fn idmapped_owners(prog: &Path, root: &Path) -> String {
+    let view = tempfile::Builder::new()
+        .prefix("ramd-idmap.")
+        .tempdir()
+        .unwrap();
+    let out = run(Command::new(prog).arg(root).arg(view.path()), CMD_TIMEOUT);
+    assert!(out.success(), "idmapped mount of {root:?}: {}", out.stderr);
+    let script = r#"
+set -e
+touch "$1/byhost" "$1/chowned"
+setpriv --reuid=100005 --regid=100005 --clear-groups touch "$2/bymapped"
+chown 100007:100007 "$2/chowned"
+for f in byhost bymapped chowned; do
+  echo "$f $(stat -c %u:%g "$1/$f") $(stat -c %u:%g "$2/$f")"
+done
+"#;
+    let r = sh_env(script, &[s(root), s(view.path())], ("ZERO", ""));
+    assert!(umount_or_detach(view.path()), "umount {:?}", view.path());
+    r.ok()
+}
+
+#[test]
+fn idmapped_mounts_map_owners_as_on_tmpfs() {
+    let prog = c_program("idmap", IDMAP_C);
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    let want = idmapped_owners(&prog.path, tmpfs.path());
+    assert_eq!(
+        want,
+        "byhost 0:0 100000:100000\nbymapped 5:5 100005:100005\nchowned 7:7 100007:100007\n"
+    );
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    assert_eq!(idmapped_owners(&prog.path, disk.path()), want);
+}
