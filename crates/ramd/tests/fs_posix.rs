@@ -47,14 +47,16 @@ fn same_as_tmpfs(disk: &FsDisk, what: &str, script: &str) -> String {
 /// Writes, truncates and fallocates (plain, punch hole, zero range) as
 /// `nobody` without capabilities (zero range only with ZERO=zero in the
 /// environment: tmpfs has no FALLOC_FL_ZERO_RANGE), on files of mode 6666 and 6676 owned by
-/// root:root, then as `nobody` in group root; and chowns as root.
+/// root:root, then as `nobody` in group root, then as root without
+/// CAP_FSETID; and chowns as root.
 /// `stat` right after each must show what tmpfs shows.
 const PRIVILEGE_SCRIPT: &str = r#"
 set -e
 cd "$1"
 other='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
 member='setpriv --reuid=65534 --regid=0 --clear-groups --inh-caps=-all'
-for who in other member; do
+capless='setpriv --bounding-set=-fsetid --inh-caps=-fsetid'
+for who in other member capless; do
   eval "as=\$$who"
   for mode in 6666 6676 2666 4666; do
     for op in write truncate fallocate punch $ZERO; do
@@ -91,6 +93,7 @@ fn writes_by_another_user_drop_setuid_and_setgid_as_on_tmpfs() {
     // The oracle itself: tmpfs drops both bits for a writer outside the group.
     assert!(out.contains("other.6666.write 666\n"), "{out}");
     assert!(out.contains("member.6666.write 2666\n"), "{out}");
+    assert!(out.contains("capless.4666.write 666\n"), "{out}");
     // Zero range (ramd has it, tmpfs not): as a punch does.
     let d = disk.join("zero");
     fs::create_dir(&d).unwrap();
