@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
+mod acl;
 pub(crate) mod meta;
 
 /// File data of one file spans at most 1 TiB of store address space.
@@ -64,6 +65,15 @@ const XATTR_SIZE_MAX: usize = 64 << 10;
 /// Memory charged per inode and per directory entry, beyond their names.
 const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
 const DIRENT_COST: u64 = 48;
+
+/// The chattr(1) flags tmpfs keeps (FS_IOC_GETFLAGS/SETFLAGS): immutable,
+/// append-only, no dump, no atime. The VFS enforces the first two through
+/// inode flags FUSE never sets, so `Fs` enforces them itself.
+pub const FL_IMMUTABLE: u32 = 0x10;
+pub const FL_APPEND: u32 = 0x20;
+pub const FL_NODUMP: u32 = 0x40;
+pub const FL_NOATIME: u32 = 0x80;
+pub const FL_SUPPORTED: u32 = FL_IMMUTABLE | FL_APPEND | FL_NODUMP | FL_NOATIME;
 
 /// What a failed call answers the kernel: the store's errno vocabulary.
 pub use ramd_store::Errno;
@@ -107,6 +117,71 @@ impl Kind {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// Its thread id, to read what FUSE does not pass (capabilities and
+    /// supplementary groups) from /proc; 0 when unknown.
+    pub pid: u32,
+    /// Its umask, for what it creates: the mount negotiates POSIX ACLs
+    /// (and FUSE_DONT_MASK), so `Fs` applies it unless a default ACL rules.
+    pub umask: u32,
+}
+
+/// What the VFS weighs before dropping setuid and setgid and FUSE does not
+/// pass: CAP_FSETID and the groups a caller is in.
+struct Creds {
+    fsetid: bool,
+    /// The filesystem gid first, then the supplementary groups.
+    groups: Vec<u32>,
+}
+
+impl Caller {
+    /// Read from /proc/PID/status only when a privilege bit is at stake
+    /// (rare); without it, root stands in for CAP_FSETID.
+    fn creds(self) -> Creds {
+        const CAP_FSETID: u32 = 4;
+        let mut c = Creds {
+            fsetid: self.uid == 0,
+            groups: vec![self.gid],
+        };
+        if self.pid == 0 {
+            return c;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return c;
+        };
+        for line in status.lines() {
+            let Some((key, val)) = line.split_once(':') else {
+                continue;
+            };
+            let mut nums = val.split_whitespace();
+            match key {
+                "CapEff" => {
+                    if let Some(caps) = nums.next().and_then(|h| u64::from_str_radix(h, 16).ok()) {
+                        c.fsetid = caps & (1 << CAP_FSETID) != 0;
+                    }
+                }
+                // Real, effective, saved, filesystem: the last one counts.
+                "Gid" => {
+                    if let Some(fsgid) = nums.nth(3).and_then(|g| g.parse().ok()) {
+                        c.groups[0] = fsgid;
+                    }
+                }
+                "Groups" => c.groups.extend(nums.filter_map(|g| g.parse::<u32>().ok())),
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// Why privilege bits may go ([`Fs::drop_privileges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    Chown,
+    /// A write, truncate or fallocate.
+    Modify,
+    /// A write the kernel flagged (FUSE_WRITE_KILL_SUIDGID): it found the
+    /// writer without CAP_FSETID.
+    KernelSays,
 }
 
 /// A stat result.
@@ -256,6 +331,8 @@ struct Inode {
     xattrs: BTreeMap<OsString, Vec<u8>>,
     lookups: u64,
     opens: u32,
+    /// chattr(1) flags ([`FL_SUPPORTED`]).
+    flags: u32,
     data: Data,
 }
 
@@ -264,7 +341,7 @@ struct State {
     next_ino: u64,
     free_slots: Vec<u64>,
     next_slot: u64,
-    /// Open directory handles: a snapshot taken at opendir.
+    /// Open directory handles: the list taken when last read from the start.
     dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
     next_fh: u64,
 }
@@ -286,7 +363,13 @@ pub struct Fs {
     size: AtomicU64,
     atime: AtomicU8,
     state: RwLock<State>,
+    /// Told when an inode's attributes change without the kernel asking
+    /// (privilege bits dropped on a write): its cached copy is stale.
+    on_attr_change: std::sync::OnceLock<AttrHook>,
 }
+
+/// See [`Fs::on_attr_change`].
+pub type AttrHook = Box<dyn Fn(Ino) + Send + Sync>;
 
 fn name_cost(name: &OsStr) -> u64 {
     DIRENT_COST + name.len() as u64
@@ -319,6 +402,7 @@ impl Inode {
             ctime: now,
             btime: now,
             xattrs: BTreeMap::new(),
+            flags: 0,
             lookups: 1,
             opens: 0,
             data,
@@ -360,6 +444,22 @@ impl Inode {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
         }
+    }
+
+    /// EPERM if the inode is immutable or append-only: it may not be
+    /// removed, renamed, linked, or have its attributes changed.
+    fn check_fixed(&self) -> Result<()> {
+        if self.flags & (FL_IMMUTABLE | FL_APPEND) != 0 {
+            return err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    fn check_mutable(&self) -> Result<()> {
+        if self.flags & FL_IMMUTABLE != 0 {
+            return err(Errno::EPERM);
+        }
+        Ok(())
     }
 
     fn touch_mc(&mut self, now: SystemTime) {
@@ -441,6 +541,7 @@ impl Fs {
             atime: AtomicU8::new(cfg.atime.bits()),
             store,
             cfg,
+            on_attr_change: std::sync::OnceLock::new(),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -456,6 +557,18 @@ impl Fs {
     /// needs (every other changing call takes its own).
     pub fn change(&self) -> Change<'_> {
         self.store.change()
+    }
+
+    /// Sets what to call (once, for the mount's life) when an inode's
+    /// attributes change behind the kernel's back; called without locks.
+    pub fn on_attr_change(&self, hook: AttrHook) {
+        let _ = self.on_attr_change.set(hook);
+    }
+
+    fn attr_changed(&self, ino: Ino) {
+        if let Some(hook) = self.on_attr_change.get() {
+            hook(ino);
+        }
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -495,15 +608,25 @@ impl Fs {
         self.state
             .read()
             .get(ino)
-            .is_ok_and(|i| atime_moves(a, i, now))
+            .is_ok_and(|i| i.flags & FL_NOATIME == 0 && atime_moves(a, i, now))
     }
 
+    /// Looks `name` up in `parent`, counting a lookup. "." and ".." are
+    /// what the kernel asks for to open a file handle whose inode it no
+    /// longer caches (`.` of any inode, `..` of a directory).
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return err(Errno::ENAMETOOLONG);
         }
         let mut st = self.state.write();
-        let ino = st.child(parent, name)?;
+        let ino = match name.as_bytes() {
+            b"." => parent,
+            b".." => match st.get(parent)?.data {
+                Data::Dir { parent, .. } => parent,
+                _ => return err(Errno::ENOTDIR),
+            },
+            _ => st.child(parent, name)?,
+        };
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
         Ok(inode.attr(ino))
@@ -527,18 +650,24 @@ impl Fs {
 
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
-    /// chown of a non-directory and a truncate by an unprivileged caller
-    /// drop setuid, setgid and file capabilities.
+    /// chown of a non-directory, and a truncate by a caller without
+    /// CAP_FSETID, drop setuid, setgid and file capabilities.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = SystemTime::now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        // root stands in for CAP_FSETID: fuser does not pass the kernel's
-        // FATTR_KILL_SUIDGID flag, which says the same.
-        let truncating = set.size.is_some() && who.uid != 0;
-        if set.uid.is_some() || set.gid.is_some() || truncating {
-            self.drop_privileges(inode);
+        inode.check_mutable()?;
+        // Append-only: times may still move (the kernel's writeback sends
+        // them), nothing else.
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+            inode.check_fixed()?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            self.drop_privileges(inode, who, Kill::Chown);
+        }
+        if set.size.is_some() {
+            self.drop_privileges(inode, who, Kill::Modify);
         }
         if let Some(size) = set.size {
             let Data::File {
@@ -604,20 +733,44 @@ impl Fs {
         delta
     }
 
-    /// Clears setuid, setgid (when group-executable, as the VFS does) and
-    /// the `security.capability` xattr of a non-directory.
-    fn drop_privileges(&self, inode: &mut Inode) {
-        if inode.kind == Kind::Dir {
-            return;
+    /// Drops what a change by `who` takes away from a non-directory, as
+    /// the VFS does on tmpfs (`setattr_should_drop_suidgid`, `chown_common`):
+    /// the `security.capability` xattr always; setuid, and setgid when the
+    /// file is group-executable or `who` is not in its group, on a chown,
+    /// and on a write, truncate or fallocate by a caller without CAP_FSETID.
+    /// Returns whether the mode changed (the kernel's copy is then stale).
+    fn drop_privileges(&self, inode: &mut Inode, who: Caller, why: Kill) -> bool {
+        let regular = inode.kind == Kind::File;
+        if inode.kind == Kind::Dir || (why != Kill::Chown && !regular) {
+            return false;
         }
-        inode.perm &= !(libc::S_ISUID as u16);
-        if inode.perm & libc::S_IXGRP as u16 != 0 {
-            inode.perm &= !(libc::S_ISGID as u16);
+        if !inode.xattrs.is_empty() {
+            let cap = OsStr::new("security.capability");
+            if let Some(v) = inode.xattrs.remove(cap) {
+                self.store.uncharge(xattr_cost(cap, &v));
+            }
         }
-        let cap = OsStr::new("security.capability");
-        if let Some(v) = inode.xattrs.remove(cap) {
-            self.store.uncharge(xattr_cost(cap, &v));
+        let (suid, sgid, xgrp) = (
+            libc::S_ISUID as u16,
+            libc::S_ISGID as u16,
+            libc::S_IXGRP as u16,
+        );
+        if inode.perm & (suid | sgid) == 0 {
+            return false;
         }
+        let creds = who.creds();
+        let fsetid = creds.fsetid && why != Kill::KernelSays;
+        if fsetid && why != Kill::Chown {
+            return false;
+        }
+        let mut kill = inode.perm & suid;
+        if inode.perm & sgid != 0
+            && (inode.perm & xgrp != 0 || !(fsetid || creds.groups.contains(&inode.gid)))
+        {
+            kill |= sgid;
+        }
+        inode.perm &= !kill;
+        kill != 0
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -641,7 +794,7 @@ impl Fs {
             .state
             .read()
             .get(ino)
-            .is_ok_and(|i| !atime_moves(a, i, now))
+            .is_ok_and(|i| i.flags & FL_NOATIME != 0 || !atime_moves(a, i, now))
         {
             return;
         }
@@ -707,12 +860,29 @@ impl Fs {
         let now = SystemTime::now();
         let mut st = self.state.write();
         let p = st.check_new_entry(parent, name)?;
+        p.check_mutable()?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
             return err(Errno::ENOSPC);
         }
+        // A default ACL replaces the umask (POSIX.1e, as posix_acl_create).
+        let default_acl = p.xattrs.get(OsStr::new(ACL_DEFAULT)).cloned();
+        let mut xattrs = BTreeMap::new();
+        let mut mode = mode & 0o7777;
+        match default_acl {
+            Some(acl) if kind != Kind::Symlink => {
+                if let Some(access) = acl::inherit(&acl, &mut mode) {
+                    xattrs.insert(OsString::from(ACL_ACCESS), access);
+                }
+                if kind == Kind::Dir {
+                    xattrs.insert(OsString::from(ACL_DEFAULT), acl);
+                }
+            }
+            _ if kind != Kind::Symlink => mode &= !who.umask,
+            _ => {}
+        }
         // setgid directories hand their group, and to subdirectories the
         // setgid bit, down to what is created in them.
-        let mut perm = (mode & 0o7777) as u16;
+        let mut perm = mode as u16;
         let gid = if p.perm & libc::S_ISGID as u16 != 0 {
             if kind == Kind::Dir {
                 perm |= libc::S_ISGID as u16;
@@ -721,7 +891,10 @@ impl Fs {
         } else {
             who.gid
         };
-        let cost = INODE_COST + name_cost(name) + target.map_or(0, |t| t.len() as u64);
+        let cost = INODE_COST
+            + name_cost(name)
+            + target.map_or(0, |t| t.len() as u64)
+            + xattrs.iter().map(|(k, v)| xattr_cost(k, v)).sum::<u64>();
         self.store.charge(cost)?;
         let data = match kind {
             Kind::File => {
@@ -754,6 +927,7 @@ impl Fs {
         let mut inode = Inode::new(kind, perm, who.uid, gid, data, now);
         inode.rdev = rdev;
         inode.size = target.map_or(0, |t| t.len() as u64);
+        inode.xattrs = xattrs;
         let attr = inode.attr(ino);
         st.inodes.insert(ino, inode);
         let p = st.get_mut(parent)?;
@@ -770,8 +944,9 @@ impl Fs {
         check_name(newname)?;
         let now = SystemTime::now();
         let mut st = self.state.write();
-        st.check_new_entry(newparent, newname)?;
+        st.check_new_entry(newparent, newname)?.check_mutable()?;
         let inode = st.get(ino)?;
+        inode.check_fixed()?;
         if inode.kind == Kind::Dir {
             return err(Errno::EPERM);
         }
@@ -799,6 +974,8 @@ impl Fs {
         if st.get(ino)?.kind == Kind::Dir {
             return err(Errno::EISDIR);
         }
+        st.get(parent)?.check_fixed()?;
+        st.get(ino)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -817,6 +994,8 @@ impl Fs {
         if !d.entries()?.is_empty() {
             return err(Errno::ENOTEMPTY);
         }
+        d.check_fixed()?;
+        st.get(parent)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -882,8 +1061,12 @@ impl Fs {
         self.store.uncharge(cost);
     }
 
+    /// renameat2(2) by `who`. RENAME_WHITEOUT leaves a whiteout (a
+    /// character device 0:0, mode 0, `who`'s) at the old name, as tmpfs
+    /// does for overlayfs; the kernel has checked CAP_MKNOD.
     pub fn rename(
         &self,
+        who: Caller,
         parent: Ino,
         name: &OsStr,
         newparent: Ino,
@@ -892,8 +1075,11 @@ impl Fs {
     ) -> Result<()> {
         const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
         const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+        const WHITEOUT: u32 = libc::RENAME_WHITEOUT;
         let c = self.store.change();
-        if flags & !(NOREPLACE | EXCHANGE) != 0 || flags == NOREPLACE | EXCHANGE {
+        if flags & !(NOREPLACE | EXCHANGE | WHITEOUT) != 0
+            || flags & EXCHANGE != 0 && flags & (NOREPLACE | WHITEOUT) != 0
+        {
             return err(Errno::EINVAL);
         }
         check_name(newname)?;
@@ -907,6 +1093,14 @@ impl Fs {
         };
         if st.get(newparent)?.nlink == 0 {
             return err(Errno::ENOENT);
+        }
+        st.get(src)?.check_fixed()?;
+        st.get(parent)?.check_fixed()?;
+        st.get(newparent)?.check_mutable()?;
+        if let Some(dst) = dst {
+            st.get(dst)?.check_fixed()?;
+            // An entry replaced or exchanged leaves the new parent.
+            st.get(newparent)?.check_fixed()?;
         }
         let src_dir = st.get(src)?.kind == Kind::Dir;
         // Moving a directory below itself is refused by the VFS already;
@@ -955,7 +1149,19 @@ impl Fs {
             }
         }
         // Nothing may fail after the replaced entry is gone: charge first.
-        self.store.charge(name_cost(newname))?;
+        let whiteout_cost = INODE_COST + name_cost(name);
+        if flags & WHITEOUT != 0 {
+            if st.inodes.len() as u64 >= self.cfg.nr_inodes {
+                return err(Errno::ENOSPC);
+            }
+            self.store.charge(whiteout_cost)?;
+        }
+        if let Err(e) = self.store.charge(name_cost(newname)) {
+            if flags & WHITEOUT != 0 {
+                self.store.uncharge(whiteout_cost);
+            }
+            return Err(e.into());
+        }
         if let Some(dst) = dst {
             self.remove_entry(&c, &mut st, newparent, newname, dst);
         }
@@ -970,6 +1176,17 @@ impl Fs {
         st.get_mut(src)?.ctime = now;
         for p in [parent, newparent] {
             st.get_mut(p)?.touch_mc(now);
+        }
+        if flags & WHITEOUT != 0 {
+            let ino = Ino(st.next_ino);
+            st.next_ino += 1;
+            let mut w = Inode::new(Kind::CharDev, 0, who.uid, who.gid, Data::Special, now);
+            // No reply announces it: the kernel looks it up when it wants it.
+            w.lookups = 0;
+            st.inodes.insert(ino, w);
+            st.get_mut(parent)?
+                .entries_mut()?
+                .insert(name.to_owned(), ino);
         }
         Ok(())
     }
@@ -1001,11 +1218,20 @@ impl Fs {
         }
     }
 
-    pub fn open(&self, ino: Ino) -> Result<()> {
+    /// Opens a non-directory with open(2)'s `flags`.
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<()> {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
             return err(Errno::EISDIR);
+        }
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            inode.check_mutable()?;
+            if inode.flags & FL_APPEND != 0
+                && (flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0)
+            {
+                return err(Errno::EPERM);
+            }
         }
         inode.opens += 1;
         Ok(())
@@ -1021,12 +1247,13 @@ impl Fs {
         self.maybe_free(&c, &mut st, ino);
     }
 
-    /// Where a regular file's data starts in the store, and its size.
-    fn file(&self, ino: Ino) -> Result<(u64, u64)> {
+    /// Where a regular file's data starts in the store, its size and its
+    /// chattr flags.
+    fn file(&self, ino: Ino) -> Result<(u64, u64, u32)> {
         let st = self.state.read();
         let inode = st.get(ino)?;
         match inode.data {
-            Data::File { slot, .. } => Ok((base(slot), inode.size)),
+            Data::File { slot, .. } => Ok((base(slot), inode.size, inode.flags)),
             _ if inode.kind == Kind::Dir => err(Errno::EISDIR),
             _ => err(Errno::EINVAL),
         }
@@ -1034,7 +1261,7 @@ impl Fs {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let (base, size) = self.file(ino)?;
+        let (base, size, _) = self.file(ino)?;
         if off >= size {
             return Ok(0);
         }
@@ -1048,9 +1275,10 @@ impl Fs {
     /// allows it (`short_ok`) stores what fits and returns that count, as
     /// POSIX and tmpfs do; otherwise (the kernel flushing its page cache,
     /// which would take a short count as success) it fails whole. With
-    /// `drop_privs` (the kernel says the writer lacks CAP_FSETID) setuid,
-    /// setgid and capabilities go, as on any Linux filesystem. The caller
-    /// holds `c` ([`Fs::change`]) over the whole request.
+    /// setuid, setgid and capabilities go as [`Fs::drop_privileges`] says
+    /// (`kernel_kill`: the kernel flagged the writer as lacking CAP_FSETID).
+    /// The caller holds `c` ([`Fs::change`]) over the whole request.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         c: &Change<'_>,
@@ -1058,9 +1286,15 @@ impl Fs {
         off: u64,
         data: &[u8],
         short_ok: bool,
-        drop_privs: bool,
+        who: Caller,
+        kernel_kill: bool,
     ) -> Result<usize> {
-        let (base, _) = self.file(ino)?;
+        let (base, size, flags) = self.file(ino)?;
+        // Append-only: a program's write lands at the end (O_APPEND was
+        // required to open); the kernel's write-back may rewrite a page.
+        if flags & FL_IMMUTABLE != 0 || (flags & FL_APPEND != 0 && short_ok && off < size) {
+            return err(Errno::EPERM);
+        }
         let end = off
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
@@ -1092,15 +1326,23 @@ impl Fs {
             *pages = pages.saturating_add_signed(delta);
         }
         r?;
-        if drop_privs {
-            self.drop_privileges(inode);
-        }
+        let why = if kernel_kill {
+            Kill::KernelSays
+        } else {
+            Kill::Modify
+        };
+        let killed = self.drop_privileges(inode, who, why);
         inode.size = inode.size.max(end);
         inode.touch_mc(now);
+        drop(st);
+        if killed {
+            self.attr_changed(ino);
+        }
         Ok((end - off) as usize)
     }
 
-    pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
+    /// fallocate(2) for `who`: like a write, it drops privilege bits.
+    pub fn fallocate(&self, who: Caller, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
         const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
         const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
@@ -1111,7 +1353,10 @@ impl Fs {
         if mode & PUNCH != 0 && mode & KEEP_SIZE == 0 {
             return err(Errno::EOPNOTSUPP);
         }
-        let (base, size) = self.file(ino)?;
+        let (base, size, flags) = self.file(ino)?;
+        if flags & FL_IMMUTABLE != 0 || (flags & FL_APPEND != 0 && mode & !KEEP_SIZE != 0) {
+            return err(Errno::EPERM);
+        }
         let end = off
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
@@ -1156,13 +1401,18 @@ impl Fs {
         } else if mode & (PUNCH | ZERO) != 0 {
             inode.touch_mc(now);
         }
+        let killed = self.drop_privileges(inode, who, Kill::Modify);
+        drop(st);
+        if killed {
+            self.attr_changed(ino);
+        }
         Ok(())
     }
 
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
-        let (base, size) = self.file(ino)?;
+        let (base, size, _) = self.file(ino)?;
         if off >= size {
             return err(Errno::ENXIO);
         }
@@ -1187,6 +1437,7 @@ impl Fs {
     /// Copies file data within the store; returns bytes copied.
     pub fn copy_range(
         &self,
+        who: Caller,
         ino_in: Ino,
         off_in: u64,
         ino_out: Ino,
@@ -1194,7 +1445,7 @@ impl Fs {
         len: u64,
     ) -> Result<u64> {
         let c = self.store.change();
-        let (_, size_in) = self.file(ino_in)?;
+        let (_, size_in, _) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
             return err(Errno::EINVAL);
         }
@@ -1207,7 +1458,7 @@ impl Fs {
             if got == 0 {
                 break;
             }
-            let put = self.write(&c, ino_out, off_out + done, &buf[..got], true, false)?;
+            let put = self.write(&c, ino_out, off_out + done, &buf[..got], true, who, false)?;
             done += put as u64;
             if put < got {
                 break;
@@ -1216,51 +1467,61 @@ impl Fs {
         Ok(done)
     }
 
+    /// Opens a directory; its entries are listed when it is read from
+    /// the start ([`Fs::dir_entries`]).
     pub fn opendir(&self, ino: Ino) -> Result<Fh> {
         let mut st = self.state.write();
-        let d = st.get(ino)?;
-        let Data::Dir { entries, parent } = &d.data else {
-            return err(Errno::ENOTDIR);
-        };
-        let mut list = Vec::with_capacity(entries.len() + 2);
-        list.push(DirEntry {
-            ino,
-            kind: Kind::Dir,
-            name: ".".into(),
-        });
-        list.push(DirEntry {
-            ino: *parent,
-            kind: Kind::Dir,
-            name: "..".into(),
-        });
-        for (name, &child) in entries {
-            let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
-            list.push(DirEntry {
-                ino: child,
-                kind,
-                name: name.clone(),
-            });
-        }
+        st.get(ino)?.entries()?;
         let fh = Fh(st.next_fh);
         st.next_fh += 1;
-        st.dir_handles.insert(fh, Arc::new(list));
+        st.dir_handles.insert(fh, Arc::new(Vec::new()));
         Ok(fh)
     }
 
-    /// The snapshot of an open directory. Reading it from the start counts
-    /// as an access of the directory.
+    /// The entries of an open directory: listed afresh when read from the
+    /// start (opendir, rewinddir: POSIX wants names added since then), the
+    /// same list when read on, so offsets stay valid. Reading from the
+    /// start counts as an access of the directory.
     pub fn dir_entries(&self, ino: Ino, fh: Fh, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
-        let entries = self
-            .state
-            .read()
-            .dir_handles
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)?;
-        if offset == 0 {
-            self.accessed(ino);
+        if offset != 0 {
+            return self
+                .state
+                .read()
+                .dir_handles
+                .get(&fh)
+                .cloned()
+                .ok_or(Errno::EBADF);
         }
+        let entries = {
+            let mut st = self.state.write();
+            if !st.dir_handles.contains_key(&fh) {
+                return err(Errno::EBADF);
+            }
+            let list = Arc::new(list_dir(&st, ino)?);
+            st.dir_handles.insert(fh, list.clone());
+            list
+        };
+        self.accessed(ino);
         Ok(entries)
+    }
+
+    /// The chattr flags (FS_IOC_GETFLAGS).
+    pub fn flags(&self, ino: Ino) -> Result<u32> {
+        Ok(self.state.read().get(ino)?.flags)
+    }
+
+    /// FS_IOC_SETFLAGS: only the flags tmpfs keeps (EOPNOTSUPP otherwise,
+    /// as tmpfs). The kernel has checked ownership and CAP_LINUX_IMMUTABLE.
+    pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
+        let _change = self.store.change();
+        if flags & !FL_SUPPORTED != 0 {
+            return err(Errno::EOPNOTSUPP);
+        }
+        let mut st = self.state.write();
+        let inode = st.get_mut(ino)?;
+        inode.flags = flags;
+        inode.ctime = SystemTime::now();
+        Ok(())
     }
 
     /// For readdirplus: the attributes of an entry, counting a lookup.
@@ -1300,6 +1561,20 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        inode.check_fixed()?;
+        if name == ACL_ACCESS {
+            // The mode follows an access ACL, and one that says no more
+            // than the mode is not kept (the kernel leaves both to us).
+            let (mode, extended) = acl::mode_of(value).ok_or(Errno::EINVAL)?;
+            inode.perm = (inode.perm & !0o777) | mode as u16;
+            inode.ctime = SystemTime::now();
+            if !extended {
+                if let Some(v) = inode.xattrs.remove(name) {
+                    self.store.uncharge(xattr_cost(name, &v));
+                }
+                return Ok(());
+            }
+        }
         let old = inode.xattrs.get(name);
         if flags & libc::XATTR_CREATE != 0 && old.is_some() {
             return err(Errno::EEXIST);
@@ -1341,6 +1616,7 @@ impl Fs {
         check_xattr_name(name)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        inode.check_fixed()?;
         let v = inode.xattrs.remove(name).ok_or(Errno::ENODATA)?;
         self.store.uncharge(xattr_cost(name, &v));
         inode.ctime = SystemTime::now();
@@ -1370,6 +1646,34 @@ impl Fs {
     }
 }
 
+/// ".", ".." and the entries of directory `ino`, in name order.
+fn list_dir(st: &State, ino: Ino) -> Result<Vec<DirEntry>> {
+    let d = st.get(ino)?;
+    let Data::Dir { entries, parent } = &d.data else {
+        return err(Errno::ENOTDIR);
+    };
+    let mut list = Vec::with_capacity(entries.len() + 2);
+    list.push(DirEntry {
+        ino,
+        kind: Kind::Dir,
+        name: ".".into(),
+    });
+    list.push(DirEntry {
+        ino: *parent,
+        kind: Kind::Dir,
+        name: "..".into(),
+    });
+    for (name, &child) in entries {
+        let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
+        list.push(DirEntry {
+            ino: child,
+            kind,
+            name: name.clone(),
+        });
+    }
+    Ok(list)
+}
+
 fn base(slot: u64) -> u64 {
     slot << FILE_SHIFT
 }
@@ -1383,10 +1687,17 @@ fn xattr_cost(name: &OsStr, value: &[u8]) -> u64 {
     DIRENT_COST + name.len() as u64 + value.len() as u64
 }
 
-/// Namespaces tmpfs supports; ACLs (system.*) are not offered.
+/// Where POSIX ACLs live (the kernel reads and checks them itself).
+const ACL_ACCESS: &str = "system.posix_acl_access";
+const ACL_DEFAULT: &str = "system.posix_acl_default";
+
+/// Namespaces tmpfs supports, and of system.* the two ACLs.
 fn check_xattr_name(name: &OsStr) -> Result<()> {
     if name.len() > XATTR_NAME_MAX {
         return err(Errno::ERANGE);
+    }
+    if name == ACL_ACCESS || name == ACL_DEFAULT {
+        return Ok(());
     }
     let b = name.as_bytes();
     let known = [&b"user."[..], b"trusted.", b"security."]

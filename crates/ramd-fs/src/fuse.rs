@@ -1,17 +1,19 @@
 //! FUSE adapter: translates fuser's requests into [`Fs`] calls and replies.
 //! No filesystem logic lives here.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use ramd_store::metrics::{IoMetrics, Op};
@@ -22,6 +24,10 @@ use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence
 /// changes go through this mount and the kernel invalidates what an
 /// operation touches, so a short TTL only guards against our own races.
 const TTL: Duration = Duration::from_secs(1);
+/// The generation of every inode: inode numbers are never reused (not
+/// across a save and load either), so the number alone names one inode for
+/// its life, which file handles need; 1 rather than 0, which reads as unset.
+const GENERATION: Generation = Generation(1);
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
@@ -54,11 +60,71 @@ impl std::fmt::Debug for FuseOptions {
 pub struct FuseFs {
     fs: Arc<Fs>,
     opts: FuseOptions,
+    /// The session's notifier, once the session exists ([`crate::mount`]).
+    notifier: Arc<OnceLock<Notifier>>,
+    /// The ioctl commands already logged as unsupported (each once).
+    unknown_ioctls: Mutex<HashSet<u32>>,
+    /// Direct writes whose range of the page cache is to be dropped before
+    /// they are answered (see `write`).
+    dio: mpsc::Sender<DirectWrite>,
+}
+
+/// A stored direct write, not yet answered.
+struct DirectWrite {
+    ino: INodeNo,
+    offset: u64,
+    written: u32,
+    reply: ReplyWrite,
+}
+
+/// Drops the page cache over each direct write, then answers it. The
+/// kernel's own invalidation after a direct write is skipped for
+/// asynchronous ones (FUSE_ASYNC_DIO), so a buffered read made while such a
+/// write was in flight would stay cached, stale. This runs on its own
+/// thread because dropping a page waits for its lock, which a buffered read
+/// holds until a FUSE worker answers it: a worker waiting here could leave
+/// none to answer.
+fn invalidate_direct_writes(rx: mpsc::Receiver<DirectWrite>, notifier: Arc<OnceLock<Notifier>>) {
+    for w in rx {
+        if let Some(n) = notifier.get() {
+            if let Err(e) = n.inval_inode(w.ino, w.offset as i64, w.written.into()) {
+                log::debug!("dropping cached pages of inode {}: {e}", w.ino.0);
+            }
+        }
+        w.reply.written(w.written);
+    }
 }
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
-        FuseFs { fs, opts }
+        let notifier = Arc::new(OnceLock::<Notifier>::new());
+        let n = notifier.clone();
+        // Attributes only (a negative offset): the kernel rereads them.
+        fs.on_attr_change(Box::new(move |ino| {
+            if let Some(n) = n.get() {
+                if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                    log::warn!("invalidating the kernel's attributes of inode {ino}: {e}");
+                }
+            }
+        }));
+        let (dio, rx) = mpsc::channel();
+        let n = notifier.clone();
+        std::thread::Builder::new()
+            .name("ramd-fuse-dio".into())
+            .spawn(move || invalidate_direct_writes(rx, n))
+            .expect("spawning a thread");
+        FuseFs {
+            fs,
+            opts,
+            notifier,
+            dio,
+            unknown_ioctls: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Where [`crate::mount`] puts the session's notifier.
+    pub(crate) fn notifier_cell(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
     }
 
     /// fsync and fsyncdir: the whole disk is saved at once, so both wait
@@ -127,6 +193,8 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        pid: req.pid(),
+        umask: 0,
     }
 }
 
@@ -139,7 +207,7 @@ fn set_time(t: TimeOrNow) -> SetTime {
 
 fn entry(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
     match r {
-        Ok(a) => reply.entry(&TTL, &fattr(&a), Generation(0)),
+        Ok(a) => reply.entry(&TTL, &fattr(&a), GENERATION),
         Err(e) => reply.error(ferr(e)),
     }
 }
@@ -174,6 +242,17 @@ impl fuser::Filesystem for FuseFs {
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_PARALLEL_DIROPS
+            // File handles (open_by_handle_at, NFS export) that work after
+            // the kernel dropped the inode: it then looks up "." by number.
+            | InitFlags::FUSE_EXPORT_SUPPORT
+            // POSIX ACLs: the kernel checks them and keeps them in step
+            // with chmod; new inodes inherit a default ACL here, which is
+            // why the umask is left to `Fs` too (DONT_MASK).
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK
+            // Idmapped mounts: the kernel maps the ids of requests made
+            // through one before they come here (it needs default_permissions).
+            | InitFlags::FUSE_ALLOW_IDMAP
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_DIO;
         if self.opts.writeback_cache {
@@ -251,14 +330,15 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.fs.mknod(caller(req), Ino(parent.0), name, mode, rdev),
-        );
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        entry(reply, self.fs.mknod(who, Ino(parent.0), name, mode, rdev));
     }
 
     fn mkdir(
@@ -267,10 +347,14 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(reply, self.fs.mkdir(caller(req), Ino(parent.0), name, mode));
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        entry(reply, self.fs.mkdir(who, Ino(parent.0), name, mode));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -297,7 +381,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -305,9 +389,14 @@ impl fuser::Filesystem for FuseFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = self
-            .fs
-            .rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits());
+        let r = self.fs.rename(
+            caller(req),
+            Ino(parent.0),
+            name,
+            Ino(newparent.0),
+            newname,
+            flags.bits(),
+        );
         empty(reply, r);
     }
 
@@ -322,8 +411,8 @@ impl fuser::Filesystem for FuseFs {
         entry(reply, self.fs.link(Ino(ino.0), Ino(newparent.0), newname));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(Ino(ino.0)) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(Ino(ino.0), flags.0) {
             Ok(()) => reply.opened(FileHandle(0), open_flags(&self.fs, Ino(ino.0))),
             Err(e) => reply.error(ferr(e)),
         }
@@ -361,20 +450,20 @@ impl fuser::Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         // Writes flushed from the kernel's cache must fail whole, so that
         // the error is kept for fsync/close; a program's own write may be short.
         let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let drop_privs = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let started = Instant::now();
         let r = self.fs.write(
             &self.fs.change(),
@@ -382,11 +471,23 @@ impl fuser::Filesystem for FuseFs {
             offset,
             data,
             short_ok,
-            drop_privs,
+            caller(req),
+            kill,
         );
         let n = *r.as_ref().unwrap_or(&0);
         self.record(Op::Write, n as u64, started, r.is_ok());
         match r {
+            Ok(n) if flags.0 & libc::O_DIRECT != 0 => {
+                let w = DirectWrite {
+                    ino,
+                    offset,
+                    written: n as u32,
+                    reply,
+                };
+                if let Err(mpsc::SendError(w)) = self.dio.send(w) {
+                    w.reply.written(w.written);
+                }
+            }
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }
@@ -492,7 +593,7 @@ impl fuser::Filesystem for FuseFs {
                 &e.name,
                 &TTL,
                 &fattr(&attr),
-                Generation(0),
+                GENERATION,
             ) {
                 // Not sent: give back the lookup just counted.
                 if !dot {
@@ -579,15 +680,19 @@ impl fuser::Filesystem for FuseFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fs.create(caller(req), Ino(parent.0), name, mode) {
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        match self.fs.create(who, Ino(parent.0), name, mode) {
             Ok(a) => reply.created(
                 &TTL,
                 &fattr(&a),
-                Generation(0),
+                GENERATION,
                 FileHandle(0),
                 open_flags(&self.fs, a.ino),
             ),
@@ -597,7 +702,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -606,7 +711,9 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         let started = Instant::now();
-        let r = self.fs.fallocate(Ino(ino.0), offset, length, mode);
+        let r = self
+            .fs
+            .fallocate(caller(req), Ino(ino.0), offset, length, mode);
         let op = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
             Op::Trim
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
@@ -645,9 +752,70 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
-    fn copy_file_range(
+    fn ioctl(
         &self,
         _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // The kernel sends chattr's flags as an unsigned int, whichever
+        // width the command's number says (fs/fuse/ioctl.c).
+        const GETFLAGS: [u32; 2] = [libc::FS_IOC_GETFLAGS as u32, libc::FS_IOC32_GETFLAGS as u32];
+        const SETFLAGS: [u32; 2] = [libc::FS_IOC_SETFLAGS as u32, libc::FS_IOC32_SETFLAGS as u32];
+        // _IOR('X', 31, struct fsxattr): the kernel asks for it before
+        // it sets chattr flags, and for a fileattr query.
+        const FSGETXATTR: u32 = 0x801c_581f;
+        let ino = Ino(ino.0);
+        if cmd == FSGETXATTR {
+            match self.fs.flags(ino) {
+                Ok(f) => {
+                    // struct fsxattr: xflags, then four u32 and 8 bytes
+                    // of padding, all zero here.
+                    let mut b = [0u8; 28];
+                    b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
+                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else if GETFLAGS.contains(&cmd) {
+            match self.fs.flags(ino) {
+                Ok(f) => {
+                    let b = f.to_ne_bytes();
+                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
+                }
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else if SETFLAGS.contains(&cmd) {
+            let Some(b) = in_data.get(..4) else {
+                return reply.error(FErrno::EINVAL);
+            };
+            let f = u32::from_ne_bytes(b.try_into().expect("4 bytes"));
+            match self.fs.set_flags(ino, f) {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(ferr(e)),
+            }
+        } else {
+            // ENOTTY, as tmpfs; said once per command, not once per call.
+            if self
+                .unknown_ioctls
+                .lock()
+                .expect("not poisoned")
+                .insert(cmd)
+            {
+                log::info!("unsupported ioctl {cmd:#x} (answered ENOTTY; not logged again)");
+            }
+            reply.error(FErrno::ENOTTY);
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -661,9 +829,14 @@ impl fuser::Filesystem for FuseFs {
         // One reply carries a u32 count; the kernel loops for the rest.
         let len = len.min(1 << 30);
         let started = Instant::now();
-        let r = self
-            .fs
-            .copy_range(Ino(ino_in.0), offset_in, Ino(ino_out.0), offset_out, len);
+        let r = self.fs.copy_range(
+            caller(req),
+            Ino(ino_in.0),
+            offset_in,
+            Ino(ino_out.0),
+            offset_out,
+            len,
+        );
         // A copy inside the disk: counted as the write it ends in.
         let n = *r.as_ref().unwrap_or(&0);
         self.record(Op::Write, n, started, r.is_ok());
@@ -672,6 +845,20 @@ impl fuser::Filesystem for FuseFs {
             Err(e) => reply.error(ferr(e)),
         }
     }
+}
+
+/// The FS_XFLAG_* spelling of chattr flags (only those `Fs` keeps).
+fn xflags(flags: u32) -> u32 {
+    use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
+    [
+        (FL_IMMUTABLE, 0x8),
+        (FL_APPEND, 0x10),
+        (FL_NOATIME, 0x40),
+        (FL_NODUMP, 0x80),
+    ]
+    .iter()
+    .filter(|(fl, _)| flags & fl != 0)
+    .fold(0, |x, (_, xf)| x | xf)
 }
 
 fn xattr_reply(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {

@@ -68,7 +68,11 @@ pub fn mount(
     config.acl = fuser::SessionACL::All;
     config.n_threads = Some(threads.max(1));
     config.clone_fd = true;
-    fuser::Session::new(FuseFs::new(fs, opts), dir, &config)
+    let fuse_fs = FuseFs::new(fs, opts);
+    let notifier = fuse_fs.notifier_cell();
+    let session = fuser::Session::new(fuse_fs, dir, &config)?;
+    let _ = notifier.set(session.notifier());
+    Ok(session)
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use crate::fs::*;
 const ME: Caller = Caller {
     uid: 1000,
     gid: 100,
+    pid: 0,
+    umask: 0,
 };
 
 fn fs_with(size: u64, nr_inodes: u64) -> Fs {
@@ -51,7 +53,7 @@ fn create_write_read_truncate() {
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     assert_eq!((a.uid, a.gid, a.perm, a.nlink), (1000, 100, 0o644, 1));
     assert_eq!(
-        f.write(&f.change(), a.ino, 5000, b"hello", true, false)
+        f.write(&f.change(), a.ino, 5000, b"hello", true, ME, false)
             .unwrap(),
         5
     );
@@ -90,7 +92,8 @@ fn unlink_frees_data_at_last_close() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(f.store().stats().data_pages, 256);
     f.unlink(ROOT_INO, n("a")).unwrap();
     // Still open: the data stays readable.
@@ -137,34 +140,34 @@ fn rename_rules() {
     let file = f.create(ME, a.ino, n("f"), REG).unwrap();
     // Directory into its own subtree.
     assert_eq!(
-        f.rename(ROOT_INO, n("a"), a.ino, n("sub"), 0),
+        f.rename(ME, ROOT_INO, n("a"), a.ino, n("sub"), 0),
         Err(Errno::EINVAL)
     );
     // Non-directory over a directory and back.
     assert_eq!(
-        f.rename(a.ino, n("f"), ROOT_INO, n("b"), 0),
+        f.rename(ME, a.ino, n("f"), ROOT_INO, n("b"), 0),
         Err(Errno::EISDIR)
     );
     f.create(ME, ROOT_INO, n("g"), REG).unwrap();
     assert_eq!(
-        f.rename(ROOT_INO, n("b"), ROOT_INO, n("g"), 0),
+        f.rename(ME, ROOT_INO, n("b"), ROOT_INO, n("g"), 0),
         Err(Errno::ENOTDIR)
     );
     // NOREPLACE refuses an existing target.
     assert_eq!(
-        f.rename(a.ino, n("f"), ROOT_INO, n("g"), libc::RENAME_NOREPLACE),
+        f.rename(ME, a.ino, n("f"), ROOT_INO, n("g"), libc::RENAME_NOREPLACE),
         Err(Errno::EEXIST)
     );
     // Moving a directory fixes both parents' link counts and "..".
-    f.rename(ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
+    f.rename(ME, ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(f.getattr(a.ino).unwrap().nlink, 3);
     let fh = f.opendir(b.ino).unwrap();
     assert_eq!(f.dir_entries(b.ino, fh, 0).unwrap()[1].ino, a.ino);
     // EXCHANGE swaps a file and a directory across parents.
-    f.rename(a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
+    f.rename(ME, a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, file.ino);
-    f.rename(ROOT_INO, n("g"), a.ino, n("b"), libc::RENAME_EXCHANGE)
+    f.rename(ME, ROOT_INO, n("g"), a.ino, n("b"), libc::RENAME_EXCHANGE)
         .unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, b.ino);
     assert_eq!(f.lookup(a.ino, n("b")).unwrap().ino, file.ino);
@@ -172,7 +175,7 @@ fn rename_rules() {
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 4);
     // Renaming over a hard link of itself changes nothing.
     f.link(file.ino, a.ino, n("same")).unwrap();
-    f.rename(a.ino, n("b"), a.ino, n("same"), 0).unwrap();
+    f.rename(ME, a.ino, n("b"), a.ino, n("same"), 0).unwrap();
     assert_eq!(f.getattr(file.ino).unwrap().nlink, 2);
 }
 
@@ -190,7 +193,12 @@ fn setgid_directories_pass_group_down() {
         },
     )
     .unwrap();
-    let other = Caller { uid: 5, gid: 6 };
+    let other = Caller {
+        uid: 5,
+        gid: 6,
+        pid: 0,
+        umask: 0,
+    };
     let file = f.create(other, d.ino, n("f"), REG).unwrap();
     assert_eq!(file.gid, 42);
     let sub = f.mkdir(other, d.ino, n("s"), 0o755).unwrap();
@@ -202,9 +210,10 @@ fn limits_give_enospc_and_keep_data() {
     let f = fs_with(1 << 20, 4);
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-    f.write(&f.change(), a.ino, 0, &data, true, false).unwrap();
+    f.write(&f.change(), a.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(
-        f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, false),
+        f.write(&f.change(), a.ino, 1 << 20, &[1; 4096], true, ME, false),
         Err(Errno::ENOSPC)
     );
     let mut back = vec![0; 1 << 20];
@@ -227,16 +236,16 @@ fn fallocate_modes_and_seek() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let p = PAGE_SIZE as u64;
-    f.write(&f.change(), a.ino, 0, &[1; PAGE_SIZE], true, false)
+    f.write(&f.change(), a.ino, 0, &[1; PAGE_SIZE], true, ME, false)
         .unwrap();
-    f.write(&f.change(), a.ino, 4 * p, &[2; PAGE_SIZE], true, false)
+    f.write(&f.change(), a.ino, 4 * p, &[2; PAGE_SIZE], true, ME, false)
         .unwrap();
     assert_eq!(f.seek(a.ino, 0, Whence::Hole).unwrap(), p);
     assert_eq!(f.seek(a.ino, p, Whence::Data).unwrap(), 4 * p);
     assert_eq!(f.seek(a.ino, 4 * p, Whence::Hole).unwrap(), 5 * p);
     assert_eq!(f.seek(a.ino, 5 * p, Whence::Data), Err(Errno::ENXIO));
     // Default mode allocates without touching data and extends the size.
-    f.fallocate(a.ino, 0, 8 * p, 0).unwrap();
+    f.fallocate(ME, a.ino, 0, 8 * p, 0).unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!((attr.size, attr.blocks), (8 * p, 64));
     let mut b = [0; 4];
@@ -244,16 +253,16 @@ fn fallocate_modes_and_seek() {
     assert_eq!(b, [2; 4]);
     // Punch needs KEEP_SIZE, and frees the pages.
     assert_eq!(
-        f.fallocate(a.ino, 0, p, libc::FALLOC_FL_PUNCH_HOLE),
+        f.fallocate(ME, a.ino, 0, p, libc::FALLOC_FL_PUNCH_HOLE),
         Err(Errno::EOPNOTSUPP)
     );
     let keep = libc::FALLOC_FL_KEEP_SIZE;
-    f.fallocate(a.ino, 0, 8 * p, libc::FALLOC_FL_PUNCH_HOLE | keep)
+    f.fallocate(ME, a.ino, 0, 8 * p, libc::FALLOC_FL_PUNCH_HOLE | keep)
         .unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!((attr.size, attr.blocks), (8 * p, 0));
     // KEEP_SIZE past the end allocates without growing; truncate frees it.
-    f.fallocate(a.ino, 8 * p, 8 * p, keep).unwrap();
+    f.fallocate(ME, a.ino, 8 * p, 8 * p, keep).unwrap();
     assert_eq!(f.getattr(a.ino).unwrap().size, 8 * p);
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 64);
     f.setattr(
@@ -287,8 +296,9 @@ fn xattrs() {
     assert_eq!(f.listxattr(a.ino).unwrap(), b"trusted.t\0user.x\0");
     f.removexattr(a.ino, n("user.x")).unwrap();
     assert_eq!(f.getxattr(a.ino, n("user.x")), Err(Errno::ENODATA));
+    // ACLs are the only system.* names (the kernel checks their format).
     assert_eq!(
-        f.setxattr(a.ino, n("system.posix_acl_access"), b"", 0),
+        f.setxattr(a.ino, n("system.other"), b"", 0),
         Err(Errno::EOPNOTSUPP)
     );
 }
@@ -318,14 +328,14 @@ fn copy_range_and_efbig() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    f.write(&f.change(), a.ino, 0, b"abcdefgh", true, false)
+    f.write(&f.change(), a.ino, 0, b"abcdefgh", true, ME, false)
         .unwrap();
-    assert_eq!(f.copy_range(a.ino, 2, b.ino, 10, 100).unwrap(), 6);
+    assert_eq!(f.copy_range(ME, a.ino, 2, b.ino, 10, 100).unwrap(), 6);
     let mut buf = [0; 16];
     assert_eq!(f.read(b.ino, 0, &mut buf).unwrap(), 16);
     assert_eq!(&buf[10..], b"cdefgh");
     assert_eq!(
-        f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, false),
+        f.write(&f.change(), a.ino, MAX_FILE_SIZE, b"xy", true, ME, false),
         Err(Errno::EFBIG)
     );
     assert_eq!(
@@ -349,7 +359,7 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     let data: Vec<u8> = (0..2 << 20).map(|i| (i % 249) as u8).collect();
     // A cache flush fails whole and leaves nothing past EOF...
     assert_eq!(
-        f.write(&f.change(), a.ino, 0, &data, false, false),
+        f.write(&f.change(), a.ino, 0, &data, false, ME, false),
         Err(Errno::ENOSPC)
     );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
@@ -368,20 +378,22 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     assert_eq!(b, [0; 4096]);
     // ...a program's write is short, like tmpfs: what fits is stored.
     let c = f.create(ME, ROOT_INO, n("c"), REG).unwrap();
-    let short = f.write(&f.change(), c.ino, 0, &data, true, false).unwrap();
+    let short = f
+        .write(&f.change(), c.ino, 0, &data, true, ME, false)
+        .unwrap();
     assert_eq!(
         short,
         1 << 20,
         "the disk holds 1 MiB, and a (grown by truncate) holds no page"
     );
     assert_eq!(
-        f.write(&f.change(), c.ino, short as u64, &data, true, false),
+        f.write(&f.change(), c.ino, short as u64, &data, true, ME, false),
         Err(Errno::ENOSPC)
     );
     f.release(c.ino);
     f.unlink(ROOT_INO, n("c")).unwrap();
     let b2 = f.create(ME, ROOT_INO, n("b"), REG).unwrap();
-    assert_eq!(f.fallocate(b2.ino, 0, 4 << 20, 0), Err(Errno::ENOSPC));
+    assert_eq!(f.fallocate(ME, b2.ino, 0, 4 << 20, 0), Err(Errno::ENOSPC));
     assert_eq!(f.getattr(b2.ino).unwrap().blocks, 0);
     for (ino, name) in [(a.ino, "a"), (b2.ino, "b")] {
         f.release(ino);
@@ -431,7 +443,7 @@ fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
     let f = fs();
     let file = f.create(ME, ROOT_INO, n("f"), 0o644).unwrap().ino;
     // (A read at the end touches nothing: the kernel never sends one.)
-    f.write(&f.change(), file, 0, b"some data", true, false)
+    f.write(&f.change(), file, 0, b"some data", true, ME, false)
         .unwrap();
     let dir = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let future = SystemTime::now() + Duration::from_secs(3600);
@@ -498,7 +510,8 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     f.setxattr(a.ino, n("security.capability"), b"cap", 0)
         .unwrap();
     // A write the kernel flags (writer without CAP_FSETID).
-    f.write(&f.change(), a.ino, 0, b"x", true, true).unwrap();
+    f.write(&f.change(), a.ino, 0, b"x", true, ME, true)
+        .unwrap();
     let attr = f.getattr(a.ino).unwrap();
     assert_eq!(attr.perm, 0o755, "setuid and (group-exec) setgid dropped");
     assert_eq!(
@@ -511,7 +524,12 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
         ..Default::default()
     };
     f.setattr(ME, a.ino, mode(0o6745)).unwrap();
-    let root = Caller { uid: 0, gid: 0 };
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+        umask: 0,
+    };
     let chown = SetAttr {
         uid: Some(5),
         ..Default::default()
@@ -525,6 +543,79 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     };
     assert_eq!(f.setattr(root, a.ino, trunc).unwrap().perm, 0o4755);
     assert_eq!(f.setattr(ME, a.ino, trunc).unwrap().perm, 0o755);
+}
+
+#[test]
+fn setgid_goes_for_a_writer_outside_the_group_as_on_tmpfs() {
+    let f = fs();
+    // pid 0: no /proc to read, so uid 0 stands in for CAP_FSETID.
+    let other = Caller {
+        uid: 5,
+        gid: 6,
+        pid: 0,
+        umask: 0,
+    };
+    let mk = |name| {
+        f.create(ME, ROOT_INO, n(name), libc::S_IFREG | 0o6666)
+            .unwrap()
+            .ino
+    };
+    let (w, fa, own) = (mk("w"), mk("fa"), mk("own"));
+    f.write(&f.change(), w, 0, b"x", true, other, true).unwrap();
+    assert_eq!(f.getattr(w).unwrap().perm, 0o666, "not in the file's group");
+    f.fallocate(other, fa, 0, 4096, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(f.getattr(fa).unwrap().perm, 0o666, "fallocate is a write");
+    // In the group and not group-executable: setgid stays, setuid goes.
+    f.write(&f.change(), own, 0, b"x", true, ME, false).unwrap();
+    assert_eq!(f.getattr(own).unwrap().perm, 0o2666);
+}
+
+#[test]
+fn lookup_of_dot_and_dotdot_for_file_handles() {
+    let f = fs();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap();
+    let a = f.create(ME, d.ino, n("a"), libc::S_IFREG | 0o644).unwrap();
+    assert_eq!(f.lookup(a.ino, n(".")).unwrap().ino, a.ino);
+    assert_eq!(f.lookup(d.ino, n("..")).unwrap().ino, ROOT_INO);
+    assert_eq!(f.lookup(a.ino, n("..")), Err(Errno::ENOTDIR));
+}
+
+#[test]
+fn a_default_acl_replaces_the_umask_and_is_inherited() {
+    let f = fs();
+    let acl = |entries: &[(u16, u16, u32)]| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm, id) in entries {
+            v.extend(tag.to_le_bytes());
+            v.extend(perm.to_le_bytes());
+            v.extend(id.to_le_bytes());
+        }
+        v
+    };
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    // user::rwx user:42:rwx group::r-x mask::rwx other::---
+    let default = acl(&[(1, 7, 0), (2, 7, 42), (4, 5, 0), (0x10, 7, 0), (0x20, 0, 0)]);
+    f.setxattr(d, n("system.posix_acl_default"), &default, 0)
+        .unwrap();
+    let masked = Caller { umask: 0o077, ..ME };
+    let a = f.create(masked, d, n("a"), libc::S_IFREG | 0o664).unwrap();
+    assert_eq!(a.perm, 0o660, "mode limited by the ACL, not the umask");
+    let access = f.getxattr(a.ino, n("system.posix_acl_access")).unwrap();
+    assert_eq!(
+        access,
+        acl(&[(1, 6, 0), (2, 7, 42), (4, 5, 0), (0x10, 6, 0), (0x20, 0, 0)])
+    );
+    let sub = f.mkdir(masked, d, n("sub"), 0o777).unwrap().ino;
+    assert_eq!(
+        f.getxattr(sub, n("system.posix_acl_default")).unwrap(),
+        default
+    );
+    // Without a default ACL the umask applies.
+    let b = f
+        .create(masked, ROOT_INO, n("b"), libc::S_IFREG | 0o666)
+        .unwrap();
+    assert_eq!(b.perm, 0o600);
 }
 
 // ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
@@ -665,11 +756,21 @@ struct Built {
 /// A tree with one of everything `Fs` keeps.
 fn build_tree(f: &Fs) -> Built {
     let p = PAGE_SIZE as u64;
-    let root = Caller { uid: 0, gid: 0 };
-    let other = Caller { uid: 7, gid: 8 };
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+        umask: 0,
+    };
+    let other = Caller {
+        uid: 7,
+        gid: 8,
+        pid: 0,
+        umask: 0,
+    };
     let docs = f.mkdir(ME, ROOT_INO, n("docs"), 0o755).unwrap().ino;
     let a = f.create(ME, docs, n("a.txt"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     f.release(a);
     let mut dir = docs;
@@ -677,12 +778,12 @@ fn build_tree(f: &Fs) -> Built {
         dir = f.mkdir(other, dir, n(name), 0o700).unwrap().ino;
     }
     let bottom = f.create(other, dir, n("bottom"), REG).unwrap().ino;
-    f.write(&f.change(), bottom, 0, b"at the bottom", true, false)
+    f.write(&f.change(), bottom, 0, b"at the bottom", true, ME, false)
         .unwrap();
     f.release(bottom);
     // Sparse: data, a 3 MiB hole, data.
     let sparse = f.create(ME, ROOT_INO, n("sparse"), REG).unwrap().ino;
-    f.write(&f.change(), sparse, 0, &pattern(4096, 2), true, false)
+    f.write(&f.change(), sparse, 0, &pattern(4096, 2), true, ME, false)
         .unwrap();
     f.write(
         &f.change(),
@@ -690,21 +791,22 @@ fn build_tree(f: &Fs) -> Built {
         (3 << 20) + 10,
         &pattern(100, 3),
         true,
+        ME,
         false,
     )
     .unwrap();
     f.release(sparse);
     // Allocated past its size (KEEP_SIZE), in the next chunk too.
     let pre = f.create(ME, ROOT_INO, n("prealloc"), REG).unwrap().ino;
-    f.write(&f.change(), pre, 0, &pattern(5000, 4), true, false)
+    f.write(&f.change(), pre, 0, &pattern(5000, 4), true, ME, false)
         .unwrap();
-    f.fallocate(pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
+    f.fallocate(ME, pre, 8192, 300 << 10, libc::FALLOC_FL_KEEP_SIZE)
         .unwrap();
     f.release(pre);
     // Zero pages (fallocate) and a same-filled page.
     let filled = f.create(ME, ROOT_INO, n("filled"), REG).unwrap().ino;
-    f.fallocate(filled, 0, 4 * p, 0).unwrap();
-    f.write(&f.change(), filled, 4 * p, &[7; PAGE_SIZE], true, false)
+    f.fallocate(ME, filled, 0, 4 * p, 0).unwrap();
+    f.write(&f.change(), filled, 4 * p, &[7; PAGE_SIZE], true, ME, false)
         .unwrap();
     f.release(filled);
     let empty = f.mknod(ME, ROOT_INO, n("empty"), REG, 0).unwrap().ino;
@@ -740,10 +842,11 @@ fn build_tree(f: &Fs) -> Built {
     )
     .unwrap();
     // Moved across directories: parents and ".." change.
-    f.rename(ROOT_INO, n("empty"), sticky, n("moved"), 0)
+    f.rename(ME, ROOT_INO, n("empty"), sticky, n("moved"), 0)
         .unwrap();
     let mv = f.mkdir(ME, ROOT_INO, n("mvdir"), 0o755).unwrap().ino;
-    f.rename(ROOT_INO, n("mvdir"), docs, n("mvdir"), 0).unwrap();
+    f.rename(ME, ROOT_INO, n("mvdir"), docs, n("mvdir"), 0)
+        .unwrap();
     f.setxattr(a, n("user.bin"), &[0, 1, 2, 255, 0], 0).unwrap();
     f.setxattr(a, n("user.big"), &pattern(60_000, 5), 0)
         .unwrap();
@@ -754,8 +857,16 @@ fn build_tree(f: &Fs) -> Built {
     f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0).unwrap();
     // Unlinked but open, with data; and a removed directory still looked up.
     let orphan = f.create(ME, ROOT_INO, n("orphan"), REG).unwrap().ino;
-    f.write(&f.change(), orphan, 0, &pattern(1 << 20, 6), true, false)
-        .unwrap();
+    f.write(
+        &f.change(),
+        orphan,
+        0,
+        &pattern(1 << 20, 6),
+        true,
+        ME,
+        false,
+    )
+    .unwrap();
     f.unlink(ROOT_INO, n("orphan")).unwrap();
     let gone_dir = f.mkdir(ME, ROOT_INO, n("gone"), 0o755).unwrap().ino;
     f.rmdir(ROOT_INO, n("gone")).unwrap();
@@ -863,7 +974,7 @@ fn save_and_load_keep_everything_and_its_cost() {
     // The loaded tree works on: a new file takes a free slot, not a
     // loaded file's, and its pages land in its own range.
     let c = f2.create(ME, ROOT_INO, n("new"), REG).unwrap().ino;
-    f2.write(&f2.change(), c, 0, &pattern(300_000, 9), true, false)
+    f2.write(&f2.change(), c, 0, &pattern(300_000, 9), true, ME, false)
         .unwrap();
     let d = f2.mkdir(ME, ROOT_INO, n("newdir"), 0o755).unwrap().ino;
     assert!(c > built.gone_dir && d > c, "inode numbers not reused");
@@ -907,7 +1018,7 @@ fn load_on_the_same_store_trims_what_no_file_owns() {
     // Find a file's slot from the chunks its first write creates.
     let chunks: BTreeSet<u64> = s.data_chunks().into_iter().collect();
     let a = f1.create(ME, ROOT_INO, n("five"), REG).unwrap().ino;
-    f1.write(&f1.change(), a, 0, &pattern(5000, 10), true, false)
+    f1.write(&f1.change(), a, 0, &pattern(5000, 10), true, ME, false)
         .unwrap();
     f1.release(a);
     let new: Vec<u64> = s
@@ -981,7 +1092,8 @@ fn small() -> (Fs, Vec<u8>) {
     let f = Fs::new(new_store(DISK), cfg(100)).unwrap();
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let a = f.create(ME, d, n("a"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, b"data", true, false).unwrap();
+    f.write(&f.change(), a, 0, b"data", true, ME, false)
+        .unwrap();
     f.link(a, ROOT_INO, n("b")).unwrap();
     f.create(ME, ROOT_INO, n("c"), REG).unwrap();
     f.symlink(ME, d, n("l"), n("a")).unwrap();
@@ -1004,10 +1116,13 @@ fn refused(meta: &[u8]) -> String {
     }
 }
 
+/// `meta` with its tree changed (what follows the tree kept).
 fn edit(meta: &[u8], change: impl FnOnce(&mut SavedMeta<'static>)) -> Vec<u8> {
-    let mut m: SavedMeta<'static> = postcard::from_bytes(meta).unwrap();
+    let (mut m, rest): (SavedMeta<'static>, _) = postcard::take_from_bytes(meta).unwrap();
     change(&mut m);
-    postcard::to_stdvec(&m).unwrap()
+    let mut out = postcard::to_stdvec(&m).unwrap();
+    out.extend_from_slice(rest);
+    out
 }
 
 fn inode<'m>(
@@ -1088,7 +1203,7 @@ fn inconsistent_trees_are_refused() {
     );
     type Edit = Box<dyn FnOnce(&mut SavedMeta<'static>)>;
     let cases: Vec<(&str, Edit)> = vec![
-        ("format version 2", Box::new(|m| m.version = 2)),
+        ("format version 3", Box::new(|m| m.version = 3)),
         (
             "inode 999, which was not saved",
             Box::new(|m| entries(m, ROOT_INO).push((name("ghost"), 999))),
@@ -1229,7 +1344,62 @@ fn inconsistent_trees_are_refused() {
     assert!(refused(&[]).contains("no format version"));
     // The edits themselves are sound: no change loads.
     Fs::load(new_store(DISK), cfg(100), &edit(&meta, |_| {})).unwrap();
-    assert_eq!(META_VERSION, 1);
+    assert_eq!(META_VERSION, 2);
+}
+
+#[test]
+fn chattr_flags_are_enforced_saved_and_loaded() {
+    let f = fs();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let a = f.create(ME, d, n("a"), libc::S_IFREG | 0o644).unwrap().ino;
+    let b = f.create(ME, d, n("b"), libc::S_IFREG | 0o644).unwrap().ino;
+    f.write(&f.change(), a, 0, b"abc", true, ME, false).unwrap();
+    assert_eq!(f.set_flags(a, 0x4000), Err(Errno::EOPNOTSUPP));
+    f.set_flags(a, FL_APPEND | FL_NODUMP).unwrap();
+    f.set_flags(b, FL_IMMUTABLE).unwrap();
+    let trunc = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    let eperm = Err(Errno::EPERM);
+    assert_eq!(
+        f.open(a, libc::O_WRONLY),
+        eperm,
+        "append-only needs O_APPEND"
+    );
+    f.open(a, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    assert_eq!(
+        f.write(&f.change(), a, 0, b"x", true, ME, false),
+        Err(Errno::EPERM)
+    );
+    f.write(&f.change(), a, 3, b"d", true, ME, false).unwrap();
+    assert_eq!(f.setattr(ME, a, trunc).map(|_| ()), eperm);
+    assert_eq!(f.unlink(d, n("a")), eperm);
+    assert_eq!(f.open(b, libc::O_RDWR), eperm);
+    f.open(b, libc::O_RDONLY).unwrap();
+    assert_eq!(
+        f.write(&f.change(), b, 0, b"x", true, ME, false),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(f.rename(ME, d, n("b"), d, n("c"), 0), eperm);
+    assert_eq!(f.link(b, ROOT_INO, n("b2")).map(|_| ()), eperm);
+    assert_eq!(f.fallocate(ME, b, 0, 4096, 0), eperm);
+    f.set_flags(d, FL_IMMUTABLE).unwrap();
+    assert_eq!(
+        f.create(ME, d, n("new"), libc::S_IFREG | 0o644).map(|_| ()),
+        eperm
+    );
+    f.set_flags(d, 0).unwrap();
+    let meta = f.save_meta();
+    let g = Fs::load(new_store(DISK), cfg(100), &meta).unwrap();
+    assert_eq!(g.flags(a), Ok(FL_APPEND | FL_NODUMP));
+    assert_eq!(g.flags(b), Ok(FL_IMMUTABLE));
+    // Version 1 (no flags after the tree) still loads.
+    let v1 = edit(&meta, |m| m.version = 1);
+    let (_, rest) = postcard::take_from_bytes::<SavedMeta>(&v1).unwrap();
+    let v1 = v1[..v1.len() - rest.len()].to_vec();
+    let h = Fs::load(new_store(DISK), cfg(100), &v1).unwrap();
+    assert_eq!(h.flags(a), Ok(0));
 }
 
 #[test]
@@ -1257,7 +1427,7 @@ fn limits_lower_than_the_tree_still_load() {
 fn a_partial_last_page_is_freed_too() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     let trunc = SetAttr {
         size: Some(0),
@@ -1266,7 +1436,7 @@ fn a_partial_last_page_is_freed_too() {
     f.setattr(ME, a, trunc).unwrap();
     assert_eq!(f.getattr(a).unwrap().blocks, 0);
     assert_eq!(f.store().pages_used().0, 0);
-    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, false)
+    f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
     f.release(a);
     f.unlink(ROOT_INO, n("a")).unwrap();

@@ -15,7 +15,15 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use ramd_store::CHUNK_BYTES;
 
-pub(crate) const META_VERSION: u32 = 1;
+/// 2: [`SavedMeta`] is followed by [`SavedFlags`]; 1 (still read): not.
+pub(crate) const META_VERSION: u32 = 2;
+
+/// The chattr flags of the inodes that have any, by inode number: saved
+/// after [`SavedMeta`] so that version 1 reads as a tree without flags.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SavedFlags {
+    pub flags: Vec<(u64, u32)>,
+}
 
 /// A name, value or target: borrowed when saving, owned when loaded.
 pub(crate) type Bytes<'a> = Cow<'a, [u8]>;
@@ -207,7 +215,16 @@ impl Fs {
             next_slot: st.next_slot,
             inodes,
         };
-        postcard::to_stdvec(&meta).expect("serializing to a Vec cannot fail")
+        let flags = SavedFlags {
+            flags: inos
+                .iter()
+                .map(|ino| (ino.0, st.inodes[ino].flags))
+                .filter(|&(_, f)| f != 0)
+                .collect(),
+        };
+        let mut out = postcard::to_stdvec(&meta).expect("serializing to a Vec cannot fail");
+        out.extend(postcard::to_stdvec(&flags).expect("serializing to a Vec cannot fail"));
+        out
     }
 
     /// Rebuilds a filesystem from [`Fs::save_meta`]'s bytes on `store`,
@@ -218,21 +235,41 @@ impl Fs {
     /// Limits (`nr_inodes`, size) are not enforced on what was saved.
     pub fn load(store: Arc<Store>, cfg: FsConfig, meta: &[u8]) -> std::result::Result<Fs, String> {
         // The version alone first, so that a newer format is named as such.
-        match postcard::take_from_bytes::<u32>(meta) {
-            Ok((META_VERSION, _)) => {}
+        let version = match postcard::take_from_bytes::<u32>(meta) {
+            Ok((v @ (1 | META_VERSION), _)) => v,
             Ok((v, _)) => {
                 return bad(format!(
                     "format version {v}, this ramd reads {META_VERSION}"
                 ))
             }
             Err(e) => return bad(format!("no format version: {e}")),
-        }
-        let saved = match postcard::take_from_bytes::<SavedMeta>(meta) {
-            Ok((m, [])) => m,
-            Ok((_, rest)) => return bad(format!("{} bytes after the end", rest.len())),
+        };
+        let (saved, rest) = match postcard::take_from_bytes::<SavedMeta>(meta) {
+            Ok(m) => m,
             Err(e) => return bad(format!("cannot decode: {e}")),
         };
+        let (flags, rest) = match version {
+            1 => (SavedFlags::default(), rest),
+            _ => match postcard::take_from_bytes::<SavedFlags>(rest) {
+                Ok(f) => f,
+                Err(e) => return bad(format!("cannot decode the inode flags: {e}")),
+            },
+        };
+        if !rest.is_empty() {
+            return bad(format!("{} bytes after the end", rest.len()));
+        }
         let (mut st, cost) = rebuild(saved)?;
+        for (ino, f) in flags.flags {
+            let Some(inode) = st.inodes.get_mut(&Ino(ino)) else {
+                return bad(format!("flags for inode {ino}, which was not saved"));
+            };
+            if f & !FL_SUPPORTED != 0 {
+                return bad(format!(
+                    "inode {ino}: flags {f:#x} beyond chattr's {FL_SUPPORTED:#x}"
+                ));
+            }
+            inode.flags = f;
+        }
         if let Err(e) = store.charge(cost) {
             return bad(format!(
                 "the tree needs {cost} bytes of memory, more than the disk's max_memory leaves: {e}"
@@ -263,6 +300,7 @@ impl Fs {
             store,
             cfg,
             state: RwLock::new(st),
+            on_attr_change: std::sync::OnceLock::new(),
         })
     }
 }
@@ -394,6 +432,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                 // The kernel holds the root without a lookup (as `Fs::new`);
                 // it knows nothing else of a new mount.
                 lookups: u64::from(ino == ROOT_INO),
+                flags: 0,
                 opens: 0,
                 data,
             },

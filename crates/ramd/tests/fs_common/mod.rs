@@ -598,3 +598,36 @@ impl Drop for KernelTmpfs {
         umount_or_detach(&self.mount);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Small C clients
+
+/// A C program compiled for one test; removed on drop.
+pub struct CProgram {
+    pub path: PathBuf,
+    _dir: TempDir,
+}
+
+/// Compiles `src` with gcc (`-Wall -Werror -O1`); a compile error fails the
+/// test with gcc's output.
+pub fn c_program(name: &str, src: &str) -> CProgram {
+    require_tool("gcc");
+    let dir = tempfile::Builder::new()
+        .prefix("ramd-cc.")
+        .tempdir()
+        .expect("tempdir");
+    let c = dir.path().join(format!("{name}.c"));
+    fs::write(&c, src).unwrap();
+    let path = dir.path().join(name);
+    let out = run(
+        Command::new("gcc")
+            .args(["-Wall", "-Werror", "-O1", "-D_GNU_SOURCE", "-o"])
+            .arg(&path)
+            .arg(&c),
+        CMD_TIMEOUT,
+    );
+    assert!(out.success(), "gcc {name}.c failed:\n{}", out.stderr);
+    // Tests run it as other users too.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    CProgram { path, _dir: dir }
+}

@@ -1,0 +1,569 @@
+//! The POSIX corners of the filesystem disk that tmpfs gets right, each
+//! checked on ramd and, where the kernel's tmpfs is the oracle, on a kernel
+//! tmpfs in the same test: privilege bits dropped on writes by another user,
+//! no stale data after asynchronous direct writes, rewinddir, file handles
+//! that outlive the kernel's inode cache, and unsupported ioctls logged once.
+//! The clients are coreutils, util-linux (setpriv, fallocate), fio and small
+//! C programs compiled here with gcc.
+
+mod common;
+mod fs_common;
+
+use common::*;
+use fs_common::*;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+fn sh_env(script: &str, args: &[&str], env: (&str, &str)) -> Output {
+    run(
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .args(args)
+            .env(env.0, env.1),
+        LONG_TIMEOUT,
+    )
+}
+
+/// Runs `script` (arg 1: a fresh directory) on a kernel tmpfs and on
+/// `disk`; asserts the outputs are identical and returns ramd's.
+fn same_as_tmpfs(disk: &FsDisk, what: &str, script: &str) -> String {
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    let mut outs = Vec::new();
+    for root in [tmpfs.path(), disk.path()] {
+        let d = root.join(what);
+        fs::create_dir(&d).unwrap();
+        outs.push(sh_env(script, &[s(&d)], ("ZERO", "")).ok());
+    }
+    assert_eq!(
+        outs[1], outs[0],
+        "{what}: ramd (left) differs from kernel tmpfs (right)"
+    );
+    outs.pop().unwrap()
+}
+
+/// Writes, truncates and fallocates (plain, punch hole, zero range) as
+/// `nobody` without capabilities (zero range only with ZERO=zero in the
+/// environment: tmpfs has no FALLOC_FL_ZERO_RANGE), on files of mode 6666 and 6676 owned by
+/// root:root, then as `nobody` in group root, then as root without
+/// CAP_FSETID; and chowns as root.
+/// `stat` right after each must show what tmpfs shows.
+const PRIVILEGE_SCRIPT: &str = r#"
+set -e
+cd "$1"
+other='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
+member='setpriv --reuid=65534 --regid=0 --clear-groups --inh-caps=-all'
+capless='setpriv --bounding-set=-fsetid --inh-caps=-fsetid'
+for who in other member capless; do
+  eval "as=\$$who"
+  for mode in 6666 6676 2666 4666; do
+    for op in write truncate fallocate punch $ZERO; do
+      f=$who.$mode.$op
+      head -c 8192 /dev/zero > $f
+      chmod $mode $f
+      stat -c %a $f >/dev/null
+      case $op in
+        write) $as sh -c "printf x >> $f" ;;
+        truncate) $as truncate -s 100 $f ;;
+        fallocate) $as fallocate -l 16384 $f ;;
+        punch) $as fallocate -p -o 0 -l 4096 $f ;;
+        zero) $as fallocate -z -o 0 -l 4096 $f ;;
+      esac
+      echo "$f $(stat -c %a $f)"
+    done
+  done
+done
+for mode in 6755 6745 2745; do
+  head -c 10 /dev/zero > chown.$mode
+  chmod $mode chown.$mode
+  chown 65534 chown.$mode
+  echo "chown.$mode $(stat -c %a chown.$mode)"
+done
+"#;
+
+#[test]
+fn writes_by_another_user_drop_setuid_and_setgid_as_on_tmpfs() {
+    for t in ["setpriv", "fallocate", "truncate", "stat"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "privs", PRIVILEGE_SCRIPT);
+    // The oracle itself: tmpfs drops both bits for a writer outside the group.
+    assert!(out.contains("other.6666.write 666\n"), "{out}");
+    assert!(out.contains("member.6666.write 2666\n"), "{out}");
+    assert!(out.contains("capless.4666.write 666\n"), "{out}");
+    // Zero range (ramd has it, tmpfs not): as a punch does.
+    let d = disk.join("zero");
+    fs::create_dir(&d).unwrap();
+    let with_zero = sh_env(PRIVILEGE_SCRIPT, &[s(&d)], ("ZERO", "zero")).ok();
+    for line in out.lines().filter(|l| l.contains(".punch ")) {
+        let zero = line.replace(".punch ", ".zero ");
+        assert!(with_zero.contains(&format!("{zero}\n")), "{with_zero}");
+    }
+}
+
+const AIO_STALE_C: &str = r#"/* Buffered reads mixed with asynchronous direct writes: a buffered read
+ * while the writes are in flight, and after io_getevents has reaped them
+ * another, which must return what was written. Usage: aiostale FILE ROUNDS. Prints "ok" or the first stale
+ * offset and exits 1. */
+#include <fcntl.h>
+#include <linux/aio_abi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define BS 4096
+#define N 64
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: aiostale FILE ROUNDS\n"); return 2; }
+    int rounds = atoi(argv[2]);
+    int bfd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (bfd < 0) { perror("open buffered"); return 2; }
+    static char buf[N * BS];
+    memset(buf, 'a', sizeof buf);
+    if (pwrite(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pwrite"); return 2; }
+    int dfd = open(argv[1], O_RDWR | O_DIRECT);
+    if (dfd < 0) { perror("open O_DIRECT"); return 2; }
+    aio_context_t ctx = 0;
+    if (syscall(SYS_io_setup, N, &ctx) < 0) { perror("io_setup"); return 2; }
+    char *wbuf;
+    if (posix_memalign((void **)&wbuf, BS, N * BS)) return 2;
+    for (int r = 0; r < rounds; r++) {
+        /* Fill the page cache with the current contents. */
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        char c = 'b' + r % 24;
+        memset(wbuf, c, N * BS);
+        struct iocb cbs[N], *cbp[N];
+        memset(cbs, 0, sizeof cbs);
+        for (int i = 0; i < N; i++) {
+            cbs[i].aio_fildes = dfd;
+            cbs[i].aio_lio_opcode = IOCB_CMD_PWRITE;
+            cbs[i].aio_buf = (unsigned long)(wbuf + i * BS);
+            cbs[i].aio_nbytes = BS;
+            cbs[i].aio_offset = (long long)i * BS;
+            cbp[i] = &cbs[i];
+        }
+        if (syscall(SYS_io_submit, ctx, N, cbp) != N) { perror("io_submit"); return 2; }
+        /* A buffered read while the writes are in flight may cache what
+         * was there before them. */
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        struct io_event ev[N];
+        int got = 0;
+        while (got < N) {
+            long n = syscall(SYS_io_getevents, ctx, 1, N - got, ev, NULL);
+            if (n < 0) { perror("io_getevents"); return 2; }
+            for (long i = 0; i < n; i++)
+                if (ev[i].res != BS) { fprintf(stderr, "aio write: %lld\n", (long long)ev[i].res); return 2; }
+            got += n;
+        }
+        if (pread(bfd, buf, sizeof buf, 0) != sizeof buf) { perror("pread"); return 2; }
+        for (size_t i = 0; i < sizeof buf; i++)
+            if (buf[i] != c) {
+                printf("stale: round %d offset %zu has '%c', wrote '%c'\n", r, i, buf[i], c);
+                return 1;
+            }
+    }
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn buffered_reads_never_see_stale_data_after_async_direct_writes() {
+    let prog = c_program("aiostale", AIO_STALE_C);
+    let check = |dir: &Path| {
+        let out = run(
+            Command::new(&prog.path).arg(dir.join("f")).arg("40"),
+            LONG_TIMEOUT,
+        );
+        assert_eq!(out.stdout, "ok\n", "{dir:?}: {}{}", out.stdout, out.stderr);
+    };
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    check(tmpfs.path());
+    // One worker too: dropping the cache must not wait on the worker that
+    // would answer the read holding the page.
+    for threads in ["8", "1"] {
+        let disk = FsDisk::mount(&["--size", "64M", "--threads", threads]);
+        check(disk.path());
+    }
+}
+
+/// opendir, read all, create a name, rewinddir, read all again: the new
+/// name must be there (POSIX). Prints the count of each pass and whether
+/// the new name was seen.
+const REWINDDIR_C: &str = r#"
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int pass(DIR *d, const char *want, int *seen) {
+    struct dirent *e;
+    int n = 0;
+    *seen = 0;
+    while ((e = readdir(d)) != NULL) {
+        n++;
+        if (want && strcmp(e->d_name, want) == 0) *seen = 1;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    close(open("before", O_CREAT | O_WRONLY, 0644));
+    DIR *d = opendir(".");
+    if (!d) { perror("opendir"); return 2; }
+    int seen;
+    int first = pass(d, "after", &seen);
+    close(open("after", O_CREAT | O_WRONLY, 0644));
+    rewinddir(d);
+    int second = pass(d, "after", &seen);
+    printf("first %d second %d after %s\n", first, second, seen ? "seen" : "missing");
+    closedir(d);
+    return 0;
+}
+"#;
+
+#[test]
+fn rewinddir_shows_names_added_since_opendir() {
+    let prog = c_program("rewind", REWINDDIR_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"", prog.path.display());
+    let out = same_as_tmpfs(&disk, "rewind", &script);
+    assert_eq!(out, "first 3 second 4 after seen\n");
+}
+
+/// File handles: name_to_handle_at on a file, a directory and a file then
+/// removed; the kernel's caches dropped (drop_caches 2, with nothing held
+/// open but the mount's root); then open_by_handle_at must read the file,
+/// list the directory and answer ESTALE for the removed file.
+const HANDLES_C: &str = r#"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static struct file_handle *handle(const char *path) {
+    struct file_handle *h = malloc(sizeof *h + MAX_HANDLE_SZ);
+    h->handle_bytes = MAX_HANDLE_SZ;
+    int mount_id;
+    if (name_to_handle_at(AT_FDCWD, path, h, &mount_id, 0) != 0) {
+        fprintf(stderr, "name_to_handle_at %s: %s\n", path, strerror(errno));
+        exit(2);
+    }
+    return h;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    int fd = open("file", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, "handled\n", 8) != 8) { perror("file"); return 2; }
+    close(fd);
+    if (mkdir("dir", 0755) != 0) { perror("mkdir"); return 2; }
+    close(open("dir/inside", O_CREAT | O_WRONLY, 0644));
+    close(open("gone", O_CREAT | O_WRONLY, 0644));
+    struct file_handle *hf = handle("file"), *hd = handle("dir"), *hg = handle("gone");
+    if (unlink("gone") != 0) { perror("unlink"); return 2; }
+    int mnt = open(".", O_RDONLY | O_DIRECTORY);
+    if (chdir("/") != 0) return 2;
+    sync();
+    int dc = open("/proc/sys/vm/drop_caches", O_WRONLY);
+    if (dc < 0 || write(dc, "2\n", 2) != 2) { perror("drop_caches"); return 2; }
+    close(dc);
+    char buf[64] = {0};
+    fd = open_by_handle_at(mnt, hf, O_RDONLY);
+    if (fd < 0) { printf("file: %s\n", strerror(errno)); return 1; }
+    if (read(fd, buf, sizeof buf - 1) < 0) { perror("read"); return 2; }
+    printf("file: %s", buf);
+    close(fd);
+    fd = open_by_handle_at(mnt, hd, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) { printf("dir: %s\n", strerror(errno)); return 1; }
+    DIR *d = fdopendir(fd);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, "inside") == 0) printf("dir: inside\n");
+    closedir(d);
+    fd = open_by_handle_at(mnt, hg, O_RDONLY);
+    printf("gone: %s\n", fd < 0 ? strerror(errno) : "opened");
+    return 0;
+}
+"#;
+
+#[test]
+fn file_handles_outlive_the_kernels_inode_cache() {
+    let prog = c_program("handles", HANDLES_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"", prog.path.display());
+    let out = same_as_tmpfs(&disk, "handles", &script);
+    assert_eq!(out, "file: handled\ndir: inside\ngone: Stale file handle\n");
+}
+
+/// chattr's flags tmpfs keeps, set and enforced: append-only (appends
+/// only, no truncate, remove or rename), immutable (no change at all),
+/// no dump, no atime (a read leaves atime alone), and one tmpfs refuses.
+const CHATTR_SCRIPT: &str = r#"
+cd "$1"
+try() { if "$@" 2>/dev/null; then echo "ok: $*"; else echo "refused: $*"; fi; }
+flags() { lsattr -d "$1" | cut -d' ' -f1; }
+echo one > a; echo data > i; echo n > n; echo t > t; mkdir d
+chattr +a a; chattr +i i; chattr +d n; chattr +A t
+for f in a i n t; do echo "$f $(flags $f)"; done
+try sh -c 'echo two >> a'
+try sh -c 'echo over > a'
+try truncate -s 0 a
+try mv a a2
+try rm -f a
+try ln a a3
+try chmod 600 a
+cat a
+try sh -c 'echo more >> i'
+try touch i
+try chmod 600 i
+try rm -f i
+try ln i i2
+try setfattr -n user.x -v 1 i
+try chattr +C n
+touch -a -d 2001-01-01 t
+cat t >/dev/null
+stat -c %X t
+chattr +i d
+try touch d/new
+chattr -i d
+try touch d/new
+chattr -a a; chattr -i i
+try rm -f a i
+ls
+"#;
+
+#[test]
+fn chattr_flags_are_kept_and_enforced_as_on_tmpfs() {
+    for t in ["chattr", "lsattr", "setfattr"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "chattr", CHATTR_SCRIPT);
+    assert!(out.contains("refused: rm -f a\n"), "{out}");
+    assert!(out.contains("ok: sh -c echo two >> a\n"), "{out}");
+    assert!(out.contains("\n978307200\n"), "noatime: {out}");
+}
+
+/// An ioctl nobody supports, called many times: ENOTTY each time, as on
+/// tmpfs, and one line in the daemon's log.
+const IOCTL_C: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_CREAT | O_RDWR, 0644);
+    if (fd < 0) { perror("open"); return 2; }
+    int v = 0, enotty = 0;
+    for (int i = 0; i < 200; i++)
+        if (ioctl(fd, _IOR('r', 0x42, int), &v) < 0 && errno == ENOTTY) enotty++;
+    printf("ENOTTY %d\n", enotty);
+    return 0;
+}
+"#;
+
+#[test]
+fn an_unsupported_ioctl_is_logged_once() {
+    let prog = c_program("ioctl", IOCTL_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!("{} \"$1\"/f", prog.path.display());
+    assert_eq!(same_as_tmpfs(&disk, "ioctl", &script), "ENOTTY 200\n");
+    let log = disk.stderr();
+    let n = log.matches("unsupported ioctl 0x80047242").count();
+    assert_eq!(n, 1, "logged {n} times:\n{log}");
+}
+
+/// POSIX ACLs: set, read back, enforced for another user, kept in step
+/// with chmod, removed; a directory's default ACL inherited by files and
+/// subdirectories in place of the umask.
+const ACL_SCRIPT: &str = r#"
+cd "$1"
+umask 022
+nobody='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
+try() { if "$@" 2>/dev/null >/dev/null; then echo "ok: $*"; else echo "refused: $*"; fi; }
+echo hi > own; chmod 600 own
+try $nobody cat own
+setfacl -m u:65534:r own
+try $nobody cat own
+getfacl -c own
+chmod 640 own
+getfacl -c own
+stat -c '%a' own
+setfacl -m u:65534:- own
+try $nobody cat own
+setfacl -b own
+getfacl -c own
+mkdir d
+setfacl -d -m u:65534:rwx,g::r-x,o::- d
+touch d/f; mkdir d/sub
+for p in d d/f d/sub; do echo "== $p $(stat -c %a $p)"; getfacl -c $p; done
+"#;
+
+#[test]
+fn posix_acls_are_kept_enforced_and_inherited_as_on_tmpfs() {
+    for t in ["setfacl", "getfacl", "setpriv"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "acl", ACL_SCRIPT);
+    assert!(out.contains("refused: setpriv"), "{out}");
+    assert!(
+        out.contains("ok: setpriv"),
+        "the ACL let nobody read: {out}"
+    );
+    assert!(out.contains("user:nobody:r--"), "{out}");
+}
+
+/// renameat2 with RENAME_WHITEOUT (what overlayfs does on its upper
+/// layer): the old name becomes a whiteout, a character device 0:0.
+const WHITEOUT_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    close(open("a", O_CREAT | O_WRONLY, 0644));
+    if (syscall(SYS_renameat2, AT_FDCWD, "a", AT_FDCWD, "b", RENAME_WHITEOUT) != 0) {
+        perror("renameat2 RENAME_WHITEOUT");
+        return 1;
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout_as_on_tmpfs() {
+    let prog = c_program("whiteout", WHITEOUT_C);
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!(
+        "{} \"$1\" && cd \"$1\" && stat -c '%n %F %t:%T %a %u:%g %h' a b && ls",
+        prog.path.display()
+    );
+    let out = same_as_tmpfs(&disk, "whiteout", &script);
+    assert!(
+        out.starts_with("a character special file 0:0 0 0:0 1\n"),
+        "{out}"
+    );
+}
+
+const IDMAP_C: &str = r#"/* idmap SRC DST: bind-mounts SRC on DST as an idmapped mount whose ids
+ * are those of a user namespace mapping 0..65535 in it to 100000.. outside
+ * (mount_setattr MOUNT_ATTR_IDMAP). */
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void put(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) { perror(path); exit(2); }
+    close(fd);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: idmap SRC DST\n"); return 2; }
+    int go[2];
+    if (pipe(go)) return 2;
+    pid_t child = fork();
+    if (child == 0) {
+        if (unshare(CLONE_NEWUSER)) { perror("unshare"); _exit(2); }
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) < 0) _exit(2);
+        _exit(0);
+    }
+    char path[64];
+    /* Wait until the child is in its own namespace. */
+    for (int i = 0; i < 1000; i++) {
+        char a[64], b[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/user", child);
+        ssize_t n = readlink(path, a, sizeof a - 1);
+        ssize_t m = readlink("/proc/self/ns/user", b, sizeof b - 1);
+        if (n > 0 && m > 0 && (n != m || memcmp(a, b, n) != 0)) break;
+        usleep(1000);
+    }
+    snprintf(path, sizeof path, "/proc/%d/uid_map", child);
+    put(path, "0 100000 65536\n");
+    snprintf(path, sizeof path, "/proc/%d/setgroups", child);
+    put(path, "deny\n");
+    snprintf(path, sizeof path, "/proc/%d/gid_map", child);
+    put(path, "0 100000 65536\n");
+    snprintf(path, sizeof path, "/proc/%d/ns/user", child);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) { perror("userns"); return 2; }
+    int tree = open_tree(AT_FDCWD, argv[1], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0) { perror("open_tree"); return 2; }
+    struct mount_attr attr = { .attr_set = MOUNT_ATTR_IDMAP, .userns_fd = userns };
+    int rc = 0;
+    if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+        perror("mount_setattr MOUNT_ATTR_IDMAP");
+        rc = 1;
+    } else if (move_mount(tree, "", AT_FDCWD, argv[2], MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+        perror("move_mount");
+        rc = 2;
+    }
+    close(go[1]);
+    waitpid(child, NULL, 0);
+    return rc;
+}
+"#;
+
+/// Through an idmapped mount of `root` (ids 0..65535 shown as 100000..):
+/// a file made by host root, one made by mapped uid 100005, a chown to
+/// mapped 100007; both views' owners.
+fn idmapped_owners(prog: &Path, root: &Path) -> String {
+    let view = tempfile::Builder::new()
+        .prefix("ramd-idmap.")
+        .tempdir()
+        .unwrap();
+    let out = run(Command::new(prog).arg(root).arg(view.path()), CMD_TIMEOUT);
+    assert!(out.success(), "idmapped mount of {root:?}: {}", out.stderr);
+    let script = r#"
+set -e
+touch "$1/byhost" "$1/chowned"
+setpriv --reuid=100005 --regid=100005 --clear-groups touch "$2/bymapped"
+chown 100007:100007 "$2/chowned"
+for f in byhost bymapped chowned; do
+  echo "$f $(stat -c %u:%g "$1/$f") $(stat -c %u:%g "$2/$f")"
+done
+"#;
+    let r = sh_env(script, &[s(root), s(view.path())], ("ZERO", ""));
+    assert!(umount_or_detach(view.path()), "umount {:?}", view.path());
+    r.ok()
+}
+
+#[test]
+fn idmapped_mounts_map_owners_as_on_tmpfs() {
+    let prog = c_program("idmap", IDMAP_C);
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    let want = idmapped_owners(&prog.path, tmpfs.path());
+    assert_eq!(
+        want,
+        "byhost 0:0 100000:100000\nbymapped 5:5 100005:100005\nchowned 7:7 100007:100007\n"
+    );
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    assert_eq!(idmapped_owners(&prog.path, disk.path()), want);
+}
