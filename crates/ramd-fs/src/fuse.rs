@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
@@ -64,35 +64,6 @@ pub struct FuseFs {
     notifier: Arc<OnceLock<Notifier>>,
     /// The ioctl commands already logged as unsupported (each once).
     unknown_ioctls: Mutex<HashSet<u32>>,
-    /// Direct writes whose range of the page cache is to be dropped before
-    /// they are answered (see `write`).
-    dio: mpsc::Sender<DirectWrite>,
-}
-
-/// A stored direct write, not yet answered.
-struct DirectWrite {
-    ino: INodeNo,
-    offset: u64,
-    written: u32,
-    reply: ReplyWrite,
-}
-
-/// Drops the page cache over each direct write, then answers it. The
-/// kernel's own invalidation after a direct write is skipped for
-/// asynchronous ones (FUSE_ASYNC_DIO), so a buffered read made while such a
-/// write was in flight would stay cached, stale. This runs on its own
-/// thread because dropping a page waits for its lock, which a buffered read
-/// holds until a FUSE worker answers it: a worker waiting here could leave
-/// none to answer.
-fn invalidate_direct_writes(rx: mpsc::Receiver<DirectWrite>, notifier: Arc<OnceLock<Notifier>>) {
-    for w in rx {
-        if let Some(n) = notifier.get() {
-            if let Err(e) = n.inval_inode(w.ino, w.offset as i64, w.written.into()) {
-                log::debug!("dropping cached pages of inode {}: {e}", w.ino.0);
-            }
-        }
-        w.reply.written(w.written);
-    }
 }
 
 impl FuseFs {
@@ -107,17 +78,10 @@ impl FuseFs {
                 }
             }
         }));
-        let (dio, rx) = mpsc::channel();
-        let n = notifier.clone();
-        std::thread::Builder::new()
-            .name("ramd-fuse-dio".into())
-            .spawn(move || invalidate_direct_writes(rx, n))
-            .expect("spawning a thread");
         FuseFs {
             fs,
             opts,
             notifier,
-            dio,
             unknown_ioctls: Mutex::new(HashSet::new()),
         }
     }
@@ -253,8 +217,14 @@ impl fuser::Filesystem for FuseFs {
             // Idmapped mounts: the kernel maps the ids of requests made
             // through one before they come here (it needs default_permissions).
             | InitFlags::FUSE_ALLOW_IDMAP
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_ASYNC_DIO;
+            | InitFlags::FUSE_CACHE_SYMLINKS;
+        // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
+        // after an asynchronous direct write, so a buffered read racing one
+        // would stay cached with the old data. Dropping the range ourselves
+        // before answering deadlocks: the held answers fill the kernel's
+        // background slots, and the read-ahead whose page lock the drop
+        // waits for is queued behind them. Without it an io_submit'ed
+        // direct write is served synchronously (slower at depth, never stale).
         if self.opts.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -456,7 +426,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        flags: OpenFlags,
+        _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -477,17 +447,6 @@ impl fuser::Filesystem for FuseFs {
         let n = *r.as_ref().unwrap_or(&0);
         self.record(Op::Write, n as u64, started, r.is_ok());
         match r {
-            Ok(n) if flags.0 & libc::O_DIRECT != 0 => {
-                let w = DirectWrite {
-                    ino,
-                    offset,
-                    written: n as u32,
-                    reply,
-                };
-                if let Err(mpsc::SendError(w)) = self.dio.send(w) {
-                    w.reply.written(w.written);
-                }
-            }
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(ferr(e)),
         }
