@@ -270,6 +270,18 @@ impl<'t> Conn<'t> {
         self.stat_sn = self.stat_sn.wrapping_add(1);
     }
 
+    /// Sends a Task Management or Logout Response: `response` in byte 2,
+    /// final bit set, the task's ITT, StatSN and the command window.
+    fn send_response(&mut self, opcode: u8, response: u8, itt: u32) {
+        let mut r = Pdu::new(opcode);
+        r.bhs[1] = 0x80;
+        r.bhs[2] = response;
+        r.set_u32(16, itt);
+        self.set_stat(&mut r);
+        self.set_window(&mut r);
+        self.send(&r);
+    }
+
     fn run(&mut self) -> Result<()> {
         if !self.login()? {
             return Ok(());
@@ -1006,13 +1018,7 @@ impl<'t> Conn<'t> {
             // CLEAR ACA, TARGET COLD RESET and the rest.
             _ => 5,
         };
-        let mut r = Pdu::new(op::TMF_RESP);
-        r.bhs[1] = 0x80;
-        r.bhs[2] = response;
-        r.set_u32(16, p.itt());
-        self.set_stat(&mut r);
-        self.set_window(&mut r);
-        self.send(&r);
+        self.send_response(op::TMF_RESP, response, p.itt());
     }
 
     fn text_request(&mut self, sess: &Arc<Session>, p: Pdu) {
@@ -1099,13 +1105,7 @@ impl<'t> Conn<'t> {
             // Removing a connection for recovery needs ERL 2.
             _ => 2,
         };
-        let mut r = Pdu::new(op::LOGOUT_RESP);
-        r.bhs[1] = 0x80;
-        r.bhs[2] = response;
-        r.set_u32(16, p.itt());
-        self.set_stat(&mut r);
-        self.set_window(&mut r);
-        self.send(&r);
+        self.send_response(op::LOGOUT_RESP, response, p.itt());
         let _ = self.flush();
         if reason == 0 && response == 0 {
             self.target.end_session(sess);

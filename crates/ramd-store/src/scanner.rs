@@ -127,11 +127,10 @@ fn leader(shared: &Shared) {
         if !decays.is_empty() {
             drop(st);
             let released: u64 = decays.iter().map(|(_, s)| s.decay()).sum();
-            if released > 0 {
-                // Heap memory freed with the pages (chunks, zspage
-                // descriptors, request buffers) goes back too.
-                trim_heap();
-            }
+            // Heap memory freed with the pages (chunks, zspage
+            // descriptors) goes back too, and so do the request buffers a
+            // client that left freed (glibc keeps them resident).
+            trim_heap(released > 0);
             st = shared.state.lock();
             let next = Instant::now() + DECAY_TICK;
             for (id, _) in decays {
@@ -232,13 +231,26 @@ fn run_pass(store: &Store, threads: usize) {
 }
 
 /// Gives the C heap's free memory back to the kernel (glibc keeps it
-/// otherwise: freed chunk maps and buffers would stay in RSS).
-fn trim_heap() {
+/// otherwise: freed chunk maps and buffers would stay in RSS): when `force`d
+/// (pages were released), or when the heap's free space has grown by a MiB
+/// since the last trim, so that an idle daemon does not trim every tick.
+fn trim_heap(force: bool) {
     #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only reorganises the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        static FREE_AFTER_LAST: AtomicU64 = AtomicU64::new(0);
+        // SAFETY: mallinfo2 only reads the allocator's statistics, and
+        // malloc_trim only reorganises its own free lists.
+        unsafe {
+            let free = libc::mallinfo2().fordblks as u64;
+            if force || free > FREE_AFTER_LAST.load(Relaxed) + (1 << 20) {
+                libc::malloc_trim(0);
+                FREE_AFTER_LAST.store(libc::mallinfo2().fordblks as u64, Relaxed);
+            }
+        }
     }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = force;
 }
 
 /// nice 19 for the calling thread only (Linux applies it per thread id).

@@ -172,6 +172,18 @@ pub fn human(n: u64) -> String {
     format!("{n}B")
 }
 
+/// Without --destructive, a raw target or export must read as zeros over
+/// its first MiB: anything else may be someone's data.
+fn refuse_data(spec: &str, first: &[u8]) -> Result<()> {
+    if !all_zero(first) {
+        bail!(
+            "{spec}: its first MiB is not all zeros (it may hold data); \
+             pass --destructive to overwrite it"
+        );
+    }
+    Ok(())
+}
+
 fn all_zero(buf: &[u8]) -> bool {
     buf.iter().all(|&b| b == 0)
 }
@@ -259,12 +271,7 @@ impl Target {
             let mut first = vec![0u8; ZERO_CHECK.min(size) as usize];
             file.read_exact_at(&mut first, 0)
                 .with_context(|| format!("{spec}: reading its first MiB"))?;
-            if !all_zero(&first) {
-                bail!(
-                    "{spec}: its first MiB is not all zeros (it may hold data); \
-                     pass --destructive to overwrite it"
-                );
-            }
+            refuse_data(spec, &first)?;
         }
         Ok(Target {
             spec: spec.to_string(),
@@ -298,12 +305,7 @@ impl Target {
             client
                 .read_at(&mut first, 0)
                 .with_context(|| format!("{spec}: reading its first MiB"))?;
-            if !all_zero(&first) {
-                bail!(
-                    "{spec}: its first MiB is not all zeros (it may hold data); \
-                     pass --destructive to overwrite it"
-                );
-            }
+            refuse_data(spec, &first)?;
         }
         Ok(Target {
             spec: spec.to_string(),
