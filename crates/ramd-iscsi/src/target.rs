@@ -266,20 +266,19 @@ impl Target {
             c.is_empty()
         };
         if empty {
-            let mut ss = self.sessions.lock();
-            if ss.by_tsih.get(&s.tsih).is_some_and(|x| Arc::ptr_eq(x, s)) {
-                ss.by_tsih.remove(&s.tsih);
-                drop(ss);
-                if !s.discovery {
-                    self.for_each_lun(|l| l.nexus_lost(&s.nexus));
-                }
-            }
+            self.forget(s);
         }
     }
 
     /// Ends a session: closes its connections and forgets it.
     pub(crate) fn end_session(&self, s: &Arc<Session>) {
         s.close();
+        self.forget(s);
+    }
+
+    /// Removes `s` from the session table if it is still there (not
+    /// replaced by a reinstatement), and tells the LUNs its nexus is gone.
+    fn forget(&self, s: &Arc<Session>) {
         let mut ss = self.sessions.lock();
         if ss.by_tsih.get(&s.tsih).is_some_and(|x| Arc::ptr_eq(x, s)) {
             ss.by_tsih.remove(&s.tsih);

@@ -22,20 +22,12 @@ const DIRS: usize = 4;
 /// How long the kernel may take to forget unlinked inodes.
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// xorshift64*: a fixed sequence per thread, so a failure replays.
-struct Rng(u64);
+/// The harness's xorshift64*, one seed per thread: a failure replays.
+use common::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// A random index below `n`.
+fn index(rng: &mut Rng, n: usize) -> usize {
+    rng.below(n as u64) as usize
 }
 
 /// What one thread believes: each of its inodes (by a number of its own)
@@ -52,25 +44,29 @@ fn dir(root: &Path, d: usize) -> PathBuf {
 
 fn content(t: usize, id: usize, op: usize, rng: &mut Rng) -> Vec<u8> {
     // Lengths across page boundaries, some empty.
-    let len = rng.below(3 * 4096 + 1);
+    let len = index(rng, 3 * 4096 + 1);
     let mut v = format!("{t}:{id}:{op}:").into_bytes();
     v.resize(len.max(v.len()), (op % 251) as u8);
     v
 }
 
 fn worker(root: &Path, t: usize) -> Model {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1000_0001));
+    let mut rng = Rng::new(t as u64 + 1);
     let mut m = Model::default();
     let mut next_id = 0;
     let mut next_name = 0;
     for op in 0..OPS {
         let names: Vec<(usize, String)> = m.names.keys().cloned().collect();
-        let pick = |rng: &mut Rng| names[rng.below(names.len())].clone();
-        let choice = if names.is_empty() { 0 } else { rng.below(6) };
+        let pick = |rng: &mut Rng| names[index(rng, names.len())].clone();
+        let choice = if names.is_empty() {
+            0
+        } else {
+            index(&mut rng, 6)
+        };
         match choice {
             // create
             0 => {
-                let d = rng.below(DIRS);
+                let d = index(&mut rng, DIRS);
                 let name = format!("t{t}-{next_name}");
                 next_name += 1;
                 let data = content(t, next_id, op, &mut rng);
@@ -90,8 +86,8 @@ fn worker(root: &Path, t: usize) -> Model {
             // rename, maybe over another of its own names
             2 | 3 => {
                 let (d, name) = pick(&mut rng);
-                let nd = rng.below(DIRS);
-                let target = if rng.below(4) == 0 {
+                let nd = index(&mut rng, DIRS);
+                let target = if index(&mut rng, 4) == 0 {
                     pick(&mut rng)
                 } else {
                     next_name += 1;
@@ -117,7 +113,7 @@ fn worker(root: &Path, t: usize) -> Model {
             // hard link
             4 => {
                 let (d, name) = pick(&mut rng);
-                let nd = rng.below(DIRS);
+                let nd = index(&mut rng, DIRS);
                 let new = format!("t{t}-{next_name}");
                 next_name += 1;
                 fs::hard_link(dir(root, d).join(&name), dir(root, nd).join(&new)).unwrap();

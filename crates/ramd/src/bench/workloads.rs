@@ -327,12 +327,19 @@ fn seqwr(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
     done(sb_metrics(ops, start.elapsed()))
 }
 
-fn seqrd(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
+/// The sysbench files written in full (no fsync) and dropped from the
+/// page cache where the target allows it: what seqrd and rndrw read.
+fn sb_written(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<(Regions, Vec<u8>)> {
     let (r, buf) = sb_prepare(t, plan, rng)?;
     sb_fill(&r, &buf, 0)?;
     for io in &r.io {
         io.drop_cache();
     }
+    Ok((r, buf))
+}
+
+fn seqrd(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
+    let (r, buf) = sb_written(t, plan, rng)?;
     let blocks = r.len / SB_BLOCK;
     let mut back = vec![0u8; SB_BLOCK as usize];
     let start = Instant::now();
@@ -351,11 +358,7 @@ fn seqrd(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
 }
 
 fn rndrw(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
-    let (r, buf) = sb_prepare(t, plan, rng)?;
-    sb_fill(&r, &buf, 0)?;
-    for io in &r.io {
-        io.drop_cache();
-    }
+    let (r, buf) = sb_written(t, plan, rng)?;
     let blocks = r.len / SB_BLOCK;
     let mut back = vec![0u8; SB_BLOCK as usize];
     let mut writes = [0u64; SB_FILES];
