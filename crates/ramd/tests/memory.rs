@@ -475,10 +475,10 @@ fn mlock_beyond_the_locked_memory_limit_is_refused_at_start() {
     require_tool("setpriv");
     require_tool("prlimit");
     let run_dir = scratch();
-    // Without CAP_IPC_LOCK (root has it, and it lifts the limit) and with
-    // an 8 MiB RLIMIT_MEMLOCK, a 256 MiB disk cannot be locked.
-    let out = run(
-        &mut cmd(
+    // `ramd --run-dir DIR ARGS` without CAP_IPC_LOCK (root has it, and it
+    // lifts the limit) and with an 8 MiB RLIMIT_MEMLOCK.
+    let limited = |args: &[&str]| {
+        let mut c = cmd(
             "setpriv",
             [
                 "--bounding-set",
@@ -490,12 +490,14 @@ fn mlock_beyond_the_locked_memory_limit_is_refused_at_start() {
                 ramd_bin(),
                 "--run-dir",
                 run_dir.path().to_str().unwrap(),
-                "serve",
-                "--size",
-                "256M",
-                "--mlock",
             ],
-        ),
+        );
+        c.args(args);
+        c
+    };
+    // A 256 MiB disk cannot be locked there.
+    let out = run(
+        &mut limited(&["serve", "--size", "256M", "--mlock"]),
         CMD_TIMEOUT,
     )
     .failed();
@@ -519,23 +521,8 @@ fn mlock_beyond_the_locked_memory_limit_is_refused_at_start() {
     // The same disk under the same limit starts without --mlock, and a
     // small one fits the limit with it.
     for args in [&["--size", "256M"][..], &["--size", "4M", "--mlock"][..]] {
-        let mut full = vec![
-            "--bounding-set",
-            "-ipc_lock",
-            "--inh-caps",
-            "-ipc_lock",
-            "prlimit",
-            "--memlock=8388608",
-            ramd_bin(),
-            "--run-dir",
-            run_dir.path().to_str().unwrap(),
-            "serve",
-            "--name",
-            "fits",
-            "--read-only",
-        ];
-        full.extend_from_slice(args);
-        let mut child = Background::spawn(&mut cmd("setpriv", full));
+        let mut child =
+            Background::spawn(limited(&["serve", "--name", "fits", "--read-only"]).args(args));
         let sock = run_dir.path().join("fits.sock");
         wait_until(START_DEADLINE, "the disk to listen", || sock.exists());
         child.assert_running();
