@@ -229,11 +229,7 @@ fn the_shared_budget_gives_enospc_to_the_disk_that_crosses_it() {
     nbd_script("io.py", &[&a, "write-random", "0", "40M", "a"]);
     // b fits until the daemon's budget is used up, then gets ENOSPC.
     let out = nbd_script("io.py", &[&b, "fill-until-enospc", "0", "64M", "b"]);
-    let written: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("written "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("io.py said {out:?}"));
+    let written = written(&out);
     assert!(
         (4 * MIB..=8 * MIB).contains(&written),
         "b wrote {written} bytes beside a's 40 MiB under a 48 MiB budget"
@@ -448,11 +444,7 @@ fn near_the_host_reserve_new_pages_get_enospc_and_data_stays() {
     let uri = up.uri("big");
     nbd_script("io.py", &[&uri, "write-random", "0", "16M", "kept"]);
     let out = nbd_script("io.py", &[&uri, "fill-until-enospc", "16M", "1G", "more"]);
-    let written: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("written "))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("io.py said {out:?}"));
+    let written = written(&out);
     assert!(
         written < 1024 * MIB - 16 * MIB,
         "{written} bytes of 1 GiB went in with the host 256 MiB above its reserve"

@@ -166,11 +166,7 @@ fn max_memory_gives_enospc_and_the_disk_recovers() {
 
     let rss_start = d.rss();
     let out = io(&d, &["fill-until-enospc", "0", "256M", "7"]);
-    let written: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("written "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no 'written N' in {out:?}"));
+    let written = written(&out);
     assert!(
         (24 * MIB..=32 * MIB).contains(&written),
         "ENOSPC after {written} bytes with --max-memory 32M"
@@ -276,11 +272,7 @@ fn concurrent_writers_share_one_budget() {
     assert_accounting(&s);
     let mut total = 0;
     for (i, (out, off)) in outs.iter().zip(regions).enumerate() {
-        let written: u64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix("written "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no 'written N' in {out:?}"));
+        let written = written(out);
         total += written;
         if written > 0 {
             io(

@@ -370,6 +370,14 @@ pub fn nbd_script(script: &str, args: &[&str]) -> String {
     run(&mut nbd_script_cmd(script, args), LONG_TIMEOUT).ok()
 }
 
+/// The byte count of io.py's `written N` line (`fill-until-enospc`).
+pub fn written(out: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("written "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no 'written N' in {out:?}"))
+}
+
 /// Runs `qemu-io -f raw` with one `-c` per command; asserts success and that
 /// no command reported a failure (pattern mismatch, I/O error).
 pub fn qemu_io(uri: &str, cmds: &[String]) -> String {
