@@ -56,16 +56,7 @@ trap cleanup EXIT
 one() {
     local mode=$1 r=$2 flags=() uri t0 t1 fill_mibs rd wr huge
     [[ $mode == default ]] || flags=(--huge-pages "$mode")
-    mkdir -p "$work/run"
-    # A URI line left by the last mode must not pass for this one's.
-    rm -f "$work/uri"
-    RAMD_RUN_DIR=$work/run "$ramd" serve --size "$size" "${flags[@]}" \
-        --listen "unix:$work/ramd.sock" >"$work/uri" 2>"$work/ramd.log" {bench_lock_fd}>&- &
-    ramd_pid=$!
-    has_uri() { alive "$ramd_pid" ramd && [[ -s $work/uri ]]; }
-    wait_until 30 "ramd (URI line)" has_uri
-    uri=$(head -n 1 "$work/uri")
-    wait_until 30 "ramd at $uri" nbdinfo --size "$uri"
+    serve_nbd "$ramd" "$work" "$size" "${flags[@]}"
     wait_quiet
     t0=$(date +%s%N)
     fio --name=fill --ioengine=nbd --uri="$uri" --size="$size" --rw=write --bs=1M \

@@ -125,6 +125,24 @@ wait_quiet() {
     ((quiet_budget > 0)) || quiet_budget=0
 }
 
+# serve_nbd RAMD WORK SIZE [FLAG...]: starts `RAMD serve` on a unix socket in
+# WORK (run dir WORK/run, log WORK/ramd.log) and waits until its URI answers;
+# sets ramd_pid and uri. Callers stop it with stop_pid "$ramd_pid" ramd.
+serve_nbd() {
+    local bin=$1 dir=$2 size=$3
+    shift 3
+    mkdir -p "$dir/run"
+    # A URI line left by the last ramd must not pass for this one's.
+    rm -f "$dir/uri"
+    RAMD_RUN_DIR=$dir/run "$bin" serve --size "$size" "$@" \
+        --listen "unix:$dir/ramd.sock" >"$dir/uri" 2>"$dir/ramd.log" {bench_lock_fd}>&- &
+    ramd_pid=$!
+    _serve_nbd_has_uri() { alive "$ramd_pid" ramd && [[ -s $dir/uri ]]; }
+    wait_until 30 "ramd (URI line)" _serve_nbd_has_uri
+    uri=$(head -n 1 "$dir/uri")
+    wait_until 30 "ramd at $uri" nbdinfo --size "$uri"
+}
+
 # bench_lock: one benchmark at a time on this host. Two benchmarks on a
 # 2-core machine measure each other; every bench/ script calls this first
 # and holds the lock until it exits. Waits up to BENCH_LOCK_WAIT seconds

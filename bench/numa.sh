@@ -106,16 +106,7 @@ one() {
     local) flags=(--numa-nodes "$local_node") ;;
     remote) flags=(--numa-nodes "$remote_node") ;;
     esac
-    mkdir -p "$work/run"
-    # A URI line left by the last ramd must not pass for this one's.
-    rm -f "$work/uri"
-    RAMD_RUN_DIR=$work/run "$ramd" serve --size 64M "${flags[@]}" \
-        --listen "unix:$work/ramd.sock" >"$work/uri" 2>"$work/ramd.log" {bench_lock_fd}>&- &
-    ramd_pid=$!
-    has_uri() { alive "$ramd_pid" ramd && [[ -s $work/uri ]]; }
-    wait_until 30 "ramd (URI line)" has_uri
-    uri=$(head -n 1 "$work/uri")
-    wait_until 30 "ramd at $uri" nbdinfo --size "$uri"
+    serve_nbd "$ramd" "$work" 64M "${flags[@]}"
     wait_quiet
     if [[ $hog == hog ]]; then
         taskset -c "$hog_cpu" dd if=/dev/zero of=/dev/null bs=64M 2>/dev/null {bench_lock_fd}>&- &
