@@ -6,6 +6,7 @@
 
 pub mod fs;
 pub mod fuse;
+pub mod ll;
 
 use std::io;
 use std::path::Path;

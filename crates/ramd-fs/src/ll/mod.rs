@@ -1,0 +1,92 @@
+//! The FUSE kernel protocol, spoken by ramd itself: request decoding, reply
+//! encoding, mounting, and the transports that carry requests between the
+//! kernel and the filesystem. Two transports share one [`Dispatch`]:
+//! `/dev/fuse` (read and write system calls, one thread per cloned fd) and
+//! FUSE over io_uring (per-CPU queues, kernel 6.14+), so every operation is
+//! decoded and answered by the same code whichever carried it.
+//!
+//! The two layouts differ only in where a request's parts sit. Every request
+//! is a header ([`InHeader`]), the opcode's fixed-size first argument
+//! ("arg0": `fuse_write_in`, `fuse_open_in`, ...; empty for some opcodes)
+//! and the rest (names, write data). `/dev/fuse` delivers the three back to
+//! back, so that transport splits them with [`Dispatch::arg0_len`]; io_uring
+//! delivers them in separate buffers. A reply is a 16-byte out header and a
+//! payload, built in the buffer the transport lends ([`Reply::buf`]), so a
+//! READ can be served straight into it.
+
+use std::io;
+
+/// `struct fuse_in_header`.
+pub const IN_HEADER_LEN: usize = 40;
+/// `struct fuse_out_header`.
+pub const OUT_HEADER_LEN: usize = 16;
+
+/// `struct fuse_in_header`, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InHeader {
+    /// Length of the whole request, header included (`/dev/fuse` layout).
+    pub len: u32,
+    pub opcode: u32,
+    /// The request's id; its reply carries it back. 0 only for notifications.
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// Length of the extensions after the arguments, in units of 8 bytes.
+    pub total_extlen: u16,
+}
+
+impl InHeader {
+    /// Decodes the first [`IN_HEADER_LEN`] bytes of `b` (native endian, as
+    /// the kernel writes them); `None` if `b` is shorter.
+    pub fn parse(b: &[u8]) -> Option<InHeader> {
+        let b = b.get(..IN_HEADER_LEN)?;
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        Some(InHeader {
+            len: u32_at(0),
+            opcode: u32_at(4),
+            unique: u64_at(8),
+            nodeid: u64_at(16),
+            uid: u32_at(24),
+            gid: u32_at(28),
+            pid: u32_at(32),
+            total_extlen: u16::from_ne_bytes(b[36..38].try_into().unwrap()),
+        })
+    }
+}
+
+/// One request as a transport received it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub header: InHeader,
+    /// The opcode's fixed first argument (may be empty).
+    pub arg0: &'a [u8],
+    /// Everything after it: names, link targets, xattr values, write data.
+    pub rest: &'a [u8],
+}
+
+/// Where the answer to one request goes. The transport made it for that
+/// request (it knows the `unique` to answer).
+pub trait Reply {
+    /// The buffer to build the reply's payload in, at least as long as the
+    /// largest reply the session allows (`max_write`/`max_read` plus a page).
+    fn buf(&mut self) -> &mut [u8];
+    /// Sends the answer: `Ok(len)`, the first `len` bytes of [`Reply::buf`]
+    /// as the payload, or `Err(errno)` (positive) and no payload. Called at
+    /// most once per request. An error from the kernel that the request is
+    /// gone (ENOENT: it was interrupted) is not an error here.
+    fn send(&mut self, outcome: Result<usize, i32>) -> io::Result<()>;
+}
+
+/// Serves requests, from any transport and any thread.
+pub trait Dispatch: Send + Sync + 'static {
+    /// Length of `opcode`'s fixed first argument, as negotiated at INIT
+    /// (the `/dev/fuse` transport splits a request there). 0 for an
+    /// opcode that has none or that is unknown.
+    fn arg0_len(&self, opcode: u32) -> usize;
+    /// Serves one request and answers it through `reply`, exactly once
+    /// unless the opcode has no answer (FORGET, BATCH_FORGET, INTERRUPT).
+    fn dispatch(&self, req: &Request<'_>, reply: &mut dyn Reply);
+}
