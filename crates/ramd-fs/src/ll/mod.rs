@@ -16,6 +16,11 @@
 
 use std::io;
 
+pub mod abi;
+pub mod dev;
+pub mod mount;
+pub mod notify;
+
 /// `struct fuse_in_header`.
 pub const IN_HEADER_LEN: usize = 40;
 /// `struct fuse_out_header`.
