@@ -370,6 +370,11 @@ impl FuseFs {
         let h = &req.header;
         let ino = Ino(h.nodeid);
         let fs = &*self.fs;
+        // Every fixed argument whole (INIT's is shorter on old kernels,
+        // and answered by the session anyway).
+        if h.opcode != op::INIT && req.arg0.len() < abi::arg0_len(h.opcode) {
+            return Err(libc::EINVAL);
+        }
         match h.opcode {
             op::LOOKUP => entry_out(buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {

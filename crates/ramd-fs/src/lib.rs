@@ -60,4 +60,6 @@ pub fn mount(
 }
 
 #[cfg(test)]
+mod fuse_tests;
+#[cfg(test)]
 mod tests;
