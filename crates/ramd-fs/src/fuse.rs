@@ -251,6 +251,38 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
     }
 }
 
+/// `struct fuse_statx`: all basic fields always (the kernel refreshes its
+/// cached attributes only from a full set), the birth time when asked.
+fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
+    let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
+    let time = |w: &mut Wr<'_>, t: SystemTime| {
+        let (s, ns) = timespec(t);
+        w.i64(s).u32(ns).u32(0);
+    };
+    // The kernel's 32-bit device encoding (new_encode_dev).
+    let (major, minor) = (
+        (a.rdev >> 8) & 0xfff,
+        (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
+    );
+    w.u32(mask)
+        .u32(4096)
+        .u64(0) // attributes
+        .u32(a.nlink)
+        .u32(a.uid)
+        .u32(a.gid)
+        .u16((type_bits(a.kind) | a.perm as u32) as u16)
+        .u16(0)
+        .u64(a.ino.0)
+        .u64(a.size)
+        .u64(a.blocks)
+        .u64(0); // attributes_mask
+    time(w, a.atime);
+    time(w, a.btime);
+    time(w, a.ctime);
+    time(w, a.mtime);
+    w.u32(major).u32(minor).u32(0).u32(0).zeros(14 * 8);
+}
+
 fn caller(req: &Request<'_>) -> Caller {
     Caller {
         uid: req.header.uid,
@@ -608,6 +640,29 @@ impl FuseFs {
                 let mut w = Wr::new(buf);
                 abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
                 abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+                w.written().ok_or(libc::EIO)
+            }
+            op::TMPFILE => {
+                let mut r = Rd(req.arg0);
+                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                // The name the kernel sends ("/") names nothing.
+                let who = Caller {
+                    umask,
+                    ..caller(req)
+                };
+                let a = fs.tmpfile(who, ino, mode).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
+                abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+                w.written().ok_or(libc::EIO)
+            }
+            op::STATX => {
+                let sx = arg(abi::StatxIn::parse(req.arg0))?;
+                let a = fs.getattr(ino).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                // attr_valid, its nanoseconds, flags, spare.
+                w.u64(TTL).u32(0).u32(0).zeros(16);
+                encode_statx(&mut w, &a, sx.sx_mask);
                 w.written().ok_or(libc::EIO)
             }
             op::DESTROY => Ok(0),
