@@ -36,7 +36,10 @@ use parking_lot::RwLock;
 use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
 mod acl;
+mod cache;
 pub(crate) mod meta;
+
+pub use cache::OpenCache;
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -331,6 +334,8 @@ struct Inode {
     xattrs: BTreeMap<OsString, Vec<u8>>,
     lookups: u64,
     opens: u32,
+    /// How its opens use the kernel's page cache (see `fs/cache.rs`).
+    cache: cache::InodeCache,
     /// chattr(1) flags ([`FL_SUPPORTED`]).
     flags: u32,
     data: Data,
@@ -366,6 +371,9 @@ pub struct Fs {
     /// Told when an inode's attributes change without the kernel asking
     /// (privilege bits dropped on a write): its cached copy is stale.
     on_attr_change: std::sync::OnceLock<AttrHook>,
+    /// Free bytes at or under which files open uncached (see `fs/cache.rs`);
+    /// 0: never.
+    write_reserve: AtomicU64,
 }
 
 /// See [`Fs::on_attr_change`].
@@ -405,6 +413,7 @@ impl Inode {
             flags: 0,
             lookups: 1,
             opens: 0,
+            cache: Default::default(),
             data,
         }
     }
@@ -542,6 +551,7 @@ impl Fs {
             store,
             cfg,
             on_attr_change: std::sync::OnceLock::new(),
+            write_reserve: AtomicU64::new(0),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -840,7 +850,7 @@ impl Fs {
     pub fn create(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
-        self.state.write().get_mut(attr.ino)?.opens += 1;
+        self.opened(self.state.write().get_mut(attr.ino)?);
         Ok(attr)
     }
 
@@ -1233,7 +1243,7 @@ impl Fs {
                 return err(Errno::EPERM);
             }
         }
-        inode.opens += 1;
+        self.opened(inode);
         Ok(())
     }
 
@@ -1521,6 +1531,9 @@ impl Fs {
         let inode = st.get_mut(ino)?;
         inode.flags = flags;
         inode.ctime = SystemTime::now();
+        drop(st);
+        // The kernel does not know an ioctl moved ctime.
+        self.attr_changed(ino);
         Ok(())
     }
 

@@ -18,12 +18,18 @@ use fuser::{
 
 use ramd_store::metrics::{IoMetrics, Op};
 
-use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
+use crate::fs::{
+    Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence, NAME_MAX,
+};
 
-/// How long the kernel may trust names and attributes it was given. All
-/// changes go through this mount and the kernel invalidates what an
-/// operation touches, so a short TTL only guards against our own races.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust names (also a name's absence) and
+/// attributes it was given. The kernel is the only writer: it updates or
+/// invalidates what its own requests change, and `Fs` invalidates what it
+/// changes on its own (`on_attr_change`: privilege bits dropped, chattr's
+/// ctime); atime is the kernel's to reread after a read. So the dcache
+/// answers repeated lookups and stats as on tmpfs. Finite, an hour, so a
+/// change we failed to announce would not stay wrong for the mount's life.
+const TTL: Duration = Duration::from_secs(3600);
 /// The generation of every inode: inode numbers are never reused (not
 /// across a save and load either), so the number alone names one inode for
 /// its life, which file handles need; 1 rather than 0, which reads as unset.
@@ -176,6 +182,36 @@ fn entry(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
     }
 }
 
+/// A failed LOOKUP: ENOENT as an entry with inode 0, which the kernel
+/// keeps as a negative dentry for `TTL`, so asking again for a missing
+/// name (open(O_CREAT), a build's probes) is free; creating the name
+/// through the kernel replaces it.
+fn lookup_reply(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
+    match r {
+        Err(e) if e == Errno::ENOENT => {
+            let none = FileAttr {
+                ino: INodeNo(0),
+                size: 0,
+                blocks: 0,
+                atime: SystemTime::UNIX_EPOCH,
+                mtime: SystemTime::UNIX_EPOCH,
+                ctime: SystemTime::UNIX_EPOCH,
+                crtime: SystemTime::UNIX_EPOCH,
+                kind: FileType::RegularFile,
+                perm: 0,
+                nlink: 0,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                blksize: 0,
+                flags: 0,
+            };
+            reply.entry(&TTL, &none, Generation(0))
+        }
+        r => entry(reply, r),
+    }
+}
+
 fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
     match r {
         Ok(()) => reply.ok(),
@@ -183,16 +219,13 @@ fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
     }
 }
 
-/// Page cache kept across opens: every change goes through this mount, so
-/// the kernel's cached pages are never stale. Except when a read now would
-/// move atime: a read served from the cache never reaches `Fs`, so the
-/// cache is dropped and the first read comes here (relatime: once after
-/// each change; strictatime: once per open).
+/// Page cache kept across opens (every change goes through this mount),
+/// dropped or not used at all as `Fs` says (`fs/cache.rs`).
 fn open_flags(fs: &Fs, ino: Ino) -> FopenFlags {
-    if fs.read_moves_atime(ino) {
-        FopenFlags::empty()
-    } else {
-        FopenFlags::FOPEN_KEEP_CACHE
+    match fs.open_cache(ino) {
+        OpenCache::Keep => FopenFlags::FOPEN_KEEP_CACHE,
+        OpenCache::Drop => FopenFlags::empty(),
+        OpenCache::Direct => FopenFlags::FOPEN_DIRECT_IO,
     }
 }
 
@@ -226,7 +259,10 @@ impl fuser::Filesystem for FuseFs {
         // waits for is queued behind them. Without it an io_submit'ed
         // direct write is served synchronously (slower at depth, never stale).
         if self.opts.writeback_cache {
-            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+            // Files opened uncached near a full disk (fs/cache.rs) may
+            // still be mapped shared; the kernel then writes back and
+            // drops the cached range around each uncached read and write.
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
         // Ask only for what this kernel offers.
         let offered = wanted & config.capabilities();
@@ -240,7 +276,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(Ino(parent.0), name));
+        lookup_reply(reply, self.fs.lookup(Ino(parent.0), name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

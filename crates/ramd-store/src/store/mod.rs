@@ -403,6 +403,13 @@ impl Store {
         limit
     }
 
+    /// Memory this disk could still take before a new page gets ENOSPC:
+    /// [`Store::effective_limit`] less what it uses now.
+    pub fn memory_room(&self) -> u64 {
+        let used = self.c.memory_used.load(Relaxed);
+        self.effective_limit().0.saturating_sub(used)
+    }
+
     /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
     pub(crate) fn decay(&self) -> u64 {
         self.pool.decay()
