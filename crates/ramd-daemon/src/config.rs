@@ -476,6 +476,32 @@ mod tests {
     }
 
     #[test]
+    fn false_turns_off_what_is_on_by_default() {
+        let f = |v: &str| {
+            flags_of(
+                &format!("[disk.a]\nmount = \"/mnt/a\"\nwriteback_cache = {v}\nnoatime = {v}\n"),
+                None,
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            f("false"),
+            ["--name", "a", "--mount", "/mnt/a", "--no-writeback-cache"]
+        );
+        assert_eq!(
+            f("true"),
+            [
+                "--name",
+                "a",
+                "--mount",
+                "/mnt/a",
+                "--noatime",
+                "--writeback-cache"
+            ]
+        );
+    }
+
+    #[test]
     fn mistakes_name_file_line_and_key() {
         let e = flags_of("[disk.a]\nsize = \"1G\"\ncompress = \"lzo\"\n", None)
             .unwrap_err()

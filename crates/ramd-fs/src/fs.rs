@@ -1335,7 +1335,17 @@ impl Fs {
             }
             *pages = pages.saturating_add_signed(delta);
         }
-        r?;
+        if let Err(e) = r {
+            let e = Errno::from(e);
+            // The kernel's write-back hit a full disk: see `Fs::write_allowed`.
+            let full = !short_ok && e == Errno::ENOSPC;
+            inode.cache.full |= full;
+            drop(st);
+            if full {
+                self.attr_changed(ino);
+            }
+            return Err(e);
+        }
         let why = if kernel_kill {
             Kill::KernelSays
         } else {

@@ -283,7 +283,13 @@ impl fuser::Filesystem for FuseFs {
         self.fs.forget(Ino(ino.0), nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // With a handle: the kernel is about to take a cached write.
+        if fh.is_some() {
+            if let Err(e) = self.fs.write_allowed(Ino(ino.0)) {
+                return reply.error(ferr(e));
+            }
+        }
         match self.fs.getattr(Ino(ino.0)) {
             Ok(a) => reply.attr(&TTL, &fattr(&a)),
             Err(e) => reply.error(ferr(e)),

@@ -36,6 +36,9 @@ pub(crate) struct InodeCache {
     direct: bool,
     /// It was opened uncached since it was last opened cached.
     stale: bool,
+    /// A write-back of it failed with ENOSPC, and the reserve has not been
+    /// free since.
+    pub(super) full: bool,
 }
 
 impl Fs {
@@ -91,5 +94,26 @@ impl Fs {
         } else {
             OpenCache::Keep
         }
+    }
+
+    /// Whether the kernel may take another write(2) of `ino` into its
+    /// cache: asked as it refreshes the attributes of a file open for
+    /// writing (GETATTR with a file handle), which it does before a cached
+    /// write once they were invalidated. ENOSPC after a write-back of the
+    /// file failed for lack of space, until the write reserve (or 1 MiB,
+    /// a whole write-back request) is free again.
+    pub fn write_allowed(&self, ino: Ino) -> Result<()> {
+        let mut st = self.state.write();
+        let Ok(i) = st.get_mut(ino) else {
+            return Ok(());
+        };
+        if !i.cache.full {
+            return Ok(());
+        }
+        if self.room() <= self.write_reserve().clamp(1 << 20, u64::MAX - 1) {
+            return err(Errno::ENOSPC);
+        }
+        i.cache.full = false;
+        Ok(())
     }
 }
