@@ -374,6 +374,8 @@ pub struct Fs {
     /// Free bytes at or under which files open uncached (see `fs/cache.rs`);
     /// 0: never.
     write_reserve: AtomicU64,
+    /// The kernel keeps regular files' mtime and ctime (write-back cache).
+    kernel_times: std::sync::atomic::AtomicBool,
 }
 
 /// See [`Fs::on_attr_change`].
@@ -552,6 +554,7 @@ impl Fs {
             cfg,
             on_attr_change: std::sync::OnceLock::new(),
             write_reserve: AtomicU64::new(0),
+            kernel_times: Default::default(),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -561,6 +564,13 @@ impl Fs {
                 next_fh: 1,
             }),
         })
+    }
+
+    /// Says that the kernel keeps regular files' mtime and ctime (the
+    /// FUSE write-back cache was negotiated): its write-backs then leave
+    /// them alone.
+    pub fn set_kernel_times(&self, yes: bool) {
+        self.kernel_times.store(yes, Relaxed);
     }
 
     /// Takes the store's gate for one changing request: what [`Fs::write`]
@@ -1353,7 +1363,12 @@ impl Fs {
         };
         let killed = self.drop_privileges(inode, who, why);
         inode.size = inode.size.max(end);
-        inode.touch_mc(now);
+        // Under the write-back cache the kernel keeps a file's mtime and
+        // ctime and sends them itself (SETATTR); its write-back may come
+        // later than that, and must not move them past what it sent.
+        if short_ok || !self.kernel_times.load(Relaxed) {
+            inode.touch_mc(now);
+        }
         drop(st);
         if killed {
             self.attr_changed(ino);

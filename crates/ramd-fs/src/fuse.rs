@@ -272,6 +272,8 @@ impl fuser::Filesystem for FuseFs {
         if self.opts.writeback_cache && !offered.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
             log::warn!("this kernel has no FUSE writeback cache; writes go through");
         }
+        self.fs
+            .set_kernel_times(offered.contains(InitFlags::FUSE_WRITEBACK_CACHE));
         Ok(())
     }
 

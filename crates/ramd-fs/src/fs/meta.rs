@@ -302,6 +302,7 @@ impl Fs {
             state: RwLock::new(st),
             on_attr_change: std::sync::OnceLock::new(),
             write_reserve: AtomicU64::new(0),
+            kernel_times: Default::default(),
         })
     }
 }
