@@ -60,10 +60,12 @@ tar -C "$work" -cf "$work/tree.tar" tree
 count() {
     local name=$1 ops=$2
     shift 2
-    perf record -q -e fuse:fuse_request_send -a -o "$work/perf.data" -- "$@" >/dev/null 2>&1 ||
-        die "$name: perf record or the workload failed"
-    perf script -i "$work/perf.data" 2>/dev/null | grep "connection $dev " |
-        grep -o '(FUSE_[A-Z_]*)' | sort | uniq -c |
+    # A large buffer: a lost event would lower the counts.
+    perf record -q -m 16M -e fuse:fuse_request_send -a -o "$work/perf.data" -- "$@" \
+        >/dev/null 2>"$work/perf.err" || die "$name: perf record or the workload failed"
+    ! grep -qi "lost" "$work/perf.err" || die "$name: perf lost events: $(cat "$work/perf.err")"
+    perf script -i "$work/perf.data" 2>/dev/null | { grep "connection $dev " || true; } |
+        { grep -o '(FUSE_[A-Z_]*)' || true; } | sort | uniq -c |
         awk -v n="$ops" -v name="$name" '
             { total += $1; line = line sprintf(" %s %.2f", substr($2, 7, length($2) - 7), $1 / n) }
             END { printf "%-28s %6.2f /op:%s\n", name, total / n, line }'
