@@ -1523,3 +1523,28 @@ fn a_failed_write_back_stops_cached_writes_until_the_reserve_is_free() {
     .unwrap();
     assert_eq!(f.write_allowed(a), Ok(()));
 }
+
+#[test]
+fn under_the_write_back_cache_write_backs_leave_times_to_the_kernel() {
+    let f = fs();
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
+    let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let at = SetAttr {
+        mtime: Some(SetTime::At(then)),
+        ctime: Some(then),
+        ..Default::default()
+    };
+    f.setattr(ME, a, at).unwrap();
+    f.set_kernel_times(true);
+    // The kernel's write-back (no short writes): the times it sent stay.
+    f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
+    assert_eq!(f.getattr(a).unwrap().mtime, then);
+    // A write the kernel did not cache (direct I/O) moves them.
+    f.write(&f.change(), a, 0, b"x", true, ME, false).unwrap();
+    assert!(f.getattr(a).unwrap().mtime > then);
+    // Without the write-back cache (mmap write-backs), ramd keeps them.
+    f.setattr(ME, a, at).unwrap();
+    f.set_kernel_times(false);
+    f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
+    assert!(f.getattr(a).unwrap().mtime > then);
+}
