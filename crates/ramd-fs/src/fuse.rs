@@ -260,8 +260,9 @@ impl fuser::Filesystem for FuseFs {
         // direct write is served synchronously (slower at depth, never stale).
         if self.opts.writeback_cache {
             // Files opened uncached near a full disk (fs/cache.rs) may
-            // still be mapped shared; the kernel then writes back and
-            // drops the cached range around each uncached read and write.
+            // still be mapped shared (without it such an mmap fails with
+            // ENODEV); a mapping goes through the page cache, so its
+            // errors reach msync, fsync or close.
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
         // Ask only for what this kernel offers.
