@@ -376,6 +376,8 @@ pub struct Fs {
     write_reserve: AtomicU64,
     /// The kernel keeps regular files' mtime and ctime (write-back cache).
     kernel_times: std::sync::atomic::AtomicBool,
+    /// The host guard's room, sampled for [`Fs::room`].
+    host_sample: cache::HostSample,
 }
 
 /// See [`Fs::on_attr_change`].
@@ -555,6 +557,7 @@ impl Fs {
             on_attr_change: std::sync::OnceLock::new(),
             write_reserve: AtomicU64::new(0),
             kernel_times: Default::default(),
+            host_sample: Default::default(),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,

@@ -29,6 +29,43 @@ pub enum OpenCache {
     Direct,
 }
 
+/// How often [`Fs::room`] rereads the host guard's room.
+pub const HOST_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The host guard's room as last read, and when.
+#[derive(Debug)]
+pub(crate) struct HostSample {
+    origin: std::time::Instant,
+    /// Milliseconds after `origin` of the last reading (0: none yet).
+    at_ms: AtomicU64,
+    room: AtomicU64,
+}
+
+impl Default for HostSample {
+    fn default() -> Self {
+        HostSample {
+            origin: std::time::Instant::now(),
+            at_ms: AtomicU64::new(0),
+            room: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl HostSample {
+    fn room(&self, store: &Store) -> u64 {
+        // +1: a reading at `origin` is still a reading.
+        let now = self.origin.elapsed().as_millis() as u64 + 1;
+        let at = self.at_ms.load(Relaxed);
+        if at == 0 || now.saturating_sub(at) >= HOST_SAMPLE.as_millis() as u64 {
+            let room = store.host_room().unwrap_or(u64::MAX);
+            self.room.store(room, Relaxed);
+            self.at_ms.store(now, Relaxed);
+            return room;
+        }
+        self.room.load(Relaxed)
+    }
+}
+
 /// Per inode: the mode its current opens share.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct InodeCache {
@@ -55,11 +92,15 @@ impl Fs {
     /// Bytes that writes of new data may still take: the tighter of the
     /// page cap (`size`) and the memory budget (`max_memory`, the daemon's
     /// shared budget, the host guard). Compression is not counted on: a
-    /// written page is stored raw until the scanner packs it.
+    /// written page is stored raw until the scanner packs it. The host
+    /// guard's figure is sampled at most every [`HOST_SAMPLE`] (reading
+    /// /proc/meminfo on every open would cost about as much as the open);
+    /// other programs move it anyway, so it is a best effort.
     pub fn room(&self) -> u64 {
         let (used, limit) = self.store.pages_used();
         let pages = limit.saturating_sub(used).saturating_mul(PAGE_SIZE as u64);
-        pages.min(self.store.memory_room())
+        let room = pages.min(self.store.budget_room());
+        room.min(self.host_sample.room(&self.store))
     }
 
     /// Counts an open of `inode`; the first of a run of opens picks the

@@ -303,6 +303,7 @@ impl Fs {
             on_attr_change: std::sync::OnceLock::new(),
             write_reserve: AtomicU64::new(0),
             kernel_times: Default::default(),
+            host_sample: Default::default(),
         })
     }
 }
