@@ -12,8 +12,8 @@
 #   --out DIR      also keep the raw results (TSV, fio JSON, tool output) in DIR
 #
 # Targets, all 2 GiB, mounted under one mktemp directory:
-#   ramd      ramd serve --mount (default options)
-#   ramd-wb   ramd serve --mount --writeback-cache
+#   ramd      ramd serve --mount --no-writeback-cache (every write sent through)
+#   ramd-wb   ramd serve --mount (default options: the write-back cache)
 #   tmpfs     mount -t tmpfs -o size=2G
 #
 # Jobs (each run visits the targets in a rotated order):
@@ -157,12 +157,12 @@ ramd_ready() {
     [[ -s $work/ramd-$t.out && $(head -n 1 "$work/ramd-$t.out") == "${mnt_of[$t]}" ]] &&
         [[ $(findmnt -n -o SOURCE --mountpoint "${mnt_of[$t]}") == ramd ]]
 }
-start_ramd ramd
-start_ramd ramd-wb --writeback-cache
+start_ramd ramd --no-writeback-cache
+start_ramd ramd-wb
 mount -t tmpfs -o size=2G tmpfs "${mnt_of[tmpfs]}"
 mount -t tmpfs -o size=$((dd_mib + 64))M tmpfs "$work/src"
-wait_until 30 "ramd mount at ${mnt_of[ramd]}" ramd_ready ramd
-wait_until 30 "ramd --writeback-cache mount at ${mnt_of[ramd-wb]}" ramd_ready ramd-wb
+wait_until 30 "ramd --no-writeback-cache mount at ${mnt_of[ramd]}" ramd_ready ramd
+wait_until 30 "ramd mount at ${mnt_of[ramd-wb]}" ramd_ready ramd-wb
 for t in "${targets[@]}"; do
     got=$(df -B1 --output=size "${mnt_of[$t]}" | tail -n 1 | tr -d ' ')
     [[ $got == $((2 << 30)) ]] || die "$t: ${mnt_of[$t]} is $got bytes, expected 2 GiB"

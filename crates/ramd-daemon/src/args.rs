@@ -120,10 +120,17 @@ pub struct DiskArgs {
     #[arg(long, requires = "mount")]
     pub noexec: bool,
 
-    /// Filesystem disk: let the kernel cache writes and send them in large
-    /// batches (faster small writes; fsync still reaches ramd).
-    #[arg(long, requires = "mount")]
+    /// Filesystem disk: the kernel caches writes and sends them in large
+    /// batches. The default; kept so that older configs still parse.
+    #[arg(long, requires = "mount", overrides_with = "no_writeback_cache")]
     pub writeback_cache: bool,
+
+    /// Filesystem disk: send every write(2) to ramd as it happens, not
+    /// through the kernel's write-back cache (config: `writeback_cache =
+    /// false`). Slower small writes; a full disk is always reported by the
+    /// write itself.
+    #[arg(long, requires = "mount", overrides_with = "writeback_cache")]
+    pub no_writeback_cache: bool,
 
     /// Cap on RAM used for pages, compressed objects and page tables;
     /// writes beyond it get ENOSPC. Default: enough for every page of SIZE
@@ -246,6 +253,11 @@ impl DiskArgs {
         }
     }
 
+    /// Whether a filesystem disk uses the kernel's write-back cache.
+    pub fn writeback_cache(&self) -> bool {
+        !self.no_writeback_cache
+    }
+
     /// A filesystem disk's mount flags.
     pub fn mount_flags(&self) -> ramd_fs::MountFlags {
         ramd_fs::MountFlags {
@@ -281,7 +293,8 @@ impl DiskArgs {
             "nosuid" => self.nosuid.to_string(),
             "nodev" => self.nodev.to_string(),
             "noexec" => self.noexec.to_string(),
-            "writeback_cache" => self.writeback_cache.to_string(),
+            "writeback_cache" => self.writeback_cache().to_string(),
+            "no_writeback_cache" => (!self.writeback_cache()).to_string(),
             "max_memory" => format!("{:?}", self.max_memory),
             "read_only" => self.read_only.to_string(),
             "threads" => self.threads.to_string(),

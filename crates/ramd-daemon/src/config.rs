@@ -338,7 +338,16 @@ pub(crate) fn key_flags(
     let repeatable = matches!(arg.get_action(), clap::ArgAction::Append);
     let values = match given {
         Given::Switch(true) if is_switch => return Ok(vec![long.into()]),
-        Given::Switch(false) if is_switch => return Ok(Vec::new()),
+        // `key = false` for a setting that is on by default: its --no- flag.
+        Given::Switch(false) if is_switch => {
+            let off = format!("no_{key}");
+            return Ok(
+                match disk.get_arguments().find(|a| a.get_id() == off.as_str()) {
+                    Some(a) => vec![format!("--{}", a.get_long().expect("a flag")).into()],
+                    None => Vec::new(),
+                },
+            );
+        }
         _ if is_switch => return Err(KeyError::Value("expected true or false".into())),
         Given::Value(v) => vec![v],
         Given::List(Some(v)) if repeatable => v,
@@ -462,6 +471,32 @@ mod tests {
                 "2G",
                 "--threads",
                 "4"
+            ]
+        );
+    }
+
+    #[test]
+    fn false_turns_off_what_is_on_by_default() {
+        let f = |v: &str| {
+            flags_of(
+                &format!("[disk.a]\nmount = \"/mnt/a\"\nwriteback_cache = {v}\nnoatime = {v}\n"),
+                None,
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            f("false"),
+            ["--name", "a", "--mount", "/mnt/a", "--no-writeback-cache"]
+        );
+        assert_eq!(
+            f("true"),
+            [
+                "--name",
+                "a",
+                "--mount",
+                "/mnt/a",
+                "--noatime",
+                "--writeback-cache"
             ]
         );
     }

@@ -408,6 +408,10 @@ impl Disk {
                     None => "resizing to unlimited".to_string(),
                 })?;
             fs.set_size(size);
+            // The kernel's dirty cap and the write reserve follow the size.
+            if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
+                fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));
+            }
             if let Some(s) = &self.saving {
                 s.persister.set_size(size.unwrap_or(0));
             }

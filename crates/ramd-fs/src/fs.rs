@@ -36,7 +36,10 @@ use parking_lot::RwLock;
 use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
 mod acl;
+mod cache;
 pub(crate) mod meta;
+
+pub use cache::OpenCache;
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -331,6 +334,8 @@ struct Inode {
     xattrs: BTreeMap<OsString, Vec<u8>>,
     lookups: u64,
     opens: u32,
+    /// How its opens use the kernel's page cache (see `fs/cache.rs`).
+    cache: cache::InodeCache,
     /// chattr(1) flags ([`FL_SUPPORTED`]).
     flags: u32,
     data: Data,
@@ -369,6 +374,13 @@ pub struct Fs {
     /// Told when an inode's attributes change without the kernel asking
     /// (privilege bits dropped on a write): its cached copy is stale.
     on_attr_change: std::sync::OnceLock<AttrHook>,
+    /// Free bytes at or under which files open uncached (see `fs/cache.rs`);
+    /// 0: never.
+    write_reserve: AtomicU64,
+    /// The kernel keeps regular files' mtime and ctime (write-back cache).
+    kernel_times: std::sync::atomic::AtomicBool,
+    /// The host guard's room, sampled for [`Fs::room`].
+    host_sample: cache::HostSample,
 }
 
 /// See [`Fs::on_attr_change`].
@@ -408,6 +420,7 @@ impl Inode {
             flags: 0,
             lookups: 1,
             opens: 0,
+            cache: Default::default(),
             data,
         }
     }
@@ -545,6 +558,9 @@ impl Fs {
             store,
             cfg,
             on_attr_change: std::sync::OnceLock::new(),
+            write_reserve: AtomicU64::new(0),
+            kernel_times: Default::default(),
+            host_sample: Default::default(),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -555,6 +571,13 @@ impl Fs {
                 linkable: HashSet::new(),
             }),
         })
+    }
+
+    /// Says that the kernel keeps regular files' mtime and ctime (the
+    /// FUSE write-back cache was negotiated): its write-backs then leave
+    /// them alone.
+    pub fn set_kernel_times(&self, yes: bool) {
+        self.kernel_times.store(yes, Relaxed);
     }
 
     /// Takes the store's gate for one changing request: what [`Fs::write`]
@@ -852,7 +875,7 @@ impl Fs {
     pub fn create(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, Some(name), Kind::File, mode, 0, None)?;
-        self.state.write().get_mut(attr.ino)?.opens += 1;
+        self.opened(self.state.write().get_mut(attr.ino)?);
         Ok(attr)
     }
 
@@ -862,8 +885,7 @@ impl Fs {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, None, Kind::File, mode, 0, None)?;
         let mut st = self.state.write();
-        let inode = st.get_mut(attr.ino)?;
-        inode.opens += 1;
+        self.opened(st.get_mut(attr.ino)?);
         st.linkable.insert(attr.ino);
         Ok(attr)
     }
@@ -1277,7 +1299,7 @@ impl Fs {
                 return err(Errno::EPERM);
             }
         }
-        inode.opens += 1;
+        self.opened(inode);
         Ok(())
     }
 
@@ -1373,7 +1395,17 @@ impl Fs {
             }
             *pages = pages.saturating_add_signed(delta);
         }
-        r?;
+        if let Err(e) = r {
+            let e = Errno::from(e);
+            // The kernel's write-back hit a full disk: see `Fs::write_allowed`.
+            let full = !short_ok && e == Errno::ENOSPC;
+            inode.cache.full |= full;
+            drop(st);
+            if full {
+                self.attr_changed(ino);
+            }
+            return Err(e);
+        }
         let why = if kernel_kill {
             Kill::KernelSays
         } else {
@@ -1381,7 +1413,12 @@ impl Fs {
         };
         let killed = self.drop_privileges(inode, who, why);
         inode.size = inode.size.max(end);
-        inode.touch_mc(now);
+        // Under the write-back cache the kernel keeps a file's mtime and
+        // ctime and sends them itself (SETATTR); its write-back may come
+        // later than that, and must not move them past what it sent.
+        if short_ok || !self.kernel_times.load(Relaxed) {
+            inode.touch_mc(now);
+        }
         drop(st);
         if killed {
             self.attr_changed(ino);
@@ -1569,6 +1606,9 @@ impl Fs {
         let inode = st.get_mut(ino)?;
         inode.flags = flags;
         inode.ctime = SystemTime::now();
+        drop(st);
+        // The kernel does not know an ioctl moved ctime.
+        self.attr_changed(ino);
         Ok(())
     }
 

@@ -10,17 +10,23 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ramd_store::metrics::{IoMetrics, Op};
 
-use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
+use crate::fs::{
+    Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence, NAME_MAX,
+};
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
 use crate::ll::dev::{InitWant, Negotiated};
 use crate::ll::notify::Notifier;
 use crate::ll::{Dispatch, Reply, Request};
 
-/// How long the kernel may trust names and attributes it was given, in
-/// seconds. All changes go through this mount and the kernel invalidates
-/// what an operation touches, so a short TTL only guards against our own
-/// races.
-const TTL: u64 = 1;
+/// How long the kernel may trust names (also a name's absence) and
+/// attributes it was given, in seconds. The kernel is the only writer: it
+/// updates or invalidates what its own requests change, and `Fs`
+/// invalidates what it changes on its own (`on_attr_change`: privilege
+/// bits dropped, chattr's ctime, a failed write-back); atime is the
+/// kernel's to reread after a read. So the dcache answers repeated lookups
+/// and stats as on tmpfs. Finite, an hour, so a change we failed to
+/// announce would not stay wrong for the mount's life.
+const TTL: u64 = 3600;
 /// The generation of every inode: inode numbers are never reused (not
 /// across a save and load either), so the number alone names one inode for
 /// its life, which file handles need; 1 rather than 0, which reads as unset.
@@ -130,7 +136,11 @@ impl FuseFs {
         // waits for is queued behind them. Without it an io_submit'ed
         // direct write is served synchronously (slower at depth, never stale).
         if self.opts.writeback_cache {
-            flags |= init::WRITEBACK_CACHE;
+            // Files opened uncached near a full disk (fs/cache.rs) may
+            // still be mapped shared (without it such an mmap fails with
+            // ENODEV); a mapping goes through the page cache, so its
+            // errors reach msync, fsync or close.
+            flags |= init::WRITEBACK_CACHE | init::DIRECT_IO_ALLOW_MMAP;
         }
         if self.opts.io_uring {
             flags |= init::OVER_IO_URING;
@@ -149,6 +159,8 @@ impl FuseFs {
 
     /// Told what INIT settled: says what was asked for and not granted.
     pub fn initialized(&self, n: &Negotiated) {
+        self.fs
+            .set_kernel_times(n.flags & init::WRITEBACK_CACHE != 0);
         if self.opts.writeback_cache && n.flags & init::WRITEBACK_CACHE == 0 {
             log::warn!("this kernel has no FUSE writeback cache; writes go through");
         }
@@ -323,6 +335,21 @@ fn entry_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     w.written().ok_or(libc::EIO)
 }
 
+/// A LOOKUP's answer. A missing name is an entry with inode 0, which the
+/// kernel keeps as a negative dentry for `TTL`, so asking again for it
+/// (open(O_CREAT), a build's probes) is free; creating the name through
+/// the kernel replaces it.
+fn lookup_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+    match r {
+        Err(e) if e == Errno::ENOENT => {
+            let mut w = Wr::new(buf);
+            abi::encode_entry(&mut w, 0, TTL, &abi::FAttr::default());
+            w.written().ok_or(libc::EIO)
+        }
+        r => entry_out(buf, r),
+    }
+}
+
 fn attr_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
@@ -341,16 +368,13 @@ fn data_out(buf: &mut [u8], data: &[u8]) -> Answer {
     Ok(data.len())
 }
 
-/// Page cache kept across opens: every change goes through this mount, so
-/// the kernel's cached pages are never stale. Except when a read now would
-/// move atime: a read served from the cache never reaches `Fs`, so the
-/// cache is dropped and the first read comes here (relatime: once after
-/// each change; strictatime: once per open).
+/// Page cache kept across opens (every change goes through this mount),
+/// dropped or not used at all as `Fs` says (`fs/cache.rs`).
 fn open_flags(fs: &Fs, ino: Ino) -> u32 {
-    if fs.read_moves_atime(ino) {
-        0
-    } else {
-        abi::FOPEN_KEEP_CACHE
+    match fs.open_cache(ino) {
+        OpenCache::Keep => abi::FOPEN_KEEP_CACHE,
+        OpenCache::Drop => 0,
+        OpenCache::Direct => abi::FOPEN_DIRECT_IO,
     }
 }
 
@@ -408,9 +432,13 @@ impl FuseFs {
             return Err(libc::EINVAL);
         }
         match h.opcode {
-            op::LOOKUP => entry_out(buf, fs.lookup(ino, last_name(req.rest)?)),
+            op::LOOKUP => lookup_out(buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {
-                arg(req.arg0.get(..abi::GETATTR_IN_LEN))?;
+                let flags = arg(abi::Rd(req.arg0).u32())?;
+                // With a handle: the kernel is about to take a cached write.
+                if flags & abi::GETATTR_FH != 0 {
+                    fs.write_allowed(ino).map_err(ferr)?;
+                }
                 attr_out(buf, fs.getattr(ino))
             }
             op::SETATTR => {

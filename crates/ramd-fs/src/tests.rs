@@ -1476,3 +1476,109 @@ fn tmpfile_is_unnamed_until_linked_and_freed_if_closed_unlinked() {
     f.unlink(d.ino, n("named")).unwrap();
     assert_eq!(f.link(a.ino, d.ino, n("again")).unwrap_err(), Errno::ENOENT);
 }
+
+#[test]
+fn files_open_uncached_within_the_write_reserve_one_mode_per_run_of_opens() {
+    let f = fs_with(16 << 20, 100);
+    // (relatime would drop the cache of a file never read: see atime tests)
+    f.set_atime(Atime {
+        mode: AtimeMode::Never,
+        nodiratime: false,
+    });
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
+    // No reserve (no write-back cache): always cached.
+    assert_eq!(f.open_cache(a), OpenCache::Keep);
+    f.release(a);
+    f.set_write_reserve(8 << 20);
+    let big = vec![7u8; 9 << 20];
+    f.open(a, libc::O_WRONLY).unwrap();
+    assert_eq!(
+        f.open_cache(a),
+        OpenCache::Keep,
+        "16 MiB free, 8 MiB reserve"
+    );
+    f.write(&f.change(), a, 0, &big, true, ME, false).unwrap();
+    assert!(f.room() <= 8 << 20);
+    // Still open cached: a new open of it joins that mode.
+    f.open(a, libc::O_RDONLY).unwrap();
+    assert_eq!(f.open_cache(a), OpenCache::Keep);
+    f.release(a);
+    f.release(a);
+    // A new run of opens within the reserve: uncached, and so is a
+    // file created now.
+    f.open(a, libc::O_WRONLY).unwrap();
+    assert_eq!(f.open_cache(a), OpenCache::Direct);
+    let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap().ino;
+    assert_eq!(f.open_cache(b), OpenCache::Direct);
+    f.release(a);
+    f.release(b);
+    // Room again: cached, but the pages cached before the uncached run
+    // are dropped, once.
+    f.setattr(
+        ME,
+        a,
+        SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    f.open(a, libc::O_RDONLY).unwrap();
+    assert_eq!(f.open_cache(a), OpenCache::Drop);
+    f.release(a);
+    f.open(a, libc::O_RDONLY).unwrap();
+    assert_eq!(f.open_cache(a), OpenCache::Keep);
+    f.release(a);
+}
+
+#[test]
+fn a_failed_write_back_stops_cached_writes_until_the_reserve_is_free() {
+    let f = fs_with(16 << 20, 100);
+    f.set_write_reserve(4 << 20);
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
+    assert_eq!(f.write_allowed(a), Ok(()));
+    // The kernel's write-back (no short writes) of more than fits.
+    let e = f.write(&f.change(), a, 0, &vec![1u8; 17 << 20], false, ME, false);
+    assert_eq!(e, Err(Errno::ENOSPC));
+    f.write(&f.change(), a, 0, &vec![1u8; 14 << 20], false, ME, false)
+        .unwrap();
+    assert_eq!(f.write_allowed(a), Err(Errno::ENOSPC));
+    // Other files are not affected until their own write-back fails.
+    let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap().ino;
+    assert_eq!(f.write_allowed(b), Ok(()));
+    f.setattr(
+        ME,
+        a,
+        SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(f.write_allowed(a), Ok(()));
+}
+
+#[test]
+fn under_the_write_back_cache_write_backs_leave_times_to_the_kernel() {
+    let f = fs();
+    let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
+    let then = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let at = SetAttr {
+        mtime: Some(SetTime::At(then)),
+        ctime: Some(then),
+        ..Default::default()
+    };
+    f.setattr(ME, a, at).unwrap();
+    f.set_kernel_times(true);
+    // The kernel's write-back (no short writes): the times it sent stay.
+    f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
+    assert_eq!(f.getattr(a).unwrap().mtime, then);
+    // A write the kernel did not cache (direct I/O) moves them.
+    f.write(&f.change(), a, 0, b"x", true, ME, false).unwrap();
+    assert!(f.getattr(a).unwrap().mtime > then);
+    // Without the write-back cache (mmap write-backs), ramd keeps them.
+    f.setattr(ME, a, at).unwrap();
+    f.set_kernel_times(false);
+    f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
+    assert!(f.getattr(a).unwrap().mtime > then);
+}

@@ -357,6 +357,62 @@ fn remount_resizes_and_switches_ro_and_rw() {
     m.unmount();
 }
 
+/// Under the default write-back cache, a remount to a smaller size brings
+/// the disk within its write reserve: a file opened then is uncached, so
+/// running out of space is reported by write(2) itself (short, then
+/// ENOSPC), what it accepted reads back from ramd, and an uncached file
+/// can still be mapped shared.
+#[test]
+fn after_a_shrinking_remount_write_still_reports_enospc() {
+    let s = Setup::new();
+    let dir = s.dir("x");
+    let m = s.mount("ramd-test-shrink", &dir, "size=256M");
+    random_file(&dir.join("big"), 100 * MIB);
+    run_ok(&mut s.cmd("mount", &["-o", "remount,size=112M", p(&dir)]));
+    assert_eq!(df_size(&dir), 112 * MIB);
+    let py = r#"
+import errno, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+block = bytes(range(256)) * 4096
+written, errs = 0, []
+try:
+    while written < 32 << 20:
+        written += os.write(fd, block)
+except OSError as e:
+    errs.append("write " + errno.errorcode[e.errno])
+for call, fn in (("fsync", os.fsync), ("close", os.close)):
+    try:
+        fn(fd)
+    except OSError as e:
+        errs.append(call + " " + errno.errorcode[e.errno])
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    f.write("3")
+with open(sys.argv[1], "rb") as f:
+    back = f.read()
+# An uncached file can still be mapped shared.
+fd = os.open(sys.argv[2], os.O_RDWR)
+m = mmap.mmap(fd, 1 << 20)
+mapped = m[:] == os.pread(fd, 1 << 20, 0)
+m.close()
+os.close(fd)
+print(written, back == (block * 32)[:written], mapped, *errs)
+"#;
+    let python = require_tool("python3");
+    let (new, big) = (dir.join("new"), dir.join("big"));
+    let out = run_ok(&mut cmd(p(&python), ["-c", py, p(&new), p(&big)]));
+    let (written, rest) = out.trim().split_once(' ').unwrap();
+    let written: u64 = written.parse().unwrap();
+    assert_eq!(
+        rest, "True True write ENOSPC",
+        "written, read back intact, mmap of an uncached file, errors"
+    );
+    assert!(
+        written > 8 * MIB && written <= 12 * MIB,
+        "12 MiB were free: {out}"
+    );
+    m.unmount();
+}
+
 #[test]
 fn nosuid_nodev_noexec_and_ro_take_effect() {
     let s = Setup::new();

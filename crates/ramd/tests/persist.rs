@@ -12,7 +12,7 @@ mod common;
 mod fs_common;
 
 use common::*;
-use fs_common::{is_mounted, umount_or_detach, FsDisk};
+use fs_common::{is_mounted, FsDisk};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs;
@@ -1773,24 +1773,6 @@ fn flush_persist_block_data_survives_sigkill() {
     fua(d.uri(), 4 * MIB, "check");
 }
 
-/// SIGKILL to a filesystem disk's daemon, then unmount what it left (a
-/// FUSE mount whose daemon died stays until unmounted).
-fn kill_fs_disk(d: &mut FsDisk) {
-    let pid = d.pid();
-    // SAFETY: kill(2) to our own child, not yet reaped.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGKILL);
-    }
-    wait_until(STOP_DEADLINE, "ramd to die of SIGKILL", || {
-        process_exited(pid)
-    });
-    if is_mounted(d.path()) {
-        umount_or_detach(d.path());
-    }
-    let status = d.stop_with(libc::SIGKILL);
-    assert_sigkilled(status, "ramd", &d.stderr());
-}
-
 #[test]
 fn flush_persist_fs_fsynced_file_survives_sigkill() {
     require_tool("dd");
@@ -1818,7 +1800,7 @@ fn flush_persist_fs_fsynced_file_survives_sigkill() {
         LONG_TIMEOUT,
     )
     .ok();
-    kill_fs_disk(&mut d);
+    d.kill();
 
     verify_ok(&img);
     let d = FsDisk::mount(&["--image", p(&img), "--flush", "persist"]);

@@ -62,7 +62,7 @@ impl FrontendFactory for Fuse {
             &dir,
             disk.args.threads as usize,
             FuseOptions {
-                writeback_cache: disk.args.writeback_cache,
+                writeback_cache: disk.args.writeback_cache(),
                 sync,
                 metrics: Some(disk.metrics.frontend("fuse")),
                 io_uring: false,
@@ -72,9 +72,19 @@ impl FrontendFactory for Fuse {
         .with_context(|| format!("mounting {}", dir.display()))?;
         // The FUSE connection's number in fusectl is the mount's device
         // minor. (Not from stat(2): the session is not serving yet.)
-        let conn = ramd_fs::mount_device(&dir)
-            .map(|(_, minor)| minor)
+        let dev = ramd_fs::mount_device(&dir)
             .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
+        let conn = dev.1;
+        super::bdi::set_read_ahead(dev);
+        if disk.args.writeback_cache() {
+            let reserve = super::bdi::limit_dirty(dev, fs.size());
+            fs.set_write_reserve(reserve);
+            log::debug!(
+                "{}: files open uncached once {} or less is free",
+                dir.display(),
+                ramd_store::human(reserve)
+            );
+        }
         Ok(vec![Arc::new(FuseFrontend {
             session: Mutex::new(Some(session)),
             dir,

@@ -1,6 +1,7 @@
 //! The built-in frontends: NBD (and iSCSI, with --iscsi) for block disks,
 //! FUSE for filesystem disks.
 
+pub(crate) mod bdi;
 pub mod fuse;
 pub mod iscsi;
 pub mod nbd;

@@ -301,6 +301,9 @@ impl Fs {
             cfg,
             state: RwLock::new(st),
             on_attr_change: std::sync::OnceLock::new(),
+            write_reserve: AtomicU64::new(0),
+            kernel_times: Default::default(),
+            host_sample: Default::default(),
         })
     }
 }
@@ -434,6 +437,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                 lookups: u64::from(ino == ROOT_INO),
                 flags: 0,
                 opens: 0,
+                cache: Default::default(),
                 data,
             },
         );

@@ -126,6 +126,7 @@ pub mod fattr {
 }
 
 /// `fuse_open_out.open_flags` bits.
+pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 /// `fuse_write_in.write_flags` bits.
 pub const WRITE_CACHE: u32 = 1 << 0;

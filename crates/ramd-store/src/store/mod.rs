@@ -403,6 +403,26 @@ impl Store {
         limit
     }
 
+    /// Memory this disk could still take before `max_memory` or the
+    /// daemon's shared budget refuses a new page (atomics only; the host
+    /// guard is [`Store::host_room`]).
+    pub fn budget_room(&self) -> u64 {
+        let used = self.c.memory_used.load(Relaxed);
+        let mut room = self.max_memory().saturating_sub(used);
+        if let Some(b) = &self.shared {
+            room = room.min(b.limit().saturating_sub(b.used()));
+        }
+        room
+    }
+
+    /// Memory the host guard would still let this disk take, warm pages
+    /// included (as [`Store::effective_limit`]); `None`: no guard. Reads
+    /// /proc/meminfo.
+    pub fn host_room(&self) -> Option<u64> {
+        let room = self.pool.host_room()?;
+        Some(room.saturating_add(self.pool.stats().warm_bytes))
+    }
+
     /// One tick of the warm pool's decay (see `pool.rs`): bytes given back.
     pub(crate) fn decay(&self) -> u64 {
         self.pool.decay()

@@ -472,6 +472,30 @@ impl FsDisk {
         status
     }
 
+    /// SIGKILL, as a crash: then unmounts what it left (a FUSE mount
+    /// whose daemon died stays until unmounted) and asserts it died of it.
+    pub fn kill(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let pid = self.pid();
+        // SAFETY: kill(2) to our own child, not yet reaped.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        crate::common::wait_until(STOP_DEADLINE, "ramd to die of SIGKILL", || {
+            crate::common::process_exited(pid)
+        });
+        if is_mounted(&self.mount) {
+            umount_or_detach(&self.mount);
+        }
+        let status = self.stop_with(libc::SIGKILL);
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "expected death by SIGKILL, got {status}; stderr:\n{}",
+            self.stderr()
+        );
+    }
+
     /// SIGTERM; asserts exit code 0 and that the mount is gone.
     pub fn stop(mut self) {
         let status = self.stop_with(libc::SIGTERM);
