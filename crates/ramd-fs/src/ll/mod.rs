@@ -16,6 +16,8 @@
 
 use std::io;
 
+pub mod uring;
+
 /// `struct fuse_in_header`.
 pub const IN_HEADER_LEN: usize = 40;
 /// `struct fuse_out_header`.
