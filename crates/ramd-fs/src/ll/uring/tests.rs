@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -245,90 +245,140 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
         .unwrap_or_else(|_| panic!("{what} did not end within {secs} s"))
 }
 
+/// The tiny filesystem mounted, INIT answered (io_uring granted), and a
+/// thread serving what comes through /dev/fuse with the same dispatcher
+/// (counting its READs).
+struct Fixture {
+    dir: PathBuf,
+    dev_fd: Arc<OwnedFd>,
+    tiny: Arc<Tiny>,
+    dev_reads: Arc<AtomicUsize>,
+    dev_thread: std::thread::JoinHandle<()>,
+    _mounted: Mounted,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Fixture {
+        if let Err(e) = enable() {
+            panic!("FUSE over io_uring cannot be tested here: {e}");
+        }
+        let dir = std::env::temp_dir().join(format!("ramd-uring-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = Mounted(dir.clone());
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .expect("/dev/fuse");
+        let dev_fd = Arc::new(OwnedFd::from(dev.try_clone().expect("dup /dev/fuse")));
+        mount(&dev_fd, &dir);
+        init(&dev);
+        let (tiny, dev_reads) = (Arc::new(Tiny::default()), Arc::new(AtomicUsize::new(0)));
+        let (t, r) = (tiny.clone(), dev_reads.clone());
+        let dev_thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; MAX_WRITE as usize + 2 * 4096];
+            while let Some(n) = read_request(&dev, &mut buf) {
+                let h = InHeader::parse(&buf[..n]).expect("in header");
+                let a = t.arg0_len(h.opcode).min(n - IN_HEADER_LEN);
+                let (arg0, rest) = buf[IN_HEADER_LEN..n].split_at(a);
+                if h.opcode == READ {
+                    r.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut reply = DevReply {
+                    dev: &dev,
+                    unique: h.unique,
+                    buf: vec![0; 1 << 18],
+                };
+                t.dispatch(
+                    &Request {
+                        header: h,
+                        arg0,
+                        rest,
+                    },
+                    &mut reply,
+                );
+            }
+        });
+        Fixture {
+            dir,
+            dev_fd,
+            tiny,
+            dev_reads,
+            dev_thread,
+            _mounted: mounted,
+        }
+    }
+
+    /// Reads the file (checking its content) and statfs; the READs served
+    /// through the ring and through /dev/fuse.
+    fn read(&self) -> (usize, usize) {
+        let dir = self.dir.clone();
+        // A mount whose requests wait for a ring that never comes hangs.
+        let (data, bsize) = within(20, "reading the file", move || {
+            (
+                std::fs::read(dir.join(FILE)).expect("read the file"),
+                statfs_bsize(&dir),
+            )
+        });
+        assert_eq!(data, CONTENT);
+        assert_eq!(bsize, 4096);
+        let dev = self.dev_reads.load(Ordering::Relaxed);
+        (self.tiny.reads.load(Ordering::Relaxed) - dev, dev)
+    }
+
+    /// Unmounts; the /dev/fuse thread must end.
+    fn unmount(self) {
+        let c = CString::new(self.dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+        assert_eq!(r, 0, "umount: {}", io::Error::last_os_error());
+        let t = self.dev_thread;
+        within(20, "the /dev/fuse reader after umount", move || t.join()).expect("reader");
+    }
+}
+
 #[test]
 fn reads_a_file_through_the_ring() {
-    if let Err(e) = enable() {
-        panic!("FUSE over io_uring cannot be tested here: {e}");
-    }
-    let dir = std::env::temp_dir().join(format!("ramd-uring-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted = Mounted(dir.clone());
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .expect("/dev/fuse");
-    // SAFETY: a fresh duplicate of an open fd, owned by nobody else.
-    let dup = unsafe { libc::dup(dev.as_raw_fd()) };
-    assert!(dup >= 0);
-    let dev_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(dup) });
-    mount(&dev_fd, &dir);
-    init(&dev);
-
-    let tiny = Arc::new(Tiny::default());
+    let f = Fixture::new("ring");
     let cfg = UringConfig {
         queue_depth: 2,
         payload_len: MAX_WRITE as usize + 4096,
     };
-    let uring = start(dev_fd, tiny.clone(), &cfg).expect("start the io_uring transport");
+    let uring = start(f.dev_fd.clone(), f.tiny.clone(), &cfg).expect("start the ring");
     assert_eq!(uring.queues(), possible_cpus());
-
-    // What still comes through /dev/fuse (FORGET, anything before the ring
-    // was ready) is served by the same dispatcher; its READs are counted.
-    let dev_reads = Arc::new(AtomicUsize::new(0));
-    let (t, r) = (tiny.clone(), dev_reads.clone());
-    let dev_thread = std::thread::spawn(move || {
-        let mut buf = vec![0u8; MAX_WRITE as usize + 2 * 4096];
-        while let Some(n) = read_request(&dev, &mut buf) {
-            let h = InHeader::parse(&buf[..n]).expect("in header");
-            let a = t.arg0_len(h.opcode).min(n - IN_HEADER_LEN);
-            let req = Request {
-                header: h,
-                arg0: &buf[IN_HEADER_LEN..][..a],
-                rest: &buf[IN_HEADER_LEN + a..n],
-            };
-            if h.opcode == READ {
-                r.fetch_add(1, Ordering::Relaxed);
-            }
-            let mut reply = DevReply {
-                dev: &dev,
-                unique: h.unique,
-                buf: vec![0; MAX_WRITE as usize + 4096],
-            };
-            t.dispatch(&req, &mut reply);
-        }
-    });
-
-    let path = dir.join(FILE);
-    assert_eq!(std::fs::read(&path).expect("read the file"), CONTENT);
-    let vfs = nix_statvfs(&dir);
-    assert_eq!(vfs, 4096, "statfs through the ring");
-    let ring_reads = tiny.reads.load(Ordering::Relaxed) - dev_reads.load(Ordering::Relaxed);
+    let (ring, dev) = f.read();
     assert!(
-        ring_reads >= 1,
-        "no READ came through the ring ({} through /dev/fuse)",
-        dev_reads.load(Ordering::Relaxed)
+        ring >= 1,
+        "no READ came through the ring ({dev} through /dev/fuse)"
     );
+    f.unmount();
+    within(20, "the ring's queues after umount", move || uring.join()).expect("queues' end");
+}
 
-    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    assert_eq!(
-        unsafe { libc::umount2(c.as_ptr(), 0) },
-        0,
-        "umount: {}",
-        io::Error::last_os_error()
+#[test]
+fn a_failed_start_falls_back_to_dev_fuse() {
+    let f = Fixture::new("fallback");
+    let cfg = UringConfig {
+        queue_depth: 0,
+        ..UringConfig::default()
+    };
+    let e = start(f.dev_fd.clone(), f.tiny.clone(), &cfg)
+        .err()
+        .expect("depth 0 refused");
+    assert!(
+        e.to_string().contains("requests go through /dev/fuse"),
+        "{e}"
     );
-    within(20, "the ring's queues after umount", move || uring.join())
-        .expect("ring queues ended without error");
-    within(20, "the /dev/fuse reader after umount", move || {
-        dev_thread.join()
-    })
-    .expect("/dev/fuse reader");
-    drop(mounted);
+    let (ring, dev) = f.read();
+    assert!(
+        dev >= 1 && ring == 0,
+        "READs: {ring} through the ring, {dev} through /dev/fuse"
+    );
+    f.unmount();
 }
 
 /// The block size statfs(2) reports.
-fn nix_statvfs(dir: &Path) -> u64 {
+fn statfs_bsize(dir: &Path) -> u64 {
     let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid C string and a zeroed out-struct.
     unsafe {
