@@ -25,7 +25,7 @@
 //! - Every inode, name, xattr and symlink target is charged to the store's
 //!   memory budget while it exists.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -344,6 +344,9 @@ struct State {
     /// Open directory handles: the list taken when last read from the start.
     dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
     next_fh: u64,
+    /// O_TMPFILE files not linked yet, which a link may give a name
+    /// (the kernel has checked they were not opened with O_EXCL).
+    linkable: HashSet<Ino>,
 }
 
 /// Filesystem counters for `ramd status`.
@@ -549,6 +552,7 @@ impl Fs {
                 next_slot: 0,
                 dir_handles: HashMap::new(),
                 next_fh: 1,
+                linkable: HashSet::new(),
             }),
         })
     }
@@ -820,12 +824,12 @@ impl Fs {
         if kind == Kind::Symlink {
             return err(Errno::EINVAL);
         }
-        self.create_node(who, parent, name, kind, mode, rdev, None)
+        self.create_node(who, parent, Some(name), kind, mode, rdev, None)
     }
 
     pub fn mkdir(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
-        self.create_node(who, parent, name, Kind::Dir, mode, 0, None)
+        self.create_node(who, parent, Some(name), Kind::Dir, mode, 0, None)
     }
 
     pub fn symlink(&self, who: Caller, parent: Ino, name: &OsStr, target: &OsStr) -> Result<Attr> {
@@ -833,33 +837,66 @@ impl Fs {
         if target.len() >= libc::PATH_MAX as usize {
             return err(Errno::ENAMETOOLONG);
         }
-        self.create_node(who, parent, name, Kind::Symlink, 0o777, 0, Some(target))
+        self.create_node(
+            who,
+            parent,
+            Some(name),
+            Kind::Symlink,
+            0o777,
+            0,
+            Some(target),
+        )
     }
 
     /// Creates and opens a regular file.
     pub fn create(&self, who: Caller, parent: Ino, name: &OsStr, mode: u32) -> Result<Attr> {
         let _change = self.store.change();
-        let attr = self.create_node(who, parent, name, Kind::File, mode, 0, None)?;
+        let attr = self.create_node(who, parent, Some(name), Kind::File, mode, 0, None)?;
         self.state.write().get_mut(attr.ino)?.opens += 1;
         Ok(attr)
     }
 
-    /// The caller holds the gate.
+    /// Creates and opens a regular file with no name in `parent`
+    /// (O_TMPFILE): freed when closed unless a link names it first.
+    pub fn tmpfile(&self, who: Caller, parent: Ino, mode: u32) -> Result<Attr> {
+        let _change = self.store.change();
+        let attr = self.create_node(who, parent, None, Kind::File, mode, 0, None)?;
+        let mut st = self.state.write();
+        let inode = st.get_mut(attr.ino)?;
+        inode.opens += 1;
+        st.linkable.insert(attr.ino);
+        Ok(attr)
+    }
+
+    /// The caller holds the gate. Without a name (O_TMPFILE) the inode is
+    /// made unlinked.
     #[allow(clippy::too_many_arguments)]
     fn create_node(
         &self,
         who: Caller,
         parent: Ino,
-        name: &OsStr,
+        name: Option<&OsStr>,
         kind: Kind,
         mode: u32,
         rdev: u32,
         target: Option<&OsStr>,
     ) -> Result<Attr> {
-        check_name(name)?;
+        if let Some(name) = name {
+            check_name(name)?;
+        }
         let now = SystemTime::now();
         let mut st = self.state.write();
-        let p = st.check_new_entry(parent, name)?;
+        let p = match name {
+            Some(name) => st.check_new_entry(parent, name)?,
+            None => {
+                let p = st.get(parent)?;
+                p.entries()?;
+                if p.nlink == 0 {
+                    return err(Errno::ENOENT);
+                }
+                p
+            }
+        };
         p.check_mutable()?;
         if st.inodes.len() as u64 >= self.cfg.nr_inodes {
             return err(Errno::ENOSPC);
@@ -892,7 +929,7 @@ impl Fs {
             who.gid
         };
         let cost = INODE_COST
-            + name_cost(name)
+            + name.map_or(0, name_cost)
             + target.map_or(0, |t| t.len() as u64)
             + xattrs.iter().map(|(k, v)| xattr_cost(k, v)).sum::<u64>();
         self.store.charge(cost)?;
@@ -928,6 +965,12 @@ impl Fs {
         inode.rdev = rdev;
         inode.size = target.map_or(0, |t| t.len() as u64);
         inode.xattrs = xattrs;
+        let Some(name) = name else {
+            inode.nlink = 0;
+            let attr = inode.attr(ino);
+            st.inodes.insert(ino, inode);
+            return Ok(attr);
+        };
         let attr = inode.attr(ino);
         st.inodes.insert(ino, inode);
         let p = st.get_mut(parent)?;
@@ -950,7 +993,7 @@ impl Fs {
         if inode.kind == Kind::Dir {
             return err(Errno::EPERM);
         }
-        if inode.nlink == 0 {
+        if inode.nlink == 0 && !st.linkable.contains(&ino) {
             return err(Errno::ENOENT);
         }
         if inode.nlink >= u32::MAX - 1 {
@@ -960,6 +1003,7 @@ impl Fs {
         let np = st.get_mut(newparent)?;
         np.entries_mut()?.insert(newname.to_owned(), ino);
         np.touch_mc(now);
+        st.linkable.remove(&ino);
         let inode = st.get_mut(ino)?;
         inode.nlink += 1;
         inode.lookups += 1;
@@ -1243,6 +1287,10 @@ impl Fs {
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.opens = inode.opens.saturating_sub(1);
+            if inode.opens == 0 {
+                // Closed unlinked: no link can name it any more.
+                st.linkable.remove(&ino);
+            }
         }
         self.maybe_free(&c, &mut st, ino);
     }

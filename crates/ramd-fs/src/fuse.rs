@@ -1,35 +1,34 @@
-//! FUSE adapter: translates fuser's requests into [`Fs`] calls and replies.
-//! No filesystem logic lives here.
+//! FUSE adapter: decodes the kernel's requests ([`crate::ll`]) into [`Fs`]
+//! calls and encodes their replies. No filesystem logic lives here.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
-
-use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno as FErrno, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
-};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ramd_store::metrics::{IoMetrics, Op};
 
 use crate::fs::{Attr, Caller, Errno, Fh, Fs, Ino, Kind, SetAttr, SetTime, Whence, NAME_MAX};
+use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
+use crate::ll::dev::{InitWant, Negotiated};
+use crate::ll::notify::Notifier;
+use crate::ll::{Dispatch, Reply, Request};
 
-/// How long the kernel may trust names and attributes it was given. All
-/// changes go through this mount and the kernel invalidates what an
-/// operation touches, so a short TTL only guards against our own races.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust names and attributes it was given, in
+/// seconds. All changes go through this mount and the kernel invalidates
+/// what an operation touches, so a short TTL only guards against our own
+/// races.
+const TTL: u64 = 1;
 /// The generation of every inode: inode numbers are never reused (not
 /// across a save and load either), so the number alone names one inode for
 /// its life, which file handles need; 1 rather than 0, which reads as unset.
-const GENERATION: Generation = Generation(1);
+const GENERATION: u64 = 1;
 /// Largest write the kernel may send in one request.
 const MAX_WRITE: u32 = 1 << 20;
+/// Pages per request: MAX_WRITE's worth.
+const MAX_PAGES: u16 = (MAX_WRITE / 4096) as u16;
 
 /// Makes everything written so far durable; an errno if it could not.
 pub type SyncFn = Arc<dyn Fn() -> std::result::Result<(), Errno> + Send + Sync>;
@@ -45,6 +44,9 @@ pub struct FuseOptions {
     /// Where the data requests (read, write, fsync, fallocate, lseek,
     /// copy_file_range) are timed and counted.
     pub metrics: Option<Arc<IoMetrics>>,
+    /// Ask the kernel for FUSE over io_uring (granted only where the fuse
+    /// module's `enable_uring` is Y); see [`crate::ll::dev::Negotiated`].
+    pub io_uring: bool,
 }
 
 impl std::fmt::Debug for FuseOptions {
@@ -53,6 +55,7 @@ impl std::fmt::Debug for FuseOptions {
             .field("writeback_cache", &self.writeback_cache)
             .field("sync", &self.sync.is_some())
             .field("metrics", &self.metrics.is_some())
+            .field("io_uring", &self.io_uring)
             .finish()
     }
 }
@@ -66,6 +69,9 @@ pub struct FuseFs {
     unknown_ioctls: Mutex<HashSet<u32>>,
 }
 
+/// An answer: the payload's length in the reply buffer, or an errno.
+type Answer = std::result::Result<usize, i32>;
+
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
         let notifier = Arc::new(OnceLock::<Notifier>::new());
@@ -73,7 +79,7 @@ impl FuseFs {
         // Attributes only (a negative offset): the kernel rereads them.
         fs.on_attr_change(Box::new(move |ino| {
             if let Some(n) = n.get() {
-                if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                if let Err(e) = n.inval_inode(ino.0, -1, 0) {
                     log::warn!("invalidating the kernel's attributes of inode {ino}: {e}");
                 }
             }
@@ -87,23 +93,86 @@ impl FuseFs {
     }
 
     /// Where [`crate::mount`] puts the session's notifier.
-    pub(crate) fn notifier_cell(&self) -> Arc<OnceLock<Notifier>> {
-        self.notifier.clone()
+    pub(crate) fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// What to ask the kernel for at INIT.
+    pub fn init_want(&self) -> InitWant {
+        // fuser's defaults, kept: asynchronous reads, writes above a page,
+        // and max_pages.
+        let mut flags = init::ASYNC_READ
+            | init::BIG_WRITES
+            | init::MAX_PAGES
+            | init::DO_READDIRPLUS
+            // HANDLE_KILLPRIV_V2: without it the kernel asks for the
+            // security.capability xattr before every write, a second round
+            // trip per write; with it, dropping setuid/setgid is ours (fs.rs).
+            | init::HANDLE_KILLPRIV_V2
+            | init::PARALLEL_DIROPS
+            // File handles (open_by_handle_at, NFS export) that work after
+            // the kernel dropped the inode: it then looks up "." by number.
+            | init::EXPORT_SUPPORT
+            // POSIX ACLs: the kernel checks them and keeps them in step
+            // with chmod; new inodes inherit a default ACL here, which is
+            // why the umask is left to `Fs` too (DONT_MASK).
+            | init::POSIX_ACL
+            | init::DONT_MASK
+            // Idmapped mounts: the kernel maps the ids of requests made
+            // through one before they come here (it needs default_permissions).
+            | init::ALLOW_IDMAP
+            | init::CACHE_SYMLINKS;
+        // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
+        // after an asynchronous direct write, so a buffered read racing one
+        // would stay cached with the old data. Dropping the range ourselves
+        // before answering deadlocks: the held answers fill the kernel's
+        // background slots, and the read-ahead whose page lock the drop
+        // waits for is queued behind them. Without it an io_submit'ed
+        // direct write is served synchronously (slower at depth, never stale).
+        if self.opts.writeback_cache {
+            flags |= init::WRITEBACK_CACHE;
+        }
+        if self.opts.io_uring {
+            flags |= init::OVER_IO_URING;
+        }
+        InitWant {
+            flags,
+            max_write: MAX_WRITE,
+            max_readahead: MAX_WRITE,
+            max_pages: MAX_PAGES,
+            // fuser's defaults, kept.
+            max_background: 16,
+            congestion_threshold: 12,
+            time_gran: 1,
+        }
+    }
+
+    /// Told what INIT settled: says what was asked for and not granted.
+    pub fn initialized(&self, n: &Negotiated) {
+        if self.opts.writeback_cache && n.flags & init::WRITEBACK_CACHE == 0 {
+            log::warn!("this kernel has no FUSE writeback cache; writes go through");
+        }
+        if self.opts.io_uring && !n.io_uring {
+            log::warn!(
+                "the kernel did not offer FUSE over io_uring (it needs Linux 6.14+ built with \
+                 CONFIG_FUSE_IO_URING, and /sys/module/fuse/parameters/enable_uring set to Y); \
+                 serving through /dev/fuse"
+            );
+        }
     }
 
     /// fsync and fsyncdir: the whole disk is saved at once, so both wait
-    /// for the same thing. ENOSYS when there is nothing to wait for.
-    fn sync(&self, reply: ReplyEmpty) {
+    /// for the same thing. ENOSYS when there is nothing to wait for: the
+    /// kernel then stops sending them and succeeds locally (after writing
+    /// back any cached pages, which still reach us).
+    fn sync(&self) -> Answer {
         match &self.opts.sync {
-            None => reply.error(FErrno::ENOSYS),
+            None => Err(libc::ENOSYS),
             Some(sync) => {
                 let started = Instant::now();
                 let r = sync();
                 self.record(Op::Flush, 0, started, r.is_ok());
-                match r {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(ferr(e)),
-                }
+                r.map(|()| 0).map_err(|e| e.get())
             }
         }
     }
@@ -117,70 +186,159 @@ impl FuseFs {
     }
 }
 
-fn ferr(e: Errno) -> FErrno {
-    FErrno::from_i32(e.get())
+fn ferr(e: Errno) -> i32 {
+    e.get()
 }
 
-fn file_type(k: Kind) -> FileType {
+/// The `S_IFMT` bits of a kind.
+fn type_bits(k: Kind) -> u32 {
     match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev => FileType::CharDevice,
-        Kind::BlockDev => FileType::BlockDevice,
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDev => libc::S_IFCHR,
+        Kind::BlockDev => libc::S_IFBLK,
     }
 }
 
-fn fattr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino.0),
+/// Seconds since 1970 (negative before) and nanoseconds.
+fn timespec(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            match d.subsec_nanos() {
+                0 => (-(d.as_secs() as i64), 0),
+                n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+/// The instant a request's (seconds, nanoseconds) names; EINVAL when out
+/// of range.
+fn system_time((secs, nsec): (u64, u32)) -> std::result::Result<SystemTime, i32> {
+    let secs = secs as i64;
+    if nsec >= 1_000_000_000 {
+        return Err(libc::EINVAL);
+    }
+    let t = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::new(secs as u64, nsec))
+    } else {
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(secs.unsigned_abs()))
+            .and_then(|t| t.checked_add(Duration::from_nanos(nsec as u64)))
+    };
+    t.ok_or(libc::EINVAL)
+}
+
+fn fattr_of(a: &Attr) -> abi::FAttr {
+    abi::FAttr {
+        ino: a.ino.0,
         size: a.size,
         blocks: a.blocks,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        crtime: a.btime,
-        kind: file_type(a.kind),
-        perm: a.perm,
+        atime: timespec(a.atime),
+        mtime: timespec(a.mtime),
+        ctime: timespec(a.ctime),
+        mode: type_bits(a.kind) | a.perm as u32,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
         blksize: 4096,
-        flags: 0,
     }
 }
 
-fn caller(req: &Request) -> Caller {
+/// `struct fuse_statx`: all basic fields always (the kernel refreshes its
+/// cached attributes only from a full set), the birth time when asked.
+fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
+    let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
+    let time = |w: &mut Wr<'_>, t: SystemTime| {
+        let (s, ns) = timespec(t);
+        w.i64(s).u32(ns).u32(0);
+    };
+    // The kernel's 32-bit device encoding (new_encode_dev).
+    let (major, minor) = (
+        (a.rdev >> 8) & 0xfff,
+        (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
+    );
+    w.u32(mask)
+        .u32(4096)
+        .u64(0) // attributes
+        .u32(a.nlink)
+        .u32(a.uid)
+        .u32(a.gid)
+        .u16((type_bits(a.kind) | a.perm as u32) as u16)
+        .u16(0)
+        .u64(a.ino.0)
+        .u64(a.size)
+        .u64(a.blocks)
+        .u64(0); // attributes_mask
+    time(w, a.atime);
+    time(w, a.btime);
+    time(w, a.ctime);
+    time(w, a.mtime);
+    w.u32(major).u32(minor).u32(0).u32(0).zeros(14 * 8);
+}
+
+fn caller(req: &Request<'_>) -> Caller {
     Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
+        uid: req.header.uid,
+        gid: req.header.gid,
+        pid: req.header.pid,
         umask: 0,
     }
 }
 
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::SpecificTime(t) => SetTime::At(t),
-        TimeOrNow::Now => SetTime::Now,
+/// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
+/// what follows it.
+fn name(b: &[u8]) -> std::result::Result<(&OsStr, &[u8]), i32> {
+    let (n, rest) = abi::cstr(b).ok_or(libc::EINVAL)?;
+    if n.len() > NAME_MAX {
+        return Err(libc::ENAMETOOLONG);
     }
+    Ok((OsStr::from_bytes(n), rest))
 }
 
-fn entry(reply: ReplyEntry, r: crate::fs::Result<Attr>) {
-    match r {
-        Ok(a) => reply.entry(&TTL, &fattr(&a), GENERATION),
-        Err(e) => reply.error(ferr(e)),
+/// A name that must be all that is left of the request.
+fn last_name(b: &[u8]) -> std::result::Result<&OsStr, i32> {
+    let (n, rest) = name(b)?;
+    if !rest.is_empty() {
+        return Err(libc::EINVAL);
     }
+    Ok(n)
 }
 
-fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(ferr(e)),
-    }
+/// Decodes a fixed argument; EINVAL when it is short.
+fn arg<T>(v: Option<T>) -> std::result::Result<T, i32> {
+    v.ok_or(libc::EINVAL)
+}
+
+fn entry_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+    let a = r.map_err(ferr)?;
+    let mut w = Wr::new(buf);
+    abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
+    w.written().ok_or(libc::EIO)
+}
+
+fn attr_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+    let a = r.map_err(ferr)?;
+    let mut w = Wr::new(buf);
+    abi::encode_attr_out(&mut w, TTL, &fattr_of(&a));
+    w.written().ok_or(libc::EIO)
+}
+
+fn empty(r: crate::fs::Result<()>) -> Answer {
+    r.map(|()| 0).map_err(ferr)
+}
+
+/// Copies `data` into the reply; ERANGE if it does not fit.
+fn data_out(buf: &mut [u8], data: &[u8]) -> Answer {
+    let dst = buf.get_mut(..data.len()).ok_or(libc::ERANGE)?;
+    dst.copy_from_slice(data);
+    Ok(data.len())
 }
 
 /// Page cache kept across opens: every change goes through this mount, so
@@ -188,353 +346,420 @@ fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
 /// move atime: a read served from the cache never reaches `Fs`, so the
 /// cache is dropped and the first read comes here (relatime: once after
 /// each change; strictatime: once per open).
-fn open_flags(fs: &Fs, ino: Ino) -> FopenFlags {
+fn open_flags(fs: &Fs, ino: Ino) -> u32 {
     if fs.read_moves_atime(ino) {
-        FopenFlags::empty()
+        0
     } else {
-        FopenFlags::FOPEN_KEEP_CACHE
+        abi::FOPEN_KEEP_CACHE
     }
 }
 
-impl fuser::Filesystem for FuseFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(MAX_WRITE);
-        let _ = config.set_max_readahead(MAX_WRITE);
-        // HANDLE_KILLPRIV_V2: without it the kernel asks for the
-        // security.capability xattr before every write, a second round
-        // trip per write; with it, dropping setuid/setgid is ours (fs.rs).
-        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            // File handles (open_by_handle_at, NFS export) that work after
-            // the kernel dropped the inode: it then looks up "." by number.
-            | InitFlags::FUSE_EXPORT_SUPPORT
-            // POSIX ACLs: the kernel checks them and keeps them in step
-            // with chmod; new inodes inherit a default ACL here, which is
-            // why the umask is left to `Fs` too (DONT_MASK).
-            | InitFlags::FUSE_POSIX_ACL
-            | InitFlags::FUSE_DONT_MASK
-            // Idmapped mounts: the kernel maps the ids of requests made
-            // through one before they come here (it needs default_permissions).
-            | InitFlags::FUSE_ALLOW_IDMAP
-            | InitFlags::FUSE_CACHE_SYMLINKS;
-        // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
-        // after an asynchronous direct write, so a buffered read racing one
-        // would stay cached with the old data. Dropping the range ourselves
-        // before answering deadlocks: the held answers fill the kernel's
-        // background slots, and the read-ahead whose page lock the drop
-        // waits for is queued behind them. Without it an io_submit'ed
-        // direct write is served synchronously (slower at depth, never stale).
-        if self.opts.writeback_cache {
-            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
-        }
-        // Ask only for what this kernel offers.
-        let offered = wanted & config.capabilities();
-        if config.add_capabilities(offered).is_err() {
-            log::warn!("kernel refused FUSE capabilities {offered:?}");
-        }
-        if self.opts.writeback_cache && !offered.contains(InitFlags::FUSE_WRITEBACK_CACHE) {
-            log::warn!("this kernel has no FUSE writeback cache; writes go through");
-        }
-        Ok(())
+impl Dispatch for FuseFs {
+    fn arg0_len(&self, opcode: u32) -> usize {
+        abi::arg0_len(opcode)
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(Ino(parent.0), name));
-    }
-
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(Ino(ino.0), nlookup);
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(Ino(ino.0)) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(set_time),
-            mtime: mtime.map(set_time),
-            ctime,
-        };
-        match self.fs.setattr(caller(req), Ino(ino.0), set) {
-            Ok(a) => reply.attr(&TTL, &fattr(&a)),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(Ino(ino.0)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let who = Caller {
-            umask,
-            ..caller(req)
-        };
-        entry(reply, self.fs.mknod(who, Ino(parent.0), name, mode, rdev));
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let who = Caller {
-            umask,
-            ..caller(req)
-        };
-        entry(reply, self.fs.mkdir(who, Ino(parent.0), name, mode));
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.unlink(Ino(parent.0), name));
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.rmdir(Ino(parent.0), name));
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let r = self
-            .fs
-            .symlink(caller(req), Ino(parent.0), link_name, target.as_os_str());
-        entry(reply, r);
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let r = self.fs.rename(
-            caller(req),
-            Ino(parent.0),
-            name,
-            Ino(newparent.0),
-            newname,
-            flags.bits(),
-        );
-        empty(reply, r);
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        entry(reply, self.fs.link(Ino(ino.0), Ino(newparent.0), newname));
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(Ino(ino.0), flags.0) {
-            Ok(()) => reply.opened(FileHandle(0), open_flags(&self.fs, Ino(ino.0))),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        thread_local! {
-            // One buffer per FUSE thread: reads are up to 1 MiB each.
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let started = Instant::now();
-        BUF.with_borrow_mut(|buf| {
-            if buf.len() < size as usize {
-                buf.resize(size as usize, 0);
+    fn dispatch(&self, req: &Request<'_>, reply: &mut dyn Reply) {
+        let h = &req.header;
+        match h.opcode {
+            // No answer to these.
+            op::FORGET => {
+                if let Some(n) = Rd(req.arg0).u64() {
+                    self.fs.forget(Ino(h.nodeid), n);
+                }
+                return;
             }
-            let r = self.fs.read(Ino(ino.0), offset, &mut buf[..size as usize]);
-            let n = *r.as_ref().unwrap_or(&0);
-            self.record(Op::Read, n as u64, started, r.is_ok());
-            match r {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(ferr(e)),
+            op::BATCH_FORGET => {
+                let Some(count) = Rd(req.arg0).u32() else {
+                    return;
+                };
+                for one in req
+                    .rest
+                    .chunks_exact(abi::FORGET_ONE_LEN)
+                    .take(count as usize)
+                {
+                    let mut r = Rd(one);
+                    if let (Some(ino), Some(n)) = (r.u64(), r.u64()) {
+                        self.fs.forget(Ino(ino), n);
+                    }
+                }
+                return;
             }
-        });
+            // Requests are not cancelled: each is answered when done.
+            op::INTERRUPT => return,
+            _ => {}
+        }
+        let answer = self.serve(req, reply.buf());
+        if let Err(e) = reply.send(answer) {
+            log::debug!("answering FUSE opcode {}: {e}", h.opcode);
+        }
     }
+}
 
-    fn write(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        // Writes flushed from the kernel's cache must fail whole, so that
-        // the error is kept for fsync/close; a program's own write may be short.
-        let short_ok = !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let started = Instant::now();
-        let r = self.fs.write(
-            &self.fs.change(),
-            Ino(ino.0),
-            offset,
-            data,
-            short_ok,
-            caller(req),
-            kill,
-        );
-        let n = *r.as_ref().unwrap_or(&0);
-        self.record(Op::Write, n as u64, started, r.is_ok());
-        match r {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(ferr(e)),
+impl FuseFs {
+    /// Serves one request that has an answer, built in `buf`.
+    fn serve(&self, req: &Request<'_>, buf: &mut [u8]) -> Answer {
+        let h = &req.header;
+        let ino = Ino(h.nodeid);
+        let fs = &*self.fs;
+        // Every fixed argument whole (INIT's is shorter on old kernels,
+        // and answered by the session anyway).
+        if h.opcode != op::INIT && req.arg0.len() < abi::arg0_len(h.opcode) {
+            return Err(libc::EINVAL);
+        }
+        match h.opcode {
+            op::LOOKUP => entry_out(buf, fs.lookup(ino, last_name(req.rest)?)),
+            op::GETATTR => {
+                arg(req.arg0.get(..abi::GETATTR_IN_LEN))?;
+                attr_out(buf, fs.getattr(ino))
+            }
+            op::SETATTR => {
+                let s = arg(abi::SetattrIn::parse(req.arg0))?;
+                let v = s.valid;
+                let on = |bit: u32| v & bit != 0;
+                let time = |t: (u64, u32), now: u32, at: u32| {
+                    if on(now) {
+                        Ok(Some(SetTime::Now))
+                    } else if on(at) {
+                        system_time(t).map(|t| Some(SetTime::At(t)))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let set = SetAttr {
+                    mode: on(fattr::MODE).then_some(s.mode),
+                    uid: on(fattr::UID).then_some(s.uid),
+                    gid: on(fattr::GID).then_some(s.gid),
+                    size: on(fattr::SIZE).then_some(s.size),
+                    atime: time(s.atime, fattr::ATIME_NOW, fattr::ATIME)?,
+                    mtime: time(s.mtime, fattr::MTIME_NOW, fattr::MTIME)?,
+                    ctime: if on(fattr::CTIME) {
+                        Some(system_time(s.ctime)?)
+                    } else {
+                        None
+                    },
+                };
+                attr_out(buf, fs.setattr(caller(req), ino, set))
+            }
+            op::READLINK => data_out(buf, &fs.readlink(ino).map_err(ferr)?),
+            op::SYMLINK => {
+                let (link, rest) = name(req.rest)?;
+                let (target, tail) = abi::cstr(rest).ok_or(libc::EINVAL)?;
+                if !tail.is_empty() {
+                    return Err(libc::EINVAL);
+                }
+                let target = OsStr::from_bytes(target);
+                entry_out(buf, fs.symlink(caller(req), ino, link, target))
+            }
+            op::MKNOD => {
+                let mut r = Rd(req.arg0);
+                let (mode, rdev, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                let who = Caller {
+                    umask,
+                    ..caller(req)
+                };
+                entry_out(buf, fs.mknod(who, ino, last_name(req.rest)?, mode, rdev))
+            }
+            op::MKDIR => {
+                let mut r = Rd(req.arg0);
+                let (mode, umask) = (arg(r.u32())?, arg(r.u32())?);
+                let who = Caller {
+                    umask,
+                    ..caller(req)
+                };
+                entry_out(buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
+            }
+            op::UNLINK => empty(fs.unlink(ino, last_name(req.rest)?)),
+            op::RMDIR => empty(fs.rmdir(ino, last_name(req.rest)?)),
+            op::RENAME | op::RENAME2 => {
+                let mut r = Rd(req.arg0);
+                let newdir = arg(r.u64())?;
+                let flags = if h.opcode == op::RENAME2 {
+                    arg(r.u32())?
+                } else {
+                    0
+                };
+                let (old, rest) = name(req.rest)?;
+                let new = last_name(rest)?;
+                empty(fs.rename(caller(req), ino, old, Ino(newdir), new, flags))
+            }
+            op::LINK => {
+                let old = arg(Rd(req.arg0).u64())?;
+                entry_out(buf, fs.link(Ino(old), ino, last_name(req.rest)?))
+            }
+            op::OPEN => {
+                let flags = arg(Rd(req.arg0).u32())?;
+                fs.open(ino, flags as i32).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                abi::encode_open_out(&mut w, 0, open_flags(fs, ino));
+                w.written().ok_or(libc::EIO)
+            }
+            op::READ => {
+                let r = arg(abi::RwIn::parse(req.arg0))?;
+                // Straight into the reply: no copy of the data here.
+                let dst = buf.get_mut(..r.size as usize).ok_or(libc::EINVAL)?;
+                let started = Instant::now();
+                let res = fs.read(ino, r.offset, dst);
+                let n = *res.as_ref().unwrap_or(&0);
+                self.record(Op::Read, n as u64, started, res.is_ok());
+                res.map_err(ferr)
+            }
+            op::WRITE => {
+                let w = arg(abi::RwIn::parse(req.arg0))?;
+                if req.rest.len() != w.size as usize {
+                    return Err(libc::EINVAL);
+                }
+                // Writes flushed from the kernel's cache must fail whole, so
+                // that the error is kept for fsync/close; a program's own
+                // write may be short.
+                let short_ok = w.rw_flags & abi::WRITE_CACHE == 0;
+                let kill = w.rw_flags & abi::WRITE_KILL_SUIDGID != 0;
+                let started = Instant::now();
+                let res = fs.write(
+                    &fs.change(),
+                    ino,
+                    w.offset,
+                    req.rest,
+                    short_ok,
+                    caller(req),
+                    kill,
+                );
+                let n = *res.as_ref().unwrap_or(&0);
+                self.record(Op::Write, n as u64, started, res.is_ok());
+                let n = res.map_err(ferr)?;
+                let mut out = Wr::new(buf);
+                out.u32(n as u32).u32(0);
+                out.written().ok_or(libc::EIO)
+            }
+            op::STATFS => {
+                let (blocks, bfree, files, ffree) = fs.statfs();
+                let mut w = Wr::new(buf);
+                w.u64(blocks)
+                    .u64(bfree)
+                    .u64(bfree)
+                    .u64(files)
+                    .u64(ffree)
+                    .u32(4096)
+                    .u32(NAME_MAX as u32)
+                    .u32(4096)
+                    .u32(0)
+                    .zeros(24);
+                w.written().ok_or(libc::EIO)
+            }
+            op::RELEASE => {
+                arg(req.arg0.get(..abi::RELEASE_IN_LEN))?;
+                fs.release(ino);
+                Ok(0)
+            }
+            op::FSYNC | op::FSYNCDIR => {
+                arg(req.arg0.get(..abi::FSYNC_IN_LEN))?;
+                self.sync()
+            }
+            op::SETXATTR => {
+                let mut r = Rd(req.arg0);
+                let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
+                let (n, value) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                if value.len() != size as usize {
+                    return Err(libc::EINVAL);
+                }
+                empty(fs.setxattr(ino, OsStr::from_bytes(n), value, flags as i32))
+            }
+            op::GETXATTR | op::LISTXATTR => {
+                let size = arg(Rd(req.arg0).u32())?;
+                let v = if h.opcode == op::GETXATTR {
+                    let (n, tail) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                    if !tail.is_empty() {
+                        return Err(libc::EINVAL);
+                    }
+                    fs.getxattr(ino, OsStr::from_bytes(n))
+                } else {
+                    fs.listxattr(ino)
+                }
+                .map_err(ferr)?;
+                if size == 0 {
+                    // fuse_getxattr_out: the size it would take.
+                    let mut w = Wr::new(buf);
+                    w.u32(v.len() as u32).u32(0);
+                    w.written().ok_or(libc::EIO)
+                } else if v.len() > size as usize {
+                    Err(libc::ERANGE)
+                } else {
+                    data_out(buf, &v)
+                }
+            }
+            op::REMOVEXATTR => {
+                let (n, tail) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                if !tail.is_empty() {
+                    return Err(libc::EINVAL);
+                }
+                empty(fs.removexattr(ino, OsStr::from_bytes(n)))
+            }
+            // Nothing is buffered here, so close() needs no round trip:
+            // ENOSYS tells the kernel to stop sending FLUSH (it then
+            // succeeds at once).
+            op::FLUSH => Err(libc::ENOSYS),
+            // Answered once, by the session, before any other request.
+            op::INIT => Err(libc::EIO),
+            op::OPENDIR => {
+                arg(req.arg0.get(..abi::OPEN_IN_LEN))?;
+                let fh = fs.opendir(ino).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                abi::encode_open_out(&mut w, fh.0, 0);
+                w.written().ok_or(libc::EIO)
+            }
+            op::READDIR => {
+                let r = arg(abi::RwIn::parse(req.arg0))?;
+                self.readdir(ino, r, buf)
+            }
+            op::READDIRPLUS => {
+                let r = arg(abi::RwIn::parse(req.arg0))?;
+                self.readdirplus(ino, r, buf)
+            }
+            op::RELEASEDIR => {
+                let fh = arg(Rd(req.arg0).u64())?;
+                arg(req.arg0.get(..abi::RELEASE_IN_LEN))?;
+                fs.releasedir(Fh(fh));
+                Ok(0)
+            }
+            // With default_permissions the kernel checks access itself.
+            op::ACCESS => {
+                arg(req.arg0.get(..abi::ACCESS_IN_LEN))?;
+                Ok(0)
+            }
+            op::CREATE => {
+                let mut r = Rd(req.arg0);
+                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                arg(req.arg0.get(..abi::CREATE_IN_LEN))?;
+                let who = Caller {
+                    umask,
+                    ..caller(req)
+                };
+                let a = fs
+                    .create(who, ino, last_name(req.rest)?, mode)
+                    .map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
+                abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+                w.written().ok_or(libc::EIO)
+            }
+            op::TMPFILE => {
+                let mut r = Rd(req.arg0);
+                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                // The name the kernel sends ("/") names nothing.
+                let who = Caller {
+                    umask,
+                    ..caller(req)
+                };
+                let a = fs.tmpfile(who, ino, mode).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
+                abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+                w.written().ok_or(libc::EIO)
+            }
+            op::STATX => {
+                let sx = arg(abi::StatxIn::parse(req.arg0))?;
+                let a = fs.getattr(ino).map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                // attr_valid, its nanoseconds, flags, spare.
+                w.u64(TTL).u32(0).u32(0).zeros(16);
+                encode_statx(&mut w, &a, sx.sx_mask);
+                w.written().ok_or(libc::EIO)
+            }
+            op::DESTROY => Ok(0),
+            op::IOCTL => {
+                let i = arg(abi::IoctlIn::parse(req.arg0))?;
+                let in_data = req.rest.get(..i.in_size as usize).ok_or(libc::EINVAL)?;
+                self.ioctl(ino, i.cmd, in_data, i.out_size, buf)
+            }
+            op::FALLOCATE => {
+                let mut r = Rd(req.arg0);
+                let (_fh, offset, length, mode) = (
+                    arg(r.u64())?,
+                    arg(r.u64())?,
+                    arg(r.u64())?,
+                    arg(r.u32())? as i32,
+                );
+                let started = Instant::now();
+                let res = fs.fallocate(caller(req), ino, offset, length, mode);
+                let op = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+                    Op::Trim
+                } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+                    Op::Zero
+                } else {
+                    Op::Other
+                };
+                self.record(op, length, started, res.is_ok());
+                empty(res)
+            }
+            op::LSEEK => {
+                let mut r = Rd(req.arg0);
+                let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
+                let whence = match whence as i32 {
+                    libc::SEEK_DATA => Whence::Data,
+                    libc::SEEK_HOLE => Whence::Hole,
+                    // The kernel handles SEEK_SET/CUR/END itself.
+                    _ => return Err(libc::EINVAL),
+                };
+                if offset < 0 {
+                    return Err(libc::ENXIO);
+                }
+                let started = Instant::now();
+                let res = fs.seek(ino, offset as u64, whence);
+                self.record(Op::Other, 0, started, res.is_ok());
+                let o = res.map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                w.u64(o);
+                w.written().ok_or(libc::EIO)
+            }
+            op::COPY_FILE_RANGE => {
+                let c = arg(abi::CopyRangeIn::parse(req.arg0))?;
+                // One reply carries a u32 count; the kernel loops for the rest.
+                let len = c.len.min(1 << 30);
+                let started = Instant::now();
+                let res = fs.copy_range(
+                    caller(req),
+                    ino,
+                    c.off_in,
+                    Ino(c.nodeid_out),
+                    c.off_out,
+                    len,
+                );
+                // A copy inside the disk: counted as the write it ends in.
+                let n = *res.as_ref().unwrap_or(&0);
+                self.record(Op::Write, n, started, res.is_ok());
+                let n = res.map_err(ferr)?;
+                let mut w = Wr::new(buf);
+                w.u32(n as u32).u32(0);
+                w.written().ok_or(libc::EIO)
+            }
+            // Locks stay local to the kernel (as with fuser's defaults),
+            // and the rest is not offered: ENOSYS.
+            _ => Err(libc::ENOSYS),
         }
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // Nothing is buffered here, so close() needs no round trip: ENOSYS
-        // tells the kernel to stop sending FLUSH (it then succeeds at once).
-        reply.error(FErrno::ENOSYS);
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.release(Ino(ino.0));
-        reply.ok();
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        // Without `sync`, once the data is here it is as durable as a RAM
-        // disk makes it: ENOSYS makes the kernel stop sending FSYNC and
-        // succeed locally (after writing back any cached pages, which still
-        // reach us).
-        self.sync(reply);
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(Ino(ino.0)) {
-            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::empty()),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let entries = match self.fs.dir_entries(Ino(ino.0), Fh(fh.0), offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(ferr(e)),
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+    fn readdir(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
+        let entries = self.fs.dir_entries(ino, Fh(r.fh), r.offset).map_err(ferr)?;
+        let size = (r.size as usize).min(buf.len());
+        let mut w = Wr::new(&mut buf[..size]);
+        for (i, e) in entries.iter().enumerate().skip(r.offset as usize) {
             // The offset handed back is where the next call resumes.
-            if reply.add(INodeNo(e.ino.0), i as u64 + 1, file_type(e.kind), &e.name) {
+            let typ = type_bits(e.kind) >> 12;
+            if !abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes()) {
                 break;
             }
         }
-        reply.ok();
+        w.written().ok_or(libc::EIO)
     }
 
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let entries = match self.fs.dir_entries(Ino(ino.0), Fh(fh.0), offset) {
-            Ok(e) => e,
-            Err(e) => return reply.error(ferr(e)),
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+    fn readdirplus(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
+        let entries = self.fs.dir_entries(ino, Fh(r.fh), r.offset).map_err(ferr)?;
+        let size = (r.size as usize).min(buf.len());
+        let mut w = Wr::new(&mut buf[..size]);
+        for (i, e) in entries.iter().enumerate().skip(r.offset as usize) {
+            if abi::dirent_len(abi::DIRENTPLUS_LEN, e.name.len()) > w.room() {
+                break;
+            }
             let dot = e.name == "." || e.name == "..";
             // The kernel counts a lookup for every entry but "." and "..".
             let attr = if dot {
@@ -546,182 +771,14 @@ impl fuser::Filesystem for FuseFs {
                 // Removed since opendir: leave it out.
                 continue;
             };
-            if reply.add(
-                INodeNo(e.ino.0),
-                i as u64 + 1,
-                &e.name,
-                &TTL,
-                &fattr(&attr),
-                GENERATION,
-            ) {
-                // Not sent: give back the lookup just counted.
-                if !dot {
-                    self.fs.forget(e.ino, 1);
-                }
-                break;
-            }
+            abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&attr));
+            let typ = type_bits(e.kind) >> 12;
+            abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes());
         }
-        reply.ok();
+        w.written().ok_or(libc::EIO)
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.releasedir(Fh(fh.0));
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        // As for fsync: without `sync`, nothing to make durable, so stop
-        // the round trips.
-        self.sync(reply);
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let (blocks, bfree, files, ffree) = self.fs.statfs();
-        reply.statfs(
-            blocks,
-            bfree,
-            bfree,
-            files,
-            ffree,
-            4096,
-            NAME_MAX as u32,
-            4096,
-        );
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.fs.setxattr(Ino(ino.0), name, value, flags));
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.getxattr(Ino(ino.0), name));
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.listxattr(Ino(ino.0)));
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(Ino(ino.0), name));
-    }
-
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // With default_permissions the kernel checks access itself.
-        reply.ok();
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let who = Caller {
-            umask,
-            ..caller(req)
-        };
-        match self.fs.create(who, Ino(parent.0), name, mode) {
-            Ok(a) => reply.created(
-                &TTL,
-                &fattr(&a),
-                GENERATION,
-                FileHandle(0),
-                open_flags(&self.fs, a.ino),
-            ),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn fallocate(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let started = Instant::now();
-        let r = self
-            .fs
-            .fallocate(caller(req), Ino(ino.0), offset, length, mode);
-        let op = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-            Op::Trim
-        } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            Op::Zero
-        } else {
-            Op::Other
-        };
-        self.record(op, length, started, r.is_ok());
-        empty(reply, r);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let whence = match whence {
-            libc::SEEK_DATA => Whence::Data,
-            libc::SEEK_HOLE => Whence::Hole,
-            // The kernel handles SEEK_SET/CUR/END itself.
-            _ => return reply.error(FErrno::EINVAL),
-        };
-        if offset < 0 {
-            return reply.error(FErrno::ENXIO);
-        }
-        let started = Instant::now();
-        let r = self.fs.seek(Ino(ino.0), offset as u64, whence);
-        self.record(Op::Other, 0, started, r.is_ok());
-        match r {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(ferr(e)),
-        }
-    }
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        cmd: u32,
-        in_data: &[u8],
-        out_size: u32,
-        reply: ReplyIoctl,
-    ) {
+    fn ioctl(&self, ino: Ino, cmd: u32, in_data: &[u8], out_size: u32, buf: &mut [u8]) -> Answer {
         // The kernel sends chattr's flags as an unsigned int, whichever
         // width the command's number says (fs/fuse/ioctl.c).
         const GETFLAGS: [u32; 2] = [libc::FS_IOC_GETFLAGS as u32, libc::FS_IOC32_GETFLAGS as u32];
@@ -729,79 +786,38 @@ impl fuser::Filesystem for FuseFs {
         // _IOR('X', 31, struct fsxattr): the kernel asks for it before
         // it sets chattr flags, and for a fileattr query.
         const FSGETXATTR: u32 = 0x801c_581f;
-        let ino = Ino(ino.0);
+        let out = |buf: &mut [u8], data: &[u8]| {
+            // fuse_ioctl_out: result 0, no retry, then the data.
+            let data = &data[..data.len().min(out_size as usize)];
+            let mut w = Wr::new(buf);
+            w.u32(0).u32(0).u32(0).u32(0).bytes(data);
+            w.written().ok_or(libc::EIO)
+        };
         if cmd == FSGETXATTR {
-            match self.fs.flags(ino) {
-                Ok(f) => {
-                    // struct fsxattr: xflags, then four u32 and 8 bytes
-                    // of padding, all zero here.
-                    let mut b = [0u8; 28];
-                    b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
-                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
-                }
-                Err(e) => reply.error(ferr(e)),
-            }
+            let f = self.fs.flags(ino).map_err(ferr)?;
+            // struct fsxattr: xflags, then four u32 and 8 bytes of
+            // padding, all zero here.
+            let mut b = [0u8; 28];
+            b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
+            out(buf, &b)
         } else if GETFLAGS.contains(&cmd) {
-            match self.fs.flags(ino) {
-                Ok(f) => {
-                    let b = f.to_ne_bytes();
-                    reply.ioctl(0, &b[..b.len().min(out_size as usize)]);
-                }
-                Err(e) => reply.error(ferr(e)),
-            }
+            let f = self.fs.flags(ino).map_err(ferr)?;
+            out(buf, &f.to_ne_bytes())
         } else if SETFLAGS.contains(&cmd) {
-            let Some(b) = in_data.get(..4) else {
-                return reply.error(FErrno::EINVAL);
-            };
-            let f = u32::from_ne_bytes(b.try_into().expect("4 bytes"));
-            match self.fs.set_flags(ino, f) {
-                Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(ferr(e)),
-            }
+            let f = arg(Rd(in_data).u32())?;
+            self.fs.set_flags(ino, f).map_err(ferr)?;
+            out(buf, &[])
         } else {
             // ENOTTY, as tmpfs; said once per command, not once per call.
             if self
                 .unknown_ioctls
                 .lock()
-                .expect("not poisoned")
+                .unwrap_or_else(|p| p.into_inner())
                 .insert(cmd)
             {
                 log::info!("unsupported ioctl {cmd:#x} (answered ENOTTY; not logged again)");
             }
-            reply.error(FErrno::ENOTTY);
-        }
-    }
-
-    fn copy_file_range(
-        &self,
-        req: &Request,
-        ino_in: INodeNo,
-        _fh_in: FileHandle,
-        offset_in: u64,
-        ino_out: INodeNo,
-        _fh_out: FileHandle,
-        offset_out: u64,
-        len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        // One reply carries a u32 count; the kernel loops for the rest.
-        let len = len.min(1 << 30);
-        let started = Instant::now();
-        let r = self.fs.copy_range(
-            caller(req),
-            Ino(ino_in.0),
-            offset_in,
-            Ino(ino_out.0),
-            offset_out,
-            len,
-        );
-        // A copy inside the disk: counted as the write it ends in.
-        let n = *r.as_ref().unwrap_or(&0);
-        self.record(Op::Write, n, started, r.is_ok());
-        match r {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(ferr(e)),
+            Err(libc::ENOTTY)
         }
     }
 }
@@ -818,15 +834,6 @@ fn xflags(flags: u32) -> u32 {
     .iter()
     .filter(|(fl, _)| flags & fl != 0)
     .fold(0, |x, (_, xf)| x | xf)
-}
-
-fn xattr_reply(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
-    match r {
-        Err(e) => reply.error(ferr(e)),
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
-        Ok(v) => reply.data(&v),
-    }
 }
 
 /// Whether `path` is already a mount point (listed in /proc/self/mountinfo).

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 pub use fs::{Atime, AtimeMode, Fh, Fs, FsConfig, FsStats, Ino};
 pub use fuse::{is_mount_point, mount_device, mount_read_only, FuseFs, FuseOptions, SyncFn};
+pub use ll::dev::Session;
 
 /// The mount's own flags (mount(8)'s `ro`, `nosuid`, ...) and its source.
 /// The default is tmpfs's: read-write, devices and setuid honoured.
@@ -27,54 +28,38 @@ pub struct MountFlags {
     pub noexec: bool,
 }
 
-/// A mounted filesystem, not yet serving: [`fuser::Session::run`] serves
-/// until it is unmounted (`umount DIR`, or [`fuser::SessionUnmounter`]).
-/// It shows as type `fuse.ramd` with `flags.source` as its source.
+/// Mounts `fs` on `dir` and answers the kernel's INIT: a [`Session`] that
+/// [`Session::run`] serves with `threads` workers until it is unmounted
+/// (`umount DIR`). It shows as type `fuse.ramd` with `flags.source` as its
+/// source. Needs root (CAP_SYS_ADMIN).
 pub fn mount(
     fs: Arc<Fs>,
     dir: &Path,
     threads: usize,
     opts: FuseOptions,
     flags: &MountFlags,
-) -> io::Result<fuser::Session<FuseFs>> {
-    use fuser::MountOption as M;
-    let source = match flags.source.as_str() {
-        "" => "ramd",
-        s => s,
+) -> io::Result<Session> {
+    let spec = ll::mount::MountSpec {
+        source: flags.source.clone(),
+        read_only: flags.read_only,
+        nosuid: flags.nosuid,
+        nodev: flags.nodev,
+        noexec: flags.noexec,
+        // strictatime and nodiratime have no place in a FUSE mount's
+        // data: the mount helper sets them with a remount once the
+        // filesystem serves (they are shown in /proc/mounts only; `Fs`
+        // applies the rule either way).
+        noatime: fs.atime().mode == AtimeMode::Never,
     };
-    let on = |yes: bool, a: M, b: M| if yes { a } else { b };
-    let mut options = vec![
-        M::FSName(source.into()),
-        // fuser's Subtype only reaches fusermount; as a kernel option it
-        // makes the type `fuse.ramd`, which mount(8) needs to find
-        // mount.fuse.ramd for a remount (and umount.fuse.ramd).
-        M::CUSTOM("subtype=ramd".into()),
-        // The kernel checks permissions (owner, mode, sticky directories)
-        // exactly as for tmpfs; the filesystem only stores what it is told.
-        M::DefaultPermissions,
-        on(flags.nodev, M::NoDev, M::Dev),
-        on(flags.nosuid, M::NoSuid, M::Suid),
-        on(flags.read_only, M::RO, M::RW),
-        on(flags.noexec, M::NoExec, M::Exec),
-    ];
-    // strictatime and nodiratime have no fuser option: the mount helper
-    // sets them with a remount once the filesystem serves (they are
-    // shown in /proc/mounts only; `Fs` applies the rule either way).
-    if fs.atime().mode == AtimeMode::Never {
-        options.push(M::NoAtime);
-    }
-    let mut config = fuser::Config::default();
-    config.mount_options = options;
-    // Like tmpfs, everyone may use it; permissions decide the rest.
-    config.acl = fuser::SessionACL::All;
-    config.n_threads = Some(threads.max(1));
-    config.clone_fd = true;
-    let fuse_fs = FuseFs::new(fs, opts);
-    let notifier = fuse_fs.notifier_cell();
-    let session = fuser::Session::new(fuse_fs, dir, &config)?;
-    let _ = notifier.set(session.notifier());
+    let fuse_fs = Arc::new(FuseFs::new(fs, opts));
+    let fd = ll::mount::mount(dir, &spec)?;
+    let session = Session::new(fd, dir, fuse_fs.clone(), fuse_fs.init_want(), threads)?;
+    fuse_fs.set_notifier(session.notifier());
+    fuse_fs.initialized(session.init());
     Ok(session)
 }
 
+#[cfg(test)]
+mod fuse_tests;
 #[cfg(test)]
 mod tests;

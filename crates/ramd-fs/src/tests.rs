@@ -1442,3 +1442,37 @@ fn a_partial_last_page_is_freed_too() {
     f.unlink(ROOT_INO, n("a")).unwrap();
     assert_eq!(f.store().pages_used().0, 0);
 }
+
+#[test]
+fn tmpfile_is_unnamed_until_linked_and_freed_if_closed_unlinked() {
+    let f = fs();
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o2775).unwrap();
+    let t = f.tmpfile(ME, d.ino, REG | 0o666).unwrap();
+    assert_eq!((t.nlink, t.perm, t.gid), (0, 0o666, d.gid));
+    assert!(
+        f.dir_entries(d.ino, f.opendir(d.ino).unwrap(), 0)
+            .unwrap()
+            .len()
+            == 2
+    );
+    f.write(&f.change(), t.ino, 0, b"kept", true, ME, false)
+        .unwrap();
+    let linked = f.link(t.ino, d.ino, n("named")).unwrap();
+    assert_eq!(linked.nlink, 1);
+    f.release(t.ino);
+    let mut buf = [0u8; 8];
+    let a = f.lookup(d.ino, n("named")).unwrap();
+    assert_eq!(f.read(a.ino, 0, &mut buf).unwrap(), 4);
+
+    // Closed before any link: its data goes, and no link can name it.
+    let u = f.tmpfile(ME, d.ino, REG).unwrap();
+    f.write(&f.change(), u.ino, 0, &[7u8; 8192], true, ME, false)
+        .unwrap();
+    let before = f.stats().file_bytes;
+    f.release(u.ino);
+    assert_eq!(f.stats().file_bytes, before - 8192);
+    assert_eq!(f.link(u.ino, d.ino, n("late")).unwrap_err(), Errno::ENOENT);
+    // An ordinary unlinked file cannot be linked back either.
+    f.unlink(d.ino, n("named")).unwrap();
+    assert_eq!(f.link(a.ino, d.ino, n("again")).unwrap_err(), Errno::ENOENT);
+}

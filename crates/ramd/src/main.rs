@@ -84,13 +84,9 @@ fn main() {
 
 /// Logs to stderr, at the level RAMD_LOG sets.
 fn init_logging() {
-    // fuser's session warns when it finds its mount already gone at exit,
-    // which is how every clean stop ends: keep that one module quiet.
-    env_logger::Builder::from_env(
-        env_logger::Env::new().filter_or("RAMD_LOG", "info,fuser::session=error"),
-    )
-    .format_target(false)
-    .init();
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("RAMD_LOG", "info"))
+        .format_target(false)
+        .init();
 }
 
 /// The frontends this build knows. A new protocol is one more `.with(...)`.

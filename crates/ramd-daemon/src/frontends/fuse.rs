@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use parking_lot::Mutex;
-use ramd_fs::{FuseFs, FuseOptions};
+use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
 use crate::args::DiskArgs;
@@ -65,6 +65,7 @@ impl FrontendFactory for Fuse {
                 writeback_cache: disk.args.writeback_cache,
                 sync,
                 metrics: Some(disk.metrics.frontend("fuse")),
+                io_uring: false,
             },
             &disk.args.mount_flags(),
         )
@@ -85,7 +86,7 @@ impl FrontendFactory for Fuse {
 
 struct FuseFrontend {
     /// Taken by `serve`.
-    session: Mutex<Option<fuser::Session<FuseFs>>>,
+    session: Mutex<Option<Session>>,
     dir: PathBuf,
     conn: u32,
     stopping: AtomicBool,

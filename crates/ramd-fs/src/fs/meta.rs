@@ -452,6 +452,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
         next_slot,
         dir_handles: HashMap::new(),
         next_fh: 1,
+        linkable: Default::default(),
     };
     Ok((st, cost))
 }

@@ -16,6 +16,10 @@
 
 use std::io;
 
+pub mod abi;
+pub mod dev;
+pub mod mount;
+pub mod notify;
 pub mod uring;
 
 /// `struct fuse_in_header`.

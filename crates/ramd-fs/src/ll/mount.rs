@@ -1,0 +1,155 @@
+//! Mounting: open /dev/fuse and mount(2) a filesystem of type `fuse` with
+//! subtype `ramd` served through that fd. Needs root (CAP_SYS_ADMIN): ramd
+//! runs as root wherever it mounts, so there is no fusermount path.
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The mount's flags, as mount(8) spells them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountSpec {
+    /// The first field of /proc/mounts.
+    pub source: String,
+    pub read_only: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    pub noatime: bool,
+}
+
+impl MountSpec {
+    fn ms_flags(&self) -> libc::c_ulong {
+        let mut f = 0;
+        for (on, flag) in [
+            (self.read_only, libc::MS_RDONLY),
+            (self.nosuid, libc::MS_NOSUID),
+            (self.nodev, libc::MS_NODEV),
+            (self.noexec, libc::MS_NOEXEC),
+            (self.noatime, libc::MS_NOATIME),
+        ] {
+            if on {
+                f |= flag;
+            }
+        }
+        f
+    }
+
+    /// The fuse mount data for `fd`: `rootmode` needs only the type bits
+    /// (the root's real mode comes from GETATTR); `default_permissions`:
+    /// the kernel checks permissions exactly as for tmpfs; `allow_other`:
+    /// like tmpfs, everyone may use it; `subtype=ramd` makes the type
+    /// `fuse.ramd`, which mount(8) needs to find mount.fuse.ramd for a
+    /// remount (and umount.fuse.ramd).
+    fn data(&self, fd: i32, uid: u32, gid: u32) -> String {
+        format!(
+            "fd={fd},rootmode=40000,user_id={uid},group_id={gid},\
+             default_permissions,allow_other,subtype=ramd"
+        )
+    }
+}
+
+/// Opens /dev/fuse and mounts it on `dir`; the fd serves the mount.
+pub fn mount(dir: &Path, spec: &MountSpec) -> io::Result<OwnedFd> {
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| {
+            let hint = if e.kind() == io::ErrorKind::NotFound {
+                " (is the fuse module loaded? modprobe fuse)"
+            } else {
+                ""
+            };
+            io::Error::new(e.kind(), format!("opening /dev/fuse: {e}{hint}"))
+        })?;
+    let fd = OwnedFd::from(dev);
+    let source = match spec.source.as_str() {
+        "" => "ramd",
+        s => s,
+    };
+    let cstring = |s: &[u8], what: &str| {
+        CString::new(s).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{what} contains a NUL byte"),
+            )
+        })
+    };
+    let c_source = cstring(source.as_bytes(), "mount source")?;
+    let c_dir = cstring(dir.as_os_str().as_bytes(), "mount point")?;
+    let c_type = cstring(b"fuse", "type")?;
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let c_data = cstring(spec.data(fd.as_raw_fd(), uid, gid).as_bytes(), "options")?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::mount(
+            c_source.as_ptr(),
+            c_dir.as_ptr(),
+            c_type.as_ptr(),
+            spec.ms_flags(),
+            c_data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EPERM) {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "mount(2) of {} refused: {e} (mounting a FUSE filesystem needs root, \
+                     or CAP_SYS_ADMIN)",
+                    dir.display()
+                ),
+            ));
+        }
+        return Err(io::Error::new(
+            e.kind(),
+            format!("mount(2) of {}: {e}", dir.display()),
+        ));
+    }
+    Ok(fd)
+}
+
+/// Detaches the mount at `dir` (MNT_DETACH: open files keep it alive);
+/// quiet if it is already gone.
+pub fn unmount(dir: &Path) {
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: umount2 takes a NUL-terminated path we own.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+            log::warn!("unmounting {}: {e}", dir.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_data() {
+        let spec = MountSpec {
+            source: "x".into(),
+            read_only: true,
+            nodev: true,
+            noatime: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            spec.ms_flags(),
+            libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOATIME
+        );
+        assert_eq!(
+            spec.data(5, 0, 0),
+            "fd=5,rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other,subtype=ramd"
+        );
+    }
+}
