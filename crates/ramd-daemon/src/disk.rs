@@ -863,6 +863,7 @@ mod tests {
                 protocol: "probe".into(),
                 endpoint: "probe://here".into(),
                 connections: Some(0),
+                transport: None,
             }
         }
     }

@@ -31,11 +31,13 @@ use std::alloc::{self, Layout};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use super::dev::{Negotiated, StartTransport, TransportCtx};
 use super::{Dispatch, InHeader, Reply, Request, IN_HEADER_LEN, OUT_HEADER_LEN};
 
 /// The INIT flag (in the 64-bit flags; bit 9 of `flags2`).
@@ -78,6 +80,40 @@ impl Default for UringConfig {
             payload_len: (1 << 20) + PAGE,
         }
     }
+}
+
+impl UringConfig {
+    /// The default, with payload buffers large enough for what `init`
+    /// settled (the largest request or reply plus a page).
+    pub fn for_session(init: &Negotiated) -> UringConfig {
+        let largest = (init.max_write as usize).max(usize::from(init.max_pages) * PAGE);
+        let d = UringConfig::default();
+        UringConfig {
+            payload_len: d.payload_len.max(largest + PAGE),
+            ..d
+        }
+    }
+}
+
+/// The session's second transport ([`super::dev::Session::set_extra_transport`]):
+/// serves through io_uring once the session's INIT granted it, with
+/// [`UringConfig::for_session`]. `serving` turns true once every queue has
+/// registered (what `ramd status` reports); if the start fails, the
+/// session goes on through `/dev/fuse` alone.
+pub fn session_transport(serving: Arc<AtomicBool>) -> StartTransport {
+    Box::new(move |ctx: TransportCtx| {
+        let cfg = UringConfig::for_session(&ctx.init);
+        let uring = start(ctx.fd, ctx.dispatch, &cfg)?;
+        serving.store(true, Ordering::SeqCst);
+        log::info!(
+            "serving FUSE through io_uring: {} queue(s) of {} entries",
+            uring.queues(),
+            cfg.queue_depth
+        );
+        thread::Builder::new()
+            .name("ramd-uring".into())
+            .spawn(move || uring.join())
+    })
 }
 
 /// The running transport: one thread per possible CPU, each pinned to its
