@@ -259,21 +259,29 @@ fn set_iovec_count(sqe: &mut squeue::Entry128) {
     };
 }
 
-/// The kernel's number of queues: one per possible CPU (nr_cpu_ids, the
-/// highest possible CPU plus one).
+/// The kernel's number of queues: one per possible CPU
+/// (num_possible_cpus), queue `qid` for CPU `qid`.
 fn possible_cpus() -> usize {
     let from_sysfs = std::fs::read_to_string("/sys/devices/system/cpu/possible")
         .ok()
-        .and_then(|s| {
-            s.trim()
-                .split(',')
-                .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
-                .max()
-        })
-        .map(|m| m + 1);
+        .and_then(|s| count_cpu_list(s.trim()));
     // SAFETY: sysconf has no preconditions.
     from_sysfs
         .unwrap_or_else(|| unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize)
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,8`); `None` if malformed.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    list.split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                b.checked_sub(a).map(|n| n + 1)
+            }
+            None => r.parse::<usize>().ok().map(|_| 1),
+        })
+        .sum::<Option<usize>>()
+        .filter(|&n| n > 0)
 }
 
 /// Runs the calling thread on `cpu` only, so the requests of that CPU's

@@ -394,6 +394,17 @@ fn statfs_bsize(dir: &Path) -> u64 {
 }
 
 #[test]
+fn cpu_lists_count_as_the_kernel_counts_possible_cpus() {
+    assert_eq!(count_cpu_list("0"), Some(1));
+    assert_eq!(count_cpu_list("0-1"), Some(2));
+    assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
+    assert_eq!(count_cpu_list("0,2"), Some(2));
+    assert_eq!(count_cpu_list(""), None);
+    assert_eq!(count_cpu_list("3-1"), None);
+    assert_eq!(count_cpu_list("x"), None);
+}
+
+#[test]
 fn a_reply_longer_than_its_buffer_is_eio() {
     let mut buf = [0u8; 8];
     let mut r = RingReply {
