@@ -164,7 +164,7 @@ ramd_ready() {
     local t=$1
     alive "${pid_of[$t]}" "ramd ($t)"
     [[ -s $work/ramd-$t.out && $(head -n 1 "$work/ramd-$t.out") == "${mnt_of[$t]}" ]] &&
-        [[ $(findmnt -n -o SOURCE --mountpoint "${mnt_of[$t]}") == ramd ]]
+        [[ $(findmnt -n -o FSTYPE --mountpoint "${mnt_of[$t]}") == fuse.ramd ]]
 }
 # fuse_transport TARGET: the transport serving TARGET's mount, as `ramd
 # status --json` reports it.
