@@ -27,7 +27,6 @@ mod tests;
 
 pub use avail::{availability, enable, Enabled, Unavailable, ENABLE_PARAM};
 
-use std::alloc::{self, Layout};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -308,39 +307,52 @@ fn pin_to(cpu: usize) {
 /// One entry's memory, [headers page | payload], shared with the kernel.
 /// The kernel writes it between the submission of the entry's command and
 /// its CQE; the queue thread touches it only between a CQE and the next
-/// submission.
+/// submission. Mapped, not allocated: pages cost memory only once a request
+/// or reply has used them (a heap allocation this aligned would be zeroed,
+/// every page touched, at start).
 struct EntryBuf {
     ptr: NonNull<u8>,
-    layout: Layout,
+    len: usize,
 }
 
 impl EntryBuf {
     fn new(payload_len: usize) -> io::Result<EntryBuf> {
-        let layout = Layout::from_size_align(PAGE + payload_len, PAGE)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: the layout is not zero-sized.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::OutOfMemory, "FUSE io_uring entry buffer")
-        })?;
-        Ok(EntryBuf { ptr, layout })
+        let len = PAGE + payload_len;
+        // SAFETY: a fresh private anonymous mapping; no memory is aliased.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave 0"))?;
+        Ok(EntryBuf { ptr, len })
     }
     fn headers(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
     fn payload(&self) -> *mut u8 {
-        // SAFETY: the allocation is PAGE + payload_len bytes.
+        // SAFETY: the mapping is PAGE + payload_len bytes.
         unsafe { self.ptr.as_ptr().add(PAGE) }
     }
 }
 
 impl Drop for EntryBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: mapped in `new` with this length; the kernel no longer
+        // holds the entry (see `Queue::run`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
-/// The END of an entry's command: the connection is gone.
+/// An entry's last CQE: its connection ended (unmount or abort).
 fn is_connection_end(errno: i32) -> bool {
     matches!(
         errno,
