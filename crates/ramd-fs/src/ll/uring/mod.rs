@@ -65,17 +65,25 @@ const MAX_ERRNO: i32 = 511;
 pub struct UringConfig {
     /// Entries per queue (per CPU): requests in flight on one CPU.
     pub queue_depth: u16,
+    /// Threads serving each queue, each with its own ring and a share of
+    /// its entries. The kernel hands a request to any free entry of the
+    /// CPU's queue, so a thread waiting on one request (an fsync waiting
+    /// for a save with `--flush persist`) holds up the requests in its
+    /// other entries: with one entry per thread it holds up none.
+    pub threads_per_queue: u16,
     /// Bytes of each entry's payload buffer. The kernel wants at least the
     /// session's largest request: max(8 KiB, max_write, max_pages pages).
     pub payload_len: usize,
 }
 
 impl Default for UringConfig {
-    /// 8 entries per CPU (libfuse's default too) and room for a 1 MiB
+    /// 4 entries per CPU, each with its own thread (more entries per
+    /// thread measured no faster: BENCHMARKS.md), and room for a 1 MiB
     /// write or read plus a page.
     fn default() -> Self {
         UringConfig {
-            queue_depth: 8,
+            queue_depth: 4,
+            threads_per_queue: 4,
             payload_len: (1 << 20) + PAGE,
         }
     }
@@ -105,9 +113,10 @@ pub fn session_transport(serving: Arc<AtomicBool>) -> StartTransport {
         let uring = start(ctx.fd, ctx.dispatch, &cfg)?;
         serving.store(true, Ordering::SeqCst);
         log::info!(
-            "serving FUSE through io_uring: {} queue(s) of {} entries",
+            "serving FUSE through io_uring: {} queue(s) of {} entries, {} thread(s) each",
             uring.queues(),
-            cfg.queue_depth
+            cfg.queue_depth,
+            cfg.threads_per_queue
         );
         thread::Builder::new()
             .name("ramd-uring".into())
@@ -115,16 +124,24 @@ pub fn session_transport(serving: Arc<AtomicBool>) -> StartTransport {
     })
 }
 
-/// The running transport: one thread per possible CPU, each pinned to its
-/// CPU with its own io_uring. The threads end when the filesystem is
-/// unmounted or its connection aborted.
+/// The running transport: a queue per possible CPU, served by
+/// `threads_per_queue` threads pinned to that CPU, each with its own
+/// io_uring. The threads end when the filesystem is unmounted or its
+/// connection aborted.
 pub struct Uring {
-    threads: Vec<JoinHandle<io::Result<()>>>,
+    queues: usize,
+    /// (qid, thread)
+    threads: Vec<(usize, JoinHandle<io::Result<()>>)>,
 }
 
 impl Uring {
-    /// Queues (threads) serving.
+    /// Queues serving (one per possible CPU).
     pub fn queues(&self) -> usize {
+        self.queues
+    }
+
+    /// Threads serving them.
+    pub fn threads(&self) -> usize {
         self.threads.len()
     }
 
@@ -132,7 +149,7 @@ impl Uring {
     /// queue met (other than the end of the connection) is returned.
     pub fn join(self) -> io::Result<()> {
         let mut first = Ok(());
-        for (qid, t) in self.threads.into_iter().enumerate() {
+        for (qid, t) in self.threads {
             let r = t.join().unwrap_or_else(|_| {
                 Err(io::Error::other(format!(
                     "FUSE io_uring queue {qid} panicked"
@@ -179,31 +196,38 @@ fn start_queues(
     cfg: &UringConfig,
 ) -> io::Result<Uring> {
     let cfg = *cfg;
-    if cfg.queue_depth == 0
+    if cfg.threads_per_queue == 0
+        || cfg.queue_depth < cfg.threads_per_queue
         || cfg.payload_len < MIN_PAYLOAD
         || u32::try_from(cfg.payload_len).is_err()
     {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "FUSE io_uring: queue depth {} and payload {} bytes (need a depth of 1 or \
-                 more and {MIN_PAYLOAD} bytes to 4 GiB)",
-                cfg.queue_depth, cfg.payload_len
+                "FUSE io_uring: queue depth {}, {} thread(s) per queue and payload {} bytes \
+                 (need a thread or more, an entry per thread and {MIN_PAYLOAD} bytes to 4 GiB)",
+                cfg.queue_depth, cfg.threads_per_queue, cfg.payload_len
             ),
         ));
     }
     let nr_queues = possible_cpus();
+    let per_queue = usize::from(cfg.threads_per_queue);
     let (ready_tx, ready_rx) = mpsc::channel();
-    let mut threads = Vec::with_capacity(nr_queues);
+    let mut threads = Vec::with_capacity(nr_queues * per_queue);
     for qid in 0..nr_queues {
-        let (dev, dispatch, ready) = (dev.clone(), dispatch.clone(), ready_tx.clone());
-        let t = thread::Builder::new()
-            .name(format!("ramd-uring-{qid}"))
-            .spawn(move || Queue::run(qid, &dev, &*dispatch, cfg, ready))?;
-        threads.push(t);
+        for t in 0..per_queue {
+            // The queue's entries, shared out: the first threads take one
+            // more when they do not divide evenly.
+            let entries = (usize::from(cfg.queue_depth) + per_queue - 1 - t) / per_queue;
+            let (dev, dispatch, ready) = (dev.clone(), dispatch.clone(), ready_tx.clone());
+            let h = thread::Builder::new()
+                .name(format!("ramd-uring-{qid}.{t}"))
+                .spawn(move || Queue::run(qid, entries, &dev, &*dispatch, cfg, ready))?;
+            threads.push((qid, h));
+        }
     }
     drop(ready_tx);
-    for _ in 0..nr_queues {
+    for _ in 0..threads.len() {
         match ready_rx.recv() {
             Ok((_, Ok(()))) => {}
             Ok((qid, Err(e))) => {
@@ -215,7 +239,10 @@ fn start_queues(
             Err(_) => return Err(io::Error::other("a FUSE io_uring queue ended at start")),
         }
     }
-    Ok(Uring { threads })
+    Ok(Uring {
+        queues: nr_queues,
+        threads,
+    })
 }
 
 /// Makes the kernel drop io_uring for `dev`'s connection: a REGISTER it
@@ -381,6 +408,7 @@ type Ready = mpsc::Sender<(usize, io::Result<()>)>;
 impl Queue {
     fn run(
         qid: usize,
+        entries: usize,
         dev: &OwnedFd,
         dispatch: &dyn Dispatch,
         cfg: UringConfig,
@@ -389,7 +417,7 @@ impl Queue {
         pin_to(qid);
         // The buffers are allocated (and first touched) after pinning, so
         // they sit on this CPU's memory node.
-        let mut q = match Queue::new(qid, dev, cfg) {
+        let mut q = match Queue::new(qid, entries, dev, cfg) {
             Ok(q) => q,
             Err(e) => {
                 let msg = e.to_string();
@@ -427,8 +455,8 @@ impl Queue {
         }
     }
 
-    fn new(qid: usize, dev: &OwnedFd, cfg: UringConfig) -> io::Result<Queue> {
-        let depth = u32::from(cfg.queue_depth);
+    fn new(qid: usize, entries: usize, dev: &OwnedFd, cfg: UringConfig) -> io::Result<Queue> {
+        let depth = entries as u32;
         // One thread owns each ring, and the kernel's work for a request
         // (copying it into the entry) runs when that thread waits:
         // DEFER_TASKRUN. A QD1 4 KiB read loop on a busy 2-core VM showed
@@ -441,7 +469,7 @@ impl Queue {
             .setup_cqsize(depth * 2)
             .build(depth)?;
         ring.submitter().register_files(&[dev.as_raw_fd()])?;
-        let bufs = (0..cfg.queue_depth)
+        let bufs = (0..entries)
             .map(|_| EntryBuf::new(cfg.payload_len))
             .collect::<io::Result<Vec<_>>>()?;
         let iovecs = bufs

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::*;
@@ -31,10 +31,17 @@ const FILE_INO: u64 = 2;
 const CONTENT: &[u8] = b"served through the ring, one CPU at a time\n";
 const MAX_WRITE: u32 = 128 << 10;
 
+/// A second file, whose READ waits until the test opens the gate.
+const SLOW: &str = "slow";
+const SLOW_INO: u64 = 3;
+
 /// The tiny filesystem; counts the READs it served.
 #[derive(Default)]
 struct Tiny {
     reads: AtomicUsize,
+    /// (a READ of SLOW is waiting, the gate is open)
+    gate: Mutex<(bool, bool)>,
+    gate_moved: Condvar,
 }
 
 /// `struct fuse_attr` (88 bytes).
@@ -57,21 +64,38 @@ impl Tiny {
         let h = req.header;
         let mut out = Vec::new();
         match h.opcode {
-            LOOKUP if h.nodeid == 1 && req.rest.strip_suffix(b"\0") == Some(FILE.as_bytes()) => {
+            LOOKUP if h.nodeid == 1 => {
+                let ino = match req.rest.strip_suffix(b"\0") {
+                    Some(n) if n == FILE.as_bytes() => FILE_INO,
+                    Some(n) if n == SLOW.as_bytes() => SLOW_INO,
+                    _ => return Err(libc::ENOENT),
+                };
                 // nodeid, generation, entry/attr valid (s, ns), attr
-                for v in [FILE_INO, 0, 1, 1] {
+                for v in [ino, 0, 1, 1] {
                     out.extend_from_slice(&v.to_ne_bytes());
                 }
                 out.extend_from_slice(&[0; 8]);
-                attr(&mut out, FILE_INO);
+                attr(&mut out, ino);
             }
             LOOKUP => return Err(libc::ENOENT),
-            GETATTR if h.nodeid == 1 || h.nodeid == FILE_INO => {
+            GETATTR if matches!(h.nodeid, 1 | FILE_INO | SLOW_INO) => {
                 out.extend_from_slice(&1u64.to_ne_bytes());
                 out.extend_from_slice(&[0; 8]);
                 attr(&mut out, h.nodeid);
             }
-            OPEN if h.nodeid == FILE_INO => out.extend_from_slice(&[0; 16]),
+            OPEN if matches!(h.nodeid, FILE_INO | SLOW_INO) => out.extend_from_slice(&[0; 16]),
+            READ if h.nodeid == SLOW_INO => {
+                let mut g = self.gate.lock().unwrap();
+                g.0 = true;
+                self.gate_moved.notify_all();
+                while !g.1 {
+                    g = self.gate_moved.wait(g).unwrap();
+                }
+                let off = u64::from_ne_bytes(req.arg0[8..16].try_into().unwrap()) as usize;
+                let n = CONTENT.len().saturating_sub(off);
+                buf[..n].copy_from_slice(&CONTENT[off.min(CONTENT.len())..]);
+                return Ok(n);
+            }
             READ if h.nodeid == FILE_INO => {
                 let off = u64::from_ne_bytes(req.arg0[8..16].try_into().unwrap()) as usize;
                 let size = u32::from_ne_bytes(req.arg0[16..20].try_into().unwrap()) as usize;
@@ -341,15 +365,65 @@ impl Fixture {
 fn reads_a_file_through_the_ring() {
     let f = Fixture::new("ring");
     let cfg = UringConfig {
-        queue_depth: 2,
+        queue_depth: 3,
+        threads_per_queue: 2,
         payload_len: MAX_WRITE as usize + 4096,
     };
     let uring = start(f.dev_fd.clone(), f.tiny.clone(), &cfg).expect("start the ring");
     assert_eq!(uring.queues(), possible_cpus());
+    assert_eq!(uring.threads(), 2 * possible_cpus());
     let (ring, dev) = f.read();
     assert!(
         ring >= 1,
         "no READ came through the ring ({dev} through /dev/fuse)"
+    );
+    f.unmount();
+    within(20, "the ring's queues after umount", move || uring.join()).expect("queues' end");
+}
+
+/// Opens the slow file's gate when dropped.
+struct OpenGate(Arc<Tiny>);
+
+impl Drop for OpenGate {
+    fn drop(&mut self) {
+        let mut g = self.0.gate.lock().unwrap_or_else(|e| e.into_inner());
+        g.1 = true;
+        self.0.gate_moved.notify_all();
+    }
+}
+
+/// A request that waits holds up no other request of its CPU: each entry
+/// has its own thread (the default configuration).
+#[test]
+fn a_waiting_request_holds_up_no_other_on_its_cpu() {
+    let f = Fixture::new("waiting");
+    let uring = start(f.dev_fd.clone(), f.tiny.clone(), &UringConfig::default()).expect("start");
+    // Whatever happens, the slow READ ends: a request held up behind it
+    // would otherwise keep this process (its own FUSE server) from exiting.
+    let open = OpenGate(f.tiny.clone());
+    let slow = f.dir.join(SLOW);
+    let reader = std::thread::spawn(move || {
+        pin_to(0);
+        std::fs::read(slow).expect("read the slow file")
+    });
+    let tiny = f.tiny.clone();
+    within(20, "the slow READ to arrive", move || {
+        let mut g = tiny.gate.lock().unwrap();
+        while !g.0 {
+            g = tiny.gate_moved.wait(g).unwrap();
+        }
+    });
+    // The same CPU's queue, its first entry's thread busy.
+    let dir = f.dir.clone();
+    let data = within(20, "a read beside the waiting one", move || {
+        pin_to(0);
+        std::fs::read(dir.join(FILE)).expect("read the file")
+    });
+    assert_eq!(data, CONTENT);
+    drop(open);
+    assert_eq!(
+        within(20, "the slow READ", move || reader.join()).unwrap(),
+        CONTENT
     );
     f.unmount();
     within(20, "the ring's queues after umount", move || uring.join()).expect("queues' end");
