@@ -3,12 +3,15 @@
 # same jobs on every mount in one run. See BENCHMARKS.md ("Filesystem: ramd
 # vs kernel tmpfs") for what the figures mean.
 #
-# usage: bench/fs.sh [--quick] [--runs N] [--threads N] [--out DIR]
+# usage: bench/fs.sh [--quick] [--runs N] [--threads N] [--fuse-transport T] [--out DIR]
 #
 #   --quick        smoke run: 1 run (unless --runs), small sizes, 3 s timed
 #                  jobs: about 2 min; a full run takes about 15 min
 #   --runs N       runs of every job; the table shows medians (default 3)
 #   --threads N    ramd FUSE worker threads (default: ramd's own, 8)
+#   --fuse-transport T
+#                  how both ramd mounts take FUSE requests: auto (default),
+#                  io-uring or dev (run twice to compare the transports)
 #   --out DIR      also keep the raw results (TSV, fio JSON, tool output) in DIR
 #
 # Targets, all 2 GiB, mounted under one mktemp directory:
@@ -37,7 +40,7 @@ repo=$(dirname "$here")
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 
-runs="" threads="" out="" quick=0
+runs="" threads="" out="" quick=0 transport=auto
 while (($#)); do
     case $1 in
     --quick)
@@ -50,6 +53,10 @@ while (($#)); do
         ;;
     --threads)
         threads=${2:?--threads needs a value}
+        shift 2
+        ;;
+    --fuse-transport)
+        transport=${2:?--fuse-transport needs auto, io-uring or dev}
         shift 2
         ;;
     --out)
@@ -68,6 +75,7 @@ bench_lock
 [[ -n $runs ]] || { if ((quick)); then runs=1; else runs=3; fi; }
 [[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
 [[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' must be a positive integer"
+[[ $transport =~ ^(auto|io-uring|dev)$ ]] || die "--fuse-transport '$transport': use auto, io-uring or dev"
 
 if ((quick)); then
     dd_mib=256 bench_size=256M fio_size=128M fio_time=3 fio_warm_time=2
@@ -147,7 +155,8 @@ start_ramd() {
     local t=$1 m=${mnt_of[$1]}
     shift
     mkdir -p "$work/run-$t"
-    RAMD_RUN_DIR=$work/run-$t "$ramd" serve --mount "$m" --size 2G ${threads:+--threads "$threads"} "$@" \
+    RAMD_RUN_DIR=$work/run-$t "$ramd" serve --mount "$m" --size 2G ${threads:+--threads "$threads"} \
+        --fuse-transport "$transport" "$@" \
         >"$work/ramd-$t.out" 2>"$work/ramd-$t.log" &
     pid_of[$t]=$!
 }
@@ -155,7 +164,13 @@ ramd_ready() {
     local t=$1
     alive "${pid_of[$t]}" "ramd ($t)"
     [[ -s $work/ramd-$t.out && $(head -n 1 "$work/ramd-$t.out") == "${mnt_of[$t]}" ]] &&
-        [[ $(findmnt -n -o SOURCE --mountpoint "${mnt_of[$t]}") == ramd ]]
+        [[ $(findmnt -n -o FSTYPE --mountpoint "${mnt_of[$t]}") == fuse.ramd ]]
+}
+# fuse_transport TARGET: the transport serving TARGET's mount, as `ramd
+# status --json` reports it.
+fuse_transport() {
+    RAMD_RUN_DIR=$work/run-$1 "$ramd" status --json |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["disks"][0]["frontends"][0].get("transport"))'
 }
 start_ramd ramd --no-writeback-cache
 start_ramd ramd-wb
@@ -318,7 +333,7 @@ warnings=$(cat "$work"/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
     echo "# ramd fs (FUSE) vs kernel tmpfs, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
     echo "# host: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '$1 == "MemTotal:" { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
     echo "# $("$ramd" --version) (commit $commit; binary sha256 $ramd_sha), $(fio --version)"
-    echo "# ramd: --size 2G${threads:+ --threads $threads}; load average at start $load_start, at end $load_end"
+    echo "# ramd: --size 2G${threads:+ --threads $threads}, FUSE transport: $(fuse_transport ramd) (ramd-wb: $(fuse_transport ramd-wb)); load average at start $load_start, at end $load_end"
     echo "# median of $runs run(s); dd ${dd_mib} MiB, fio ${fio_size} ${fio_time} s (warm ${fio_warm_time} s), ramd bench --size $bench_size"
     echo
     CLK_TCK=$(getconf CLK_TCK) python3 - "$results" "$cpu_log" <<'EOF'

@@ -132,6 +132,13 @@ pub struct DiskArgs {
     #[arg(long, requires = "mount", overrides_with = "writeback_cache")]
     pub no_writeback_cache: bool,
 
+    /// Filesystem disk: how FUSE requests travel. io-uring: per-CPU
+    /// io_uring queues (Linux 6.14+; as root ramd turns the fuse module's
+    /// enable_uring on, and says so); dev: read and write on /dev/fuse;
+    /// auto: io-uring where it can be had, else dev (saying why).
+    #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_fuse_transport, value_name = "TRANSPORT")]
+    pub fuse_transport: FuseTransport,
+
     /// Cap on RAM used for pages, compressed objects and page tables;
     /// writes beyond it get ENOSPC. Default: enough for every page of SIZE
     /// uncompressed (with compression, plus allocator slack).
@@ -295,6 +302,7 @@ impl DiskArgs {
             "noexec" => self.noexec.to_string(),
             "writeback_cache" => self.writeback_cache().to_string(),
             "no_writeback_cache" => (!self.writeback_cache()).to_string(),
+            "fuse_transport" => self.fuse_transport.to_string(),
             "max_memory" => format!("{:?}", self.max_memory),
             "read_only" => self.read_only.to_string(),
             "threads" => self.threads.to_string(),
@@ -328,6 +336,35 @@ impl DiskArgs {
     /// tell a changed disk from an unchanged one.
     pub fn fingerprint(&self) -> String {
         format!("{self:?}")
+    }
+}
+
+/// `--fuse-transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FuseTransport {
+    Auto,
+    IoUring,
+    Dev,
+}
+
+impl std::fmt::Display for FuseTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FuseTransport::Auto => "auto",
+            FuseTransport::IoUring => "io-uring",
+            FuseTransport::Dev => "dev",
+        })
+    }
+}
+
+fn parse_fuse_transport(s: &str) -> Result<FuseTransport, String> {
+    match s {
+        "auto" => Ok(FuseTransport::Auto),
+        "io-uring" | "io_uring" => Ok(FuseTransport::IoUring),
+        "dev" => Ok(FuseTransport::Dev),
+        _ => Err(format!(
+            "invalid FUSE transport {s:?}: use auto, io-uring or dev"
+        )),
     }
 }
 

@@ -867,6 +867,7 @@ mod tests {
                 protocol: "probe".into(),
                 endpoint: "probe://here".into(),
                 connections: Some(0),
+                transport: None,
             }
         }
     }

@@ -30,6 +30,10 @@ pub struct FrontendStatus {
     pub endpoint: String,
     /// Clients connected now, where the protocol has connections.
     pub connections: Option<u64>,
+    /// How requests travel, where the protocol has a choice: FUSE's
+    /// `io-uring` or `dev` (/dev/fuse).
+    #[serde(default)]
+    pub transport: Option<String>,
 }
 
 /// A disk's content as a frontend sees it.

@@ -142,7 +142,16 @@ pub fn table(disks: &[DiskStatus]) -> String {
         };
         // A field this kind of disk does not have shows as "-".
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-        let endpoints: Vec<&str> = d.frontends.iter().map(|f| f.endpoint.as_str()).collect();
+        // A FUSE mount says how its requests travel.
+        let endpoints: Vec<String> = d
+            .frontends
+            .iter()
+            .map(|f| match f.transport.as_deref() {
+                Some("dev") => format!("{} (/dev/fuse)", f.endpoint),
+                Some(t) => format!("{} ({t})", f.endpoint),
+                None => f.endpoint.clone(),
+            })
+            .collect();
         rows.push(vec![
             d.name.clone(),
             d.kind.clone(),

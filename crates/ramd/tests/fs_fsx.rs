@@ -61,8 +61,16 @@ fn fsx(disk: &FsDisk, seed: &str) {
 
 #[test]
 fn fsx_random_io_keeps_every_byte() {
-    let mut disk = FsDisk::mount(&["--size", "64M"]);
+    let mut disk = FsDisk::mount(&["--size", "64M", "--fuse-transport", "io-uring"]);
     fsx(&disk, "20240611");
+    disk.assert_alive();
+    disk.stop();
+}
+
+#[test]
+fn fsx_random_io_keeps_every_byte_over_dev_fuse() {
+    let mut disk = FsDisk::mount(&["--size", "64M", "--fuse-transport", "dev"]);
+    fsx(&disk, "4242");
     disk.assert_alive();
     disk.stop();
 }

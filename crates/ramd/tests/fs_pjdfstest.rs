@@ -290,7 +290,21 @@ fn compare_with_tmpfs(label: &str, ramd_args: &[&str]) {
 
 #[test]
 fn pjdfstest_passes_on_ramd_as_on_kernel_tmpfs() {
-    compare_with_tmpfs("ramd", &["--size", "512M"]);
+    compare_with_tmpfs(
+        "ramd over io_uring",
+        &["--size", "512M", "--fuse-transport", "io-uring"],
+    );
+}
+
+/// The same requests over the other transport (read and write on
+/// /dev/fuse), which the kernel keeps using for FORGET and INTERRUPT and
+/// where io_uring cannot be had.
+#[test]
+fn pjdfstest_passes_on_ramd_over_dev_fuse() {
+    compare_with_tmpfs(
+        "ramd over /dev/fuse",
+        &["--size", "512M", "--fuse-transport", "dev"],
+    );
 }
 
 /// With the kernel's writeback cache, timestamps and sizes of cached writes

@@ -702,3 +702,49 @@ fn the_daemon_logs_to_a_file_or_to_the_journal_stream() {
     assert!(journal.contains("disk \"logb\" stopped"), "{journal}");
     assert!(!s.run.join("logb.log").exists());
 }
+
+/// `fuse_transport=` picks how FUSE requests travel, and `ramd status`
+/// (table and JSON) shows the one serving; a bad value names the choices.
+#[test]
+fn fuse_transport_is_an_option_that_status_reports() {
+    let s = Setup::new();
+    let dir = s.dir("tr");
+    let err = s.mount_fails(&[
+        "-t",
+        "fuse.ramd",
+        "ramd-tr",
+        p(&dir),
+        "-o",
+        "size=16M,fuse_transport=pigeon",
+    ]);
+    assert!(
+        err.contains("fuse_transport=pigeon") && err.contains("auto, io-uring or dev"),
+        "{err}"
+    );
+    assert!(s.live_disks().is_empty(), "{:?}", s.live_disks());
+    for (opt, want, shown) in [
+        ("fuse_transport=dev", "dev", "(/dev/fuse)"),
+        ("fuse_transport=io-uring", "io-uring", "(io-uring)"),
+    ] {
+        let m = s.mount("ramd-tr", &dir, &format!("size=16M,{opt}"));
+        fs::write(dir.join("f"), b"through the chosen transport").unwrap();
+        let transport = || -> Option<String> {
+            let st = status_json(&s.run);
+            let fe = st["disks"].as_array()?.first()?["frontends"]
+                .as_array()?
+                .first()?
+                .clone();
+            fe["transport"].as_str().map(String::from)
+        };
+        wait_until(START_DEADLINE, &format!("status transport {want}"), || {
+            transport().as_deref() == Some(want)
+        });
+        let table = ramd_cmd(&s.run, &["status"]).ok();
+        assert!(table.contains(shown), "{opt}: {table}");
+        assert_eq!(
+            fs::read(dir.join("f")).unwrap(),
+            b"through the chosen transport"
+        );
+        m.unmount();
+    }
+}

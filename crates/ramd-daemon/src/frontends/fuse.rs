@@ -12,8 +12,9 @@ use parking_lot::Mutex;
 use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
-use crate::args::DiskArgs;
+use crate::args::{DiskArgs, FuseTransport};
 use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use ramd_fs::ll::uring;
 use ramd_store::persist::FlushMode;
 
 pub struct Fuse;
@@ -38,10 +39,17 @@ impl FrontendFactory for Fuse {
     fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
         match &args.mount {
             None => Ok(Vec::new()),
-            Some(dir) => Ok(vec![Claim(format!(
-                "mount point {}",
-                check_mount_point(dir)?.display()
-            ))]),
+            Some(dir) => {
+                let claim = Claim(format!("mount point {}", check_mount_point(dir)?.display()));
+                // Asked for by name, io_uring that cannot be had stops the
+                // disk before anything is allocated.
+                if args.fuse_transport == FuseTransport::IoUring {
+                    if let Err(e) = uring::availability() {
+                        bail!("FUSE transport io-uring: {e}");
+                    }
+                }
+                Ok(vec![claim])
+            }
         }
     }
 
@@ -57,7 +65,8 @@ impl FrontendFactory for Fuse {
                     Arc::new(move || store.flush().map_err(|e| e.errno()));
                 f
             });
-        let session = ramd_fs::mount(
+        let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
+        let mut session = ramd_fs::mount(
             fs.clone(),
             &dir,
             disk.args.threads as usize,
@@ -65,11 +74,18 @@ impl FrontendFactory for Fuse {
                 writeback_cache: disk.args.writeback_cache(),
                 sync,
                 metrics: Some(disk.metrics.frontend("fuse")),
-                io_uring: false,
+                io_uring,
             },
             &disk.args.mount_flags(),
         )
         .with_context(|| format!("mounting {}", dir.display()))?;
+        let ring = Arc::new(AtomicBool::new(false));
+        if session.init().io_uring {
+            session.set_extra_transport(uring::session_transport(ring.clone()));
+        } else if disk.args.fuse_transport == FuseTransport::IoUring {
+            // Dropping the session unmounts.
+            bail!("FUSE transport io-uring: the kernel did not grant it at INIT");
+        }
         // The FUSE connection's number in fusectl is the mount's device
         // minor. (Not from stat(2): the session is not serving yet.)
         let dev = ramd_fs::mount_device(&dir)
@@ -90,6 +106,7 @@ impl FrontendFactory for Fuse {
             dir,
             conn,
             stopping: AtomicBool::new(false),
+            ring,
         })])
     }
 }
@@ -100,6 +117,8 @@ struct FuseFrontend {
     dir: PathBuf,
     conn: u32,
     stopping: AtomicBool,
+    /// Set once the io_uring queues serve.
+    ring: Arc<AtomicBool>,
 }
 
 impl Frontend for FuseFrontend {
@@ -134,7 +153,35 @@ impl Frontend for FuseFrontend {
             protocol: "fuse".into(),
             endpoint: self.dir.display().to_string(),
             connections: None,
+            transport: Some(
+                if self.ring.load(Ordering::SeqCst) {
+                    "io-uring"
+                } else {
+                    "dev"
+                }
+                .into(),
+            ),
         }
+    }
+}
+
+/// Whether to ask the kernel for FUSE over io_uring. `auto` takes it where
+/// it can be had (turning the fuse module's switch on as root, logged) and
+/// says in one line why not otherwise.
+fn want_io_uring(transport: FuseTransport, dir: &Path) -> anyhow::Result<bool> {
+    match transport {
+        FuseTransport::Dev => Ok(false),
+        FuseTransport::IoUring => match uring::enable() {
+            Ok(_) => Ok(true),
+            Err(e) => bail!("FUSE transport io-uring: {e}"),
+        },
+        FuseTransport::Auto => match uring::enable() {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                log::info!("{}: FUSE through /dev/fuse: {e}", dir.display());
+                Ok(false)
+            }
+        },
     }
 }
 

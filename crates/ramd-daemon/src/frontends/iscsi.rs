@@ -284,6 +284,7 @@ impl Frontend for IscsiFrontend {
             protocol: "iscsi".into(),
             endpoint: self.endpoint.clone(),
             connections: Some(self.target.sessions() as u64),
+            transport: None,
         }
     }
 }

@@ -106,6 +106,7 @@ impl Frontend for NbdFrontend {
             protocol: "nbd".into(),
             endpoint: self.uri.clone(),
             connections: Some(self.server.connections() as u64),
+            transport: None,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod abi;
 pub mod dev;
 pub mod mount;
 pub mod notify;
+pub mod uring;
 
 /// `struct fuse_in_header`.
 pub const IN_HEADER_LEN: usize = 40;

@@ -293,7 +293,25 @@ impl FsDisk {
             )
         });
         d._mount_parent = Some(parent);
+        // A transport asked for by name is the one serving (`ramd status`).
+        if let Some(w) = args.windows(2).find(|w| w[0] == "--fuse-transport") {
+            let want = if w[1] == "io_uring" { "io-uring" } else { w[1] };
+            wait_until(START_DEADLINE, &format!("FUSE transport {want}"), || {
+                d.transport().as_deref() == Some(want)
+            });
+        }
         d
+    }
+
+    /// How its FUSE requests travel, as `ramd status --json` says: io-uring
+    /// or dev.
+    pub fn transport(&self) -> Option<String> {
+        self.status()["frontends"]
+            .as_array()?
+            .iter()
+            .find(|f| f["protocol"] == "fuse")?["transport"]
+            .as_str()
+            .map(String::from)
     }
 
     /// Starts ramd on an existing `dir`; if it exits before printing its
