@@ -398,7 +398,14 @@ pub struct Fs {
     kernel_times: std::sync::atomic::AtomicBool,
     /// The host guard's room, sampled for [`Fs::room`].
     host_sample: cache::HostSample,
+    /// Writes past a file's end take one of these (by inode), see
+    /// [`Fs::write`].
+    extending: [parking_lot::Mutex<()>; EXTEND_LOCKS],
 }
+
+/// Stripes of [`Fs::extending`]: files written at their ends at once
+/// rarely share one.
+const EXTEND_LOCKS: usize = 64;
 
 /// See [`Fs::on_attr_change`].
 pub type AttrHook = Box<dyn Fn(Ino) + Send + Sync>;
@@ -578,6 +585,7 @@ impl Fs {
             write_reserve: AtomicU64::new(0),
             kernel_times: Default::default(),
             host_sample: Default::default(),
+            extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
             state: RwLock::new(State {
                 inodes,
                 next_ino: ROOT_INO.0 + 1,
@@ -1386,6 +1394,14 @@ impl Fs {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
             .ok_or(Errno::EFBIG)?;
+        // A write past EOF that fails takes back what it put past EOF
+        // (below), reading EOF after its copy. Two such writes to one file
+        // at once would race: the failing one could take back bytes the
+        // other has copied but not yet counted in the size. So writes past
+        // EOF of one file go one at a time; writes inside it never take
+        // anything back.
+        let _extending =
+            (end > size).then(|| self.extending[(ino.0 % EXTEND_LOCKS as u64) as usize].lock());
         let mut delta = 0;
         let (done, r) = c.write_prefix(base + off, data, &mut delta);
         let (end, r) = match r {

@@ -304,6 +304,7 @@ impl Fs {
             write_reserve: AtomicU64::new(0),
             kernel_times: Default::default(),
             host_sample: Default::default(),
+            extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
         })
     }
 }
