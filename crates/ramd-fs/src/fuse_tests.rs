@@ -4,36 +4,14 @@
 
 use std::sync::Arc;
 
-use ramd_store::{Store, StoreConfig, PAGE_SIZE};
-
-use crate::fs::{Atime, Fs, FsConfig};
 use crate::fuse::{FuseFs, FuseOptions};
 use crate::ll::abi::{self, op};
 use crate::ll::dev::split;
 use crate::ll::{Dispatch, Reply, IN_HEADER_LEN};
+use crate::tests::fs_with;
 
 fn fuse_fs() -> FuseFs {
-    let size = 64u64 << 20;
-    let store = Store::new(StoreConfig {
-        page_limit: Some(size / PAGE_SIZE as u64),
-        max_memory: Some(size * 2 + (16 << 20)),
-        host_reserve: 0,
-        ..StoreConfig::new(ramd_store::MAX_SIZE)
-    })
-    .unwrap();
-    let fs = Fs::new(
-        Arc::new(store),
-        FsConfig {
-            size: Some(size),
-            nr_inodes: 1000,
-            mode: 0o1777,
-            uid: 0,
-            gid: 0,
-            atime: Atime::default(),
-        },
-    )
-    .unwrap();
-    FuseFs::new(Arc::new(fs), FuseOptions::default())
+    FuseFs::new(Arc::new(fs_with(64 << 20, 1000)), FuseOptions::default())
 }
 
 /// What a request was answered, as a transport sees it.

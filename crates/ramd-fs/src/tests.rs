@@ -15,7 +15,8 @@ const ME: Caller = Caller {
     umask: 0,
 };
 
-fn fs_with(size: u64, nr_inodes: u64) -> Fs {
+/// A filesystem of `size` bytes and `nr_inodes` inodes over its own store.
+pub(crate) fn fs_with(size: u64, nr_inodes: u64) -> Fs {
     let store = Store::new(StoreConfig {
         page_limit: Some(size / PAGE_SIZE as u64),
         max_memory: Some(size * 2 + (16 << 20)),
@@ -35,6 +36,14 @@ fn fs_with(size: u64, nr_inodes: u64) -> Fs {
         },
     )
     .unwrap()
+}
+
+/// A SETATTR that changes only the size.
+fn resize(size: u64) -> SetAttr {
+    SetAttr {
+        size: Some(size),
+        ..Default::default()
+    }
 }
 
 fn fs() -> Fs {
@@ -62,27 +71,10 @@ fn create_write_read_truncate() {
     assert!(buf[..5000].iter().all(|&b| b == 0));
     assert_eq!(&buf[5000..5005], b"hello");
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 8, "one 4 KiB page");
-    let t = f
-        .setattr(
-            ME,
-            a.ino,
-            SetAttr {
-                size: Some(5002),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let t = f.setattr(ME, a.ino, resize(5002)).unwrap();
     assert_eq!(t.size, 5002);
     // Growing again reads zeros where the cut tail was.
-    f.setattr(
-        ME,
-        a.ino,
-        SetAttr {
-            size: Some(6000),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    f.setattr(ME, a.ino, resize(6000)).unwrap();
     assert_eq!(f.read(a.ino, 5000, &mut buf).unwrap(), 1000);
     assert_eq!(&buf[..5], b"he\0\0\0");
 }
@@ -265,15 +257,7 @@ fn fallocate_modes_and_seek() {
     f.fallocate(ME, a.ino, 8 * p, 8 * p, keep).unwrap();
     assert_eq!(f.getattr(a.ino).unwrap().size, 8 * p);
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 64);
-    f.setattr(
-        ME,
-        a.ino,
-        SetAttr {
-            size: Some(0),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    f.setattr(ME, a.ino, resize(0)).unwrap();
     assert_eq!(f.getattr(a.ino).unwrap().blocks, 0);
     assert_eq!(f.store().pages_used().0, 0);
 }
@@ -339,15 +323,7 @@ fn copy_range_and_efbig() {
         Err(Errno::EFBIG)
     );
     assert_eq!(
-        f.setattr(
-            ME,
-            a.ino,
-            SetAttr {
-                size: Some(MAX_FILE_SIZE + 1),
-                ..Default::default()
-            }
-        )
-        .map(|_| ()),
+        f.setattr(ME, a.ino, resize(MAX_FILE_SIZE + 1)).map(|_| ()),
         Err(Errno::EFBIG)
     );
 }
@@ -364,15 +340,7 @@ fn failed_write_and_fallocate_leave_nothing_behind() {
     );
     assert_eq!(f.getattr(a.ino).unwrap().size, 0);
     // Nothing written past EOF shows when the file grows.
-    f.setattr(
-        ME,
-        a.ino,
-        SetAttr {
-            size: Some(4096),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    f.setattr(ME, a.ino, resize(4096)).unwrap();
     let mut b = [1; 4096];
     f.read(a.ino, 0, &mut b).unwrap();
     assert_eq!(b, [0; 4096]);
@@ -537,10 +505,7 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     assert_eq!(f.setattr(root, a.ino, chown).unwrap().perm, 0o2745);
     // Truncate by root keeps the bits; by anyone else drops them.
     f.setattr(root, a.ino, mode(0o4755)).unwrap();
-    let trunc = SetAttr {
-        size: Some(0),
-        ..Default::default()
-    };
+    let trunc = resize(0);
     assert_eq!(f.setattr(root, a.ino, trunc).unwrap().perm, 0o4755);
     assert_eq!(f.setattr(ME, a.ino, trunc).unwrap().perm, 0o755);
 }
@@ -1357,10 +1322,7 @@ fn chattr_flags_are_enforced_saved_and_loaded() {
     assert_eq!(f.set_flags(a, 0x4000), Err(Errno::EOPNOTSUPP));
     f.set_flags(a, FL_APPEND | FL_NODUMP).unwrap();
     f.set_flags(b, FL_IMMUTABLE).unwrap();
-    let trunc = SetAttr {
-        size: Some(0),
-        ..Default::default()
-    };
+    let trunc = resize(0);
     let eperm = Err(Errno::EPERM);
     assert_eq!(
         f.open(a, libc::O_WRONLY),
@@ -1429,10 +1391,7 @@ fn a_partial_last_page_is_freed_too() {
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap().ino;
     f.write(&f.change(), a, 0, &pattern(10_000, 1), true, ME, false)
         .unwrap();
-    let trunc = SetAttr {
-        size: Some(0),
-        ..Default::default()
-    };
+    let trunc = resize(0);
     f.setattr(ME, a, trunc).unwrap();
     assert_eq!(f.getattr(a).unwrap().blocks, 0);
     assert_eq!(f.store().pages_used().0, 0);
@@ -1514,15 +1473,7 @@ fn files_open_uncached_within_the_write_reserve_one_mode_per_run_of_opens() {
     f.release(b);
     // Room again: cached, but the pages cached before the uncached run
     // are dropped, once.
-    f.setattr(
-        ME,
-        a,
-        SetAttr {
-            size: Some(0),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    f.setattr(ME, a, resize(0)).unwrap();
     f.open(a, libc::O_RDONLY).unwrap();
     assert_eq!(f.open_cache(a), OpenCache::Drop);
     f.release(a);
@@ -1546,15 +1497,7 @@ fn a_failed_write_back_stops_cached_writes_until_the_reserve_is_free() {
     // Other files are not affected until their own write-back fails.
     let b = f.create(ME, ROOT_INO, n("b"), REG).unwrap().ino;
     assert_eq!(f.write_allowed(b), Ok(()));
-    f.setattr(
-        ME,
-        a,
-        SetAttr {
-            size: Some(0),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    f.setattr(ME, a, resize(0)).unwrap();
     assert_eq!(f.write_allowed(a), Ok(()));
 }
 
