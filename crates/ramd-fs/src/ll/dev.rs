@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use super::abi::{self, op, InitIn, InitOut, Wr};
 use super::notify::Notifier;
-use super::{Dispatch, InHeader, Reply, Request, IN_HEADER_LEN, OUT_HEADER_LEN};
+use super::{out_header, Dispatch, InHeader, Reply, Request, IN_HEADER_LEN, OUT_HEADER_LEN};
 
 const PAGE: usize = 4096;
 /// The oldest protocol served: 7.31 has everything ramd asks for at INIT
@@ -340,18 +340,13 @@ fn read_request(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// Writes one answer (header and `payload`) with writev; for the handshake.
+/// Writes one answer (header and `payload`) in one write; for the handshake.
 fn send_raw(fd: RawFd, unique: u64, r: Result<(), i32>, payload: &[u8]) -> io::Result<()> {
-    let mut head = [0u8; OUT_HEADER_LEN];
     let (error, payload) = match r {
         Ok(()) => (0, payload),
         Err(e) => (-e, &[][..]),
     };
-    Wr::new(&mut head)
-        .u32((OUT_HEADER_LEN + payload.len()) as u32)
-        .u32(error as u32)
-        .u64(unique);
-    let mut all = head.to_vec();
+    let mut all = out_header(payload.len(), error, unique).to_vec();
     all.extend_from_slice(payload);
     write_all_once(fd, &all)
 }
@@ -397,12 +392,8 @@ impl Reply for DevReply<'_> {
             Ok(n) => (0, n.min(self.buf.len() - OUT_HEADER_LEN)),
             Err(e) => (-e, 0),
         };
-        let total = OUT_HEADER_LEN + len;
-        Wr::new(&mut self.buf[..OUT_HEADER_LEN])
-            .u32(total as u32)
-            .u32(error as u32)
-            .u64(self.unique);
-        write_all_once(self.fd, &self.buf[..total])
+        self.buf[..OUT_HEADER_LEN].copy_from_slice(&out_header(len, error, self.unique));
+        write_all_once(self.fd, &self.buf[..OUT_HEADER_LEN + len])
     }
 }
 

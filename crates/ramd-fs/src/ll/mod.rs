@@ -27,6 +27,16 @@ pub const IN_HEADER_LEN: usize = 40;
 /// `struct fuse_out_header`.
 pub const OUT_HEADER_LEN: usize = 16;
 
+/// `struct fuse_out_header` for an answer of `payload_len` bytes: `error`
+/// is 0 or a negative errno (or, with `unique` 0, a notification's code).
+pub fn out_header(payload_len: usize, error: i32, unique: u64) -> [u8; OUT_HEADER_LEN] {
+    let mut h = [0u8; OUT_HEADER_LEN];
+    h[0..4].copy_from_slice(&((OUT_HEADER_LEN + payload_len) as u32).to_ne_bytes());
+    h[4..8].copy_from_slice(&error.to_ne_bytes());
+    h[8..16].copy_from_slice(&unique.to_ne_bytes());
+    h
+}
+
 /// `struct fuse_in_header`, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InHeader {

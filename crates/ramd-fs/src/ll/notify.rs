@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use super::abi::{notify_code, Wr, NOTIFY_DELETE_LEN, NOTIFY_INVAL_ENTRY_LEN};
-use super::OUT_HEADER_LEN;
+use super::out_header;
 
 /// Sends notifications on one connection.
 #[derive(Debug, Clone)]
@@ -53,11 +53,7 @@ impl Notifier {
     }
 
     fn send(&self, code: i32, payload: &[u8]) -> io::Result<()> {
-        let mut head = [0u8; OUT_HEADER_LEN];
-        let mut w = Wr::new(&mut head);
-        w.u32((OUT_HEADER_LEN + payload.len()) as u32)
-            .u32(code as u32)
-            .u64(0);
+        let head = out_header(payload.len(), code, 0);
         let iov = [
             libc::iovec {
                 iov_base: head.as_ptr() as *mut _,

@@ -37,7 +37,7 @@ use std::thread::{self, JoinHandle};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::dev::{Negotiated, StartTransport, TransportCtx};
-use super::{Dispatch, InHeader, Reply, Request, IN_HEADER_LEN, OUT_HEADER_LEN};
+use super::{out_header, Dispatch, InHeader, Reply, Request, IN_HEADER_LEN, OUT_HEADER_LEN};
 
 const PAGE: usize = 4096;
 /// `struct fuse_uring_req_header`: in_out[128], op_in[128], then
@@ -639,10 +639,7 @@ impl Queue {
             Ok(n) => (0i32, n),
             Err(errno) => (-errno, 0),
         };
-        let mut out = [0u8; OUT_HEADER_LEN];
-        out[0..4].copy_from_slice(&((OUT_HEADER_LEN + n) as u32).to_ne_bytes());
-        out[4..8].copy_from_slice(&error.to_ne_bytes());
-        out[8..16].copy_from_slice(&header.unique.to_ne_bytes());
+        let out = out_header(n, error, header.unique);
         // SAFETY: still this thread's; in_out and payload_sz lie inside the
         // headers page. n ≤ payload_len < 4 GiB.
         unsafe {
