@@ -304,6 +304,22 @@ fn caller(req: &Request<'_>) -> Caller {
     }
 }
 
+/// The caller of a request that creates an inode, with the umask it sent.
+fn creator(req: &Request<'_>, umask: u32) -> Caller {
+    Caller {
+        umask,
+        ..caller(req)
+    }
+}
+
+/// CREATE's and TMPFILE's answer: the new inode's entry, then its open.
+fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr) -> Answer {
+    let mut w = Wr::new(buf);
+    abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(a));
+    abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+    w.written().ok_or(libc::EIO)
+}
+
 /// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
 /// what follows it.
 fn name(b: &[u8]) -> std::result::Result<(&OsStr, &[u8]), i32> {
@@ -482,19 +498,13 @@ impl FuseFs {
             op::MKNOD => {
                 let mut r = Rd(req.arg0);
                 let (mode, rdev, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
-                let who = Caller {
-                    umask,
-                    ..caller(req)
-                };
+                let who = creator(req, umask);
                 entry_out(buf, fs.mknod(who, ino, last_name(req.rest)?, mode, rdev))
             }
             op::MKDIR => {
                 let mut r = Rd(req.arg0);
                 let (mode, umask) = (arg(r.u32())?, arg(r.u32())?);
-                let who = Caller {
-                    umask,
-                    ..caller(req)
-                };
+                let who = creator(req, umask);
                 entry_out(buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
             }
             op::UNLINK => empty(fs.unlink(ino, last_name(req.rest)?)),
@@ -575,14 +585,10 @@ impl FuseFs {
                 w.written().ok_or(libc::EIO)
             }
             op::RELEASE => {
-                arg(req.arg0.get(..abi::RELEASE_IN_LEN))?;
                 fs.release(ino);
                 Ok(0)
             }
-            op::FSYNC | op::FSYNCDIR => {
-                arg(req.arg0.get(..abi::FSYNC_IN_LEN))?;
-                self.sync()
-            }
+            op::FSYNC | op::FSYNCDIR => self.sync(),
             op::SETXATTR => {
                 let mut r = Rd(req.arg0);
                 let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
@@ -629,7 +635,6 @@ impl FuseFs {
             // Answered once, by the session, before any other request.
             op::INIT => Err(libc::EIO),
             op::OPENDIR => {
-                arg(req.arg0.get(..abi::OPEN_IN_LEN))?;
                 let fh = fs.opendir(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
                 abi::encode_open_out(&mut w, fh.0, 0);
@@ -645,44 +650,23 @@ impl FuseFs {
             }
             op::RELEASEDIR => {
                 let fh = arg(Rd(req.arg0).u64())?;
-                arg(req.arg0.get(..abi::RELEASE_IN_LEN))?;
                 fs.releasedir(Fh(fh));
                 Ok(0)
             }
             // With default_permissions the kernel checks access itself.
-            op::ACCESS => {
-                arg(req.arg0.get(..abi::ACCESS_IN_LEN))?;
-                Ok(0)
-            }
-            op::CREATE => {
+            op::ACCESS => Ok(0),
+            op::CREATE | op::TMPFILE => {
+                // fuse_create_in: flags (not needed), mode, umask.
                 let mut r = Rd(req.arg0);
                 let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
-                arg(req.arg0.get(..abi::CREATE_IN_LEN))?;
-                let who = Caller {
-                    umask,
-                    ..caller(req)
+                let who = creator(req, umask);
+                let a = if h.opcode == op::CREATE {
+                    fs.create(who, ino, last_name(req.rest)?, mode)
+                } else {
+                    // The name the kernel sends ("/") names nothing.
+                    fs.tmpfile(who, ino, mode)
                 };
-                let a = fs
-                    .create(who, ino, last_name(req.rest)?, mode)
-                    .map_err(ferr)?;
-                let mut w = Wr::new(buf);
-                abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
-                abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
-                w.written().ok_or(libc::EIO)
-            }
-            op::TMPFILE => {
-                let mut r = Rd(req.arg0);
-                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
-                // The name the kernel sends ("/") names nothing.
-                let who = Caller {
-                    umask,
-                    ..caller(req)
-                };
-                let a = fs.tmpfile(who, ino, mode).map_err(ferr)?;
-                let mut w = Wr::new(buf);
-                abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
-                abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
-                w.written().ok_or(libc::EIO)
+                created_out(fs, buf, &a.map_err(ferr)?)
             }
             op::STATX => {
                 let sx = arg(abi::StatxIn::parse(req.arg0))?;
