@@ -22,7 +22,7 @@ mod zs;
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use persist::{PageRef, SavePlan, SaveSession};
-pub use pool::{mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
+pub use pool::{map_anonymous, mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
 pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{

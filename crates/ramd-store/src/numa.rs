@@ -303,20 +303,13 @@ impl Placement {
     /// Binds a probe mapping once: a policy the kernel refuses (no
     /// `mbind` in a container, a node it will not use) fails here, at start.
     pub fn probe(&self) -> Result<()> {
-        // SAFETY: a fresh private anonymous mapping, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os("mmap of a NUMA probe page"));
-        }
+        let p = crate::pool::map_anonymous(PAGE_SIZE, 0)
+            .map_err(|source| Error::Os {
+                what: "mmap of a NUMA probe page",
+                source,
+            })?
+            .as_ptr()
+            .cast::<libc::c_void>();
         let r = self.bind(p, PAGE_SIZE);
         // SAFETY: ours, untouched.
         unsafe { libc::munmap(p, PAGE_SIZE) };

@@ -485,6 +485,27 @@ impl Drop for PagePool {
     }
 }
 
+/// A fresh private anonymous read-write mapping of `len` bytes, with
+/// `flags` added to MAP_PRIVATE | MAP_ANONYMOUS; pages cost memory only
+/// once touched. The caller unmaps it.
+pub fn map_anonymous(len: usize, flags: libc::c_int) -> std::io::Result<NonNull<u8>> {
+    // SAFETY: a fresh private anonymous mapping aliases nothing.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    NonNull::new(m.cast()).ok_or_else(|| std::io::Error::other("mmap returned address 0"))
+}
+
 fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
     // A huge page needs a 2 MiB-aligned arena: map twice the size and trim.
     let huge = matches!(
@@ -492,20 +513,13 @@ fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
         Some(HugePages::Madvise | HugePages::Always)
     );
     let len = if huge { 2 * ARENA_BYTES } else { ARENA_BYTES };
-    // SAFETY: a fresh private anonymous mapping aliases nothing.
-    let m = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if m == libc::MAP_FAILED {
-        return Err(Error::os("mmap of page arena"));
-    }
+    let m = map_anonymous(len, libc::MAP_NORESERVE)
+        .map_err(|source| Error::Os {
+            what: "mmap of page arena",
+            source,
+        })?
+        .as_ptr()
+        .cast::<libc::c_void>();
     let p = if huge {
         let start = m as usize;
         let aligned = start.next_multiple_of(ARENA_BYTES);

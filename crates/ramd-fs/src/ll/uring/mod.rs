@@ -342,21 +342,7 @@ struct EntryBuf {
 impl EntryBuf {
     fn new(payload_len: usize) -> io::Result<EntryBuf> {
         let len = PAGE + payload_len;
-        // SAFETY: a fresh private anonymous mapping; no memory is aliased.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave 0"))?;
+        let ptr = ramd_store::map_anonymous(len, 0)?;
         Ok(EntryBuf { ptr, len })
     }
     fn headers(&self) -> *mut u8 {
