@@ -169,19 +169,16 @@ impl Frontend for FuseFrontend {
 /// it can be had (turning the fuse module's switch on as root, logged) and
 /// says in one line why not otherwise.
 fn want_io_uring(transport: FuseTransport, dir: &Path) -> anyhow::Result<bool> {
-    match transport {
-        FuseTransport::Dev => Ok(false),
-        FuseTransport::IoUring => match uring::enable() {
-            Ok(_) => Ok(true),
-            Err(e) => bail!("FUSE transport io-uring: {e}"),
-        },
-        FuseTransport::Auto => match uring::enable() {
-            Ok(_) => Ok(true),
-            Err(e) => {
-                log::info!("{}: FUSE through /dev/fuse: {e}", dir.display());
-                Ok(false)
-            }
-        },
+    if transport == FuseTransport::Dev {
+        return Ok(false);
+    }
+    match uring::enable() {
+        Ok(_) => Ok(true),
+        Err(e) if transport == FuseTransport::IoUring => bail!("FUSE transport io-uring: {e}"),
+        Err(e) => {
+            log::info!("{}: FUSE through /dev/fuse: {e}", dir.display());
+            Ok(false)
+        }
     }
 }
 
