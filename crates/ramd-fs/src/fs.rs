@@ -576,26 +576,33 @@ impl Fs {
         store.charge(INODE_COST)?;
         let mut inodes = HashMap::new();
         inodes.insert(ROOT_INO, root);
-        Ok(Fs {
+        let st = State {
+            inodes,
+            next_ino: ROOT_INO.0 + 1,
+            free_slots: Vec::new(),
+            next_slot: 0,
+            dir_handles: HashMap::new(),
+            next_fh: 1,
+            linkable: HashSet::new(),
+        };
+        Ok(Fs::with_state(store, cfg, st))
+    }
+
+    /// A filesystem holding `st` (new, or loaded from an image), with
+    /// nothing else set yet: no hooks, no write reserve.
+    fn with_state(store: Arc<Store>, cfg: FsConfig, st: State) -> Fs {
+        Fs {
             size: AtomicU64::new(cfg.size.unwrap_or(UNLIMITED)),
             atime: AtomicU8::new(cfg.atime.bits()),
             store,
             cfg,
+            state: RwLock::new(st),
             on_attr_change: std::sync::OnceLock::new(),
             write_reserve: AtomicU64::new(0),
             kernel_times: Default::default(),
             host_sample: Default::default(),
             extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
-            state: RwLock::new(State {
-                inodes,
-                next_ino: ROOT_INO.0 + 1,
-                free_slots: Vec::new(),
-                next_slot: 0,
-                dir_handles: HashMap::new(),
-                next_fh: 1,
-                linkable: HashSet::new(),
-            }),
-        })
+        }
     }
 
     /// Says that the kernel keeps regular files' mtime and ctime (the

@@ -294,18 +294,7 @@ impl Fs {
                  writes that need pages give ENOSPC"
             );
         }
-        Ok(Fs {
-            size: AtomicU64::new(cfg.size.unwrap_or(UNLIMITED)),
-            atime: AtomicU8::new(cfg.atime.bits()),
-            store,
-            cfg,
-            state: RwLock::new(st),
-            on_attr_change: std::sync::OnceLock::new(),
-            write_reserve: AtomicU64::new(0),
-            kernel_times: Default::default(),
-            host_sample: Default::default(),
-            extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
-        })
+        Ok(Fs::with_state(store, cfg, st))
     }
 }
 
