@@ -1176,8 +1176,9 @@ print("bad", bad)
 #[test]
 fn parallel_writers_keep_their_data() {
     for args in [
+        // The default (the write-back cache), and every write sent through.
         &["--size", "256M", "--threads", "4"][..],
-        &["--size", "256M", "--writeback-cache"][..],
+        &["--size", "256M", "--no-writeback-cache"][..],
     ] {
         let disk = FsDisk::mount(args);
         let cmds: Vec<Command> = (0..4)
