@@ -46,3 +46,25 @@ pub use policy::{load, open_image, FlushMode, MetaFn, PersistStatus, Persister, 
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
 pub use writer::SegWriter;
+
+/// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn time_text(ns: u64) -> String {
+    let secs = (ns / 1_000_000_000) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // The civil date from days since 1970-01-01 (eras of 400 years).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

@@ -67,8 +67,9 @@ pub struct Persister {
     /// Changes when a mounted filesystem disk is resized ([`Persister::set_size`]).
     size: AtomicU64,
     meta: Option<MetaFn>,
-    /// The image directory (also inside `image`, which a save holds).
-    path: PathBuf,
+    /// The image directory (also inside `image`, which a save holds);
+    /// `save_to` changes it.
+    path: Mutex<PathBuf>,
     image: Mutex<ImageDir>,
     /// Checksum of the tree in the image's last save (fs disks).
     meta_sum: Mutex<Option<u32>>,
@@ -105,7 +106,7 @@ impl Persister {
             kind,
             size: AtomicU64::new(size),
             meta: None,
-            path: image.path().to_path_buf(),
+            path: Mutex::new(image.path().to_path_buf()),
             image: Mutex::new(image),
             meta_sum: Mutex::new(None),
             state: Mutex::new(state),
@@ -131,12 +132,23 @@ impl Persister {
     /// the chain is long, or no complete save exists).
     pub fn save(&self, full: bool) -> Result<SaveReport> {
         let mut image = self.image.lock();
+        self.save_locked_reporting(&mut image, full, "")
+    }
+
+    /// One save with `image` held: counted, logged and shown by status.
+    fn save_locked_reporting(
+        &self,
+        image: &mut ImageDir,
+        full: bool,
+        why: &'static str,
+    ) -> Result<SaveReport> {
         let ticket = {
             let mut st = self.state.lock();
             st.started += 1;
             st.started
         };
         let (full, reason) = match image.manifest() {
+            _ if full && !why.is_empty() => (true, why),
             _ if full => (true, "asked for"),
             None => (true, "first save"),
             Some(_) if self.state.lock().need_full => (true, "the last save failed"),
@@ -145,7 +157,7 @@ impl Persister {
             Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large"),
             Some(_) => (false, ""),
         };
-        let result = self.save_locked(&mut image, full);
+        let result = self.save_locked(image, full);
         let mut st = self.state.lock();
         st.finished = ticket;
         match &result {
@@ -155,23 +167,28 @@ impl Persister {
                 st.last = Some(r.clone());
                 st.last_error = None;
                 st.need_full = false;
-                log::info!(
-                    "saved {} save {} ({}): {} pages, {} written in {:.2} s",
-                    if r.full { "full" } else { "incremental" },
-                    r.seq,
-                    if full { reason } else { "changes" },
-                    r.pages,
-                    human(r.bytes),
-                    r.seconds
-                );
+                if !r.full && r.pages == 0 && r.bytes == 0 {
+                    log::info!("nothing changed since save {}: nothing to write", r.seq);
+                } else {
+                    log::info!(
+                        "saved {} save {} ({}): {} pages, {} written in {:.2} s",
+                        if r.full { "full" } else { "incremental" },
+                        r.seq,
+                        if full { reason } else { "changes" },
+                        r.pages,
+                        human(r.bytes),
+                        r.seconds
+                    );
+                }
             }
             Err(e) => {
                 st.last_error = Some(e.to_string());
                 st.failures += 1;
                 st.need_full = true;
                 log::error!(
-                    "save to {} failed (the previous image is intact): {e}",
-                    image.path().display()
+                    "save to {} failed ({}): {e}",
+                    image.path().display(),
+                    kept_text(image)
                 );
             }
         }
@@ -248,6 +265,48 @@ impl Persister {
         })
     }
 
+    /// `ramd snapshot NAME --to DIR`: a full save into `dir` (new or
+    /// empty), which then becomes the disk's image: the way out when the
+    /// image's own filesystem is full or gone. The old image is left as it
+    /// was.
+    pub fn save_to(&self, dir: &Path) -> Result<SaveReport> {
+        let empty = match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(Error::file(dir, e)),
+        };
+        if !empty {
+            return Err(Error::Unusable(format!(
+                "{} is not empty: `snapshot --to` writes a new image into a new or empty \
+                 directory",
+                dir.display()
+            )));
+        }
+        let mut new = ImageDir::open(dir)?;
+        let mut image = self.image.lock();
+        if new.path() == image.path() {
+            return Err(Error::Unusable(format!(
+                "{} is already this disk's image",
+                dir.display()
+            )));
+        }
+        *self.path.lock() = dir.to_path_buf();
+        std::mem::swap(&mut *image, &mut new);
+        // `new` now holds the old image; a full save goes to the new one.
+        let r = self.save_locked_reporting(&mut image, true, "to a new image");
+        if r.is_err() {
+            std::mem::swap(&mut *image, &mut new);
+            *self.path.lock() = image.path().to_path_buf();
+        } else {
+            log::warn!(
+                "the disk's image is now {} (was {})",
+                dir.display(),
+                new.path().display()
+            );
+        }
+        r
+    }
+
     /// `--flush persist`: returns once a save that began after this call
     /// is durable.
     pub fn flush(&self) -> Result<()> {
@@ -265,7 +324,7 @@ impl Persister {
                 .last_error
                 .clone()
                 .unwrap_or_else(|| "ramd is stopping".into());
-            Err(Error::file(&self.path, std::io::Error::other(why)))
+            Err(Error::file(&*self.path.lock(), std::io::Error::other(why)))
         }
     }
 
@@ -341,7 +400,7 @@ impl Persister {
     pub fn status(&self) -> PersistStatus {
         let st = self.state.lock();
         PersistStatus {
-            image: Some(self.path.display().to_string()),
+            image: Some(self.path.lock().display().to_string()),
             flush: if self.flush_persist {
                 FlushMode::Persist
             } else {
@@ -353,6 +412,19 @@ impl Persister {
             last_save: st.last.clone(),
             last_save_error: st.last_error.clone(),
         }
+    }
+}
+
+/// What the image still holds when a save fails: never claim a save that
+/// does not exist.
+fn kept_text(image: &ImageDir) -> String {
+    match image.manifest().and_then(|m| m.chain.last()) {
+        Some(last) => format!(
+            "the image keeps its save {} of {}",
+            last.seq,
+            crate::persist::time_text(last.time_ns)
+        ),
+        None => "the image holds no complete save: nothing of this disk is saved yet".into(),
     }
 }
 
