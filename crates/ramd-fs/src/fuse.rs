@@ -908,3 +908,36 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     }
     out
 }
+
+/// The filesystem type (`fuse.ramd`, `ext4`, ...) of the topmost mount at
+/// `path`, found without touching the mount itself: only its parent is
+/// resolved, so this works on a dead FUSE mount, where stat(2) of `path`
+/// fails with ENOTCONN.
+pub fn mount_type_at(path: &Path) -> Option<String> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.canonicalize().ok()?,
+        _ => std::env::current_dir().ok()?,
+    };
+    let want = parent.join(path.file_name()?);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let line = info.lines().rev().find(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|mp| unescape_mountinfo(mp) == want.as_os_str().as_bytes())
+    })?;
+    let (_, tail) = line.split_once(" - ")?;
+    tail.split(' ').next().map(str::to_string)
+}
+
+/// The mount points of device `dev` in a mountinfo text (a process's
+/// `/proc/PID/mountinfo`), as that process's namespace names them.
+pub fn mount_points_of(mountinfo: &str, dev: (u32, u32)) -> Vec<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let want = format!("{}:{}", dev.0, dev.1);
+    mountinfo
+        .lines()
+        .filter(|l| l.split(' ').nth(2) == Some(want.as_str()))
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|mp| std::ffi::OsString::from_vec(unescape_mountinfo(mp)).into())
+        .collect()
+}

@@ -13,7 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use fs::{Atime, AtimeMode, Fh, Fs, FsConfig, FsStats, Ino};
-pub use fuse::{is_mount_point, mount_device, mount_read_only, FuseFs, FuseOptions, SyncFn};
+pub use fuse::{
+    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at, FuseFs,
+    FuseOptions, SyncFn,
+};
 pub use ll::dev::Session;
 
 /// The mount's own flags (mount(8)'s `ro`, `nosuid`, ...) and its source.

@@ -1,14 +1,22 @@
-//! FUSE: a filesystem disk mounted at `--mount DIR`. Stopping unmounts it
-//! (detaching it if files are still open there); a second stop aborts the
-//! FUSE connection. `umount DIR` by the user ends it too, and with it the
-//! disk.
+//! FUSE: a filesystem disk mounted at `--mount DIR`. Stopping writes the
+//! kernel's dirty pages back (syncfs), unmounts it (detaching it if files
+//! are still open there) and, if the mount lives on elsewhere (open files
+//! under the detached mount, a copy in another mount namespace: a
+//! container, a `PrivateTmp=` service, `unshare -m`), ends the FUSE
+//! connection from ramd's side after a short wait, so the stop always
+//! completes and the stale copies get ENOTCONN. A second stop aborts the
+//! connection at once. `umount DIR` by the user ends it too, and with it
+//! the disk, even when another namespace still holds a copy (a watcher
+//! sees the mount leave this namespace). A dead `fuse.ramd` mount left at
+//! the mount point by a ramd that was killed is cleared at start.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
@@ -19,9 +27,21 @@ use ramd_store::persist::FlushMode;
 
 pub struct Fuse;
 
+/// How long a stop waits for the mount to go by itself before it ends the
+/// FUSE connection (a copy lives on elsewhere).
+const GRACE: Duration = Duration::from_secs(3);
+
 /// Checks a mount point before anything is allocated; its canonical path.
+/// A dead `fuse.ramd` mount there (its ramd was killed) is cleared first.
 pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
-    let meta = std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+    let meta = match std::fs::metadata(dir) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            clear_dead_mount(dir)?;
+            std::fs::metadata(dir)
+        }
+        r => r,
+    }
+    .with_context(|| format!("mount point {}", dir.display()))?;
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", dir.display());
     }
@@ -33,6 +53,54 @@ pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
     }
     dir.canonicalize()
         .with_context(|| format!("mount point {}", dir.display()))
+}
+
+/// `dir` answers ENOTCONN: a FUSE mount whose daemon is gone. If it is
+/// ramd's, detach it (nothing of it can be served again: its data was in
+/// the dead process) and say so; anything else is not ours to touch.
+fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {
+    match ramd_fs::mount_type_at(dir).as_deref() {
+        Some("fuse.ramd") => {
+            lazy_umount(dir).with_context(|| {
+                format!(
+                    "mount point {}: clearing the dead ramd mount there",
+                    dir.display()
+                )
+            })?;
+            log::warn!(
+                "mount point {}: cleared a dead fuse.ramd mount left by a ramd that is gone \
+                 (killed or crashed); its image, if any, is loaded now",
+                dir.display()
+            );
+            Ok(())
+        }
+        Some(other) => bail!(
+            "mount point {}: a dead {other} mount is there (\"Transport endpoint is not \
+             connected\": its daemon is gone); `umount -l {}` clears it",
+            dir.display(),
+            dir.display()
+        ),
+        None => bail!(
+            "mount point {}: Transport endpoint is not connected (a dead mount above it?)",
+            dir.display()
+        ),
+    }
+}
+
+fn lazy_umount(dir: &Path) -> std::io::Result<()> {
+    let c = cpath(dir)?;
+    // SAFETY: umount2 takes a NUL-terminated path we own.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn cpath(p: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 impl FrontendFactory for Fuse {
@@ -90,7 +158,6 @@ impl FrontendFactory for Fuse {
         // minor. (Not from stat(2): the session is not serving yet.)
         let dev = ramd_fs::mount_device(&dir)
             .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
-        let conn = dev.1;
         super::bdi::set_read_ahead(dev);
         if disk.args.writeback_cache() {
             let reserve = super::bdi::limit_dirty(dev, fs.size());
@@ -104,8 +171,10 @@ impl FrontendFactory for Fuse {
         Ok(vec![Arc::new(FuseFrontend {
             session: Mutex::new(Some(session)),
             dir,
-            conn,
+            dev,
             stopping: AtomicBool::new(false),
+            ended: Mutex::new(false),
+            ended_cv: Condvar::new(),
             ring,
         })])
     }
@@ -115,8 +184,12 @@ struct FuseFrontend {
     /// Taken by `serve`.
     session: Mutex<Option<Session>>,
     dir: PathBuf,
-    conn: u32,
+    /// The mount's device; its minor is the connection's number in fusectl.
+    dev: (u32, u32),
     stopping: AtomicBool,
+    /// Set once `serve` returns: the connection is gone.
+    ended: Mutex<bool>,
+    ended_cv: Condvar,
     /// Set once the io_uring queues serve.
     ring: Arc<AtomicBool>,
 }
@@ -126,7 +199,19 @@ impl Frontend for FuseFrontend {
         let Some(session) = self.session.lock().take() else {
             bail!("{}: served twice", self.dir.display());
         };
-        match session.run() {
+        let result = std::thread::scope(|scope| {
+            let watcher = std::thread::Builder::new()
+                .name("fuse-watch".into())
+                .spawn_scoped(scope, || self.watch_unmount());
+            if let Err(e) = watcher {
+                log::warn!("{}: not watching for unmounts: {e}", self.dir.display());
+            }
+            let r = session.run();
+            *self.ended.lock() = true;
+            self.ended_cv.notify_all();
+            r
+        });
+        match result {
             // A detached mount ends with the connection aborted by the kernel
             // once its last file closes (or by us on a second stop).
             Err(e)
@@ -140,11 +225,33 @@ impl Frontend for FuseFrontend {
     }
 
     fn stop(&self, force: bool) {
-        self.stopping.store(true, Ordering::SeqCst);
+        let first = !self.stopping.swap(true, Ordering::SeqCst);
         if force {
-            abort_fuse_connection(self.conn)
-        } else {
-            stop_mount(&self.dir)
+            return self.abort();
+        }
+        if !first || *self.ended.lock() {
+            return;
+        }
+        // The write-back cache's dirty pages come to us now, while we serve.
+        if let Err(e) = syncfs(&self.dir) {
+            log::warn!("{}: syncfs before unmounting: {e}", self.dir.display());
+        }
+        stop_mount(&self.dir);
+        let mut said = false;
+        while !self.wait_ended(GRACE) {
+            if !holders(self.dev).is_empty() {
+                return self.end_held_elsewhere("is still mounted after the unmount");
+            }
+            // Only files still open under the detached mount, here: they
+            // keep working until closed, as on a lazily unmounted tmpfs.
+            if !said {
+                log::warn!(
+                    "{}: waiting for the files still open there to be closed (a second \
+                     signal, or `ramd down --force`, ends them now)",
+                    self.dir.display()
+                );
+                said = true;
+            }
         }
     }
 
@@ -162,6 +269,153 @@ impl Frontend for FuseFrontend {
                 .into(),
             ),
         }
+    }
+}
+
+impl FuseFrontend {
+    /// Whether the session ended within `d`.
+    fn wait_ended(&self, d: Duration) -> bool {
+        let mut ended = self.ended.lock();
+        if !*ended {
+            self.ended_cv.wait_for(&mut ended, d);
+        }
+        *ended
+    }
+
+    /// The mount left this namespace but lives on elsewhere: write back
+    /// what the kernel holds through a copy that remains, then end the
+    /// connection so that the copies fail with ENOTCONN instead of keeping
+    /// a disk nobody can stop.
+    fn end_held_elsewhere(&self, what: &str) {
+        let holders = holders(self.dev);
+        let named: Vec<String> = holders
+            .iter()
+            .map(|(pid, mp)| format!("pid {pid} ({}) at {}", comm(*pid), mp.display()))
+            .collect();
+        log::warn!(
+            "{} {what}{}: saving and ending its FUSE connection; those copies now fail with \
+             ENOTCONN (`umount` there clears them)",
+            self.dir.display(),
+            if named.is_empty() {
+                " (open files under a detached mount)".to_string()
+            } else {
+                format!(", held by another mount namespace: {}", named.join(", "))
+            }
+        );
+        if let Some((pid, mp)) = holders.first() {
+            let via = Path::new("/proc")
+                .join(pid.to_string())
+                .join("root")
+                .join(mp.strip_prefix("/").unwrap_or(mp));
+            if let Err(e) = syncfs(&via) {
+                log::warn!("syncfs through {}: {e}", via.display());
+            }
+        }
+        self.abort();
+    }
+
+    /// Ends the connection, and clears our mount of it if it is still
+    /// here: a dead mount would answer ENOTCONN to everyone.
+    fn abort(&self) {
+        abort_fuse_connection(self.dev.1);
+        let here = std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|i| !ramd_fs::mount_points_of(&i, self.dev).is_empty())
+            .unwrap_or(false);
+        if here {
+            if let Err(e) = lazy_umount(&self.dir) {
+                log::warn!("detaching {}: {e}", self.dir.display());
+            }
+        }
+    }
+
+    /// Until the session ends: if the mount leaves this namespace (the
+    /// user's `umount`) while the connection lives on (a copy in another
+    /// namespace), end it, so that the disk stops and saves as it would
+    /// have.
+    fn watch_unmount(&self) {
+        let Ok(info) = std::fs::File::open("/proc/self/mountinfo") else {
+            return;
+        };
+        use std::os::fd::AsRawFd;
+        loop {
+            // POLLPRI: the mount table changed (proc(5)); the timeout only
+            // bounds how long an ended session keeps this thread.
+            let mut pfd = libc::pollfd {
+                fd: info.as_raw_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 1000) };
+            if *self.ended.lock() || self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let here = std::fs::read_to_string("/proc/self/mountinfo")
+                .map(|i| !ramd_fs::mount_points_of(&i, self.dev).is_empty())
+                .unwrap_or(true);
+            if here {
+                continue;
+            }
+            // The usual `umount`: the session ends by itself at once; a
+            // lazy one here ends when the last file is closed.
+            if self.wait_ended(Duration::from_secs(1)) || holders(self.dev).is_empty() {
+                continue;
+            }
+            if self.stopping.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            self.end_held_elsewhere("was unmounted here");
+            return;
+        }
+    }
+}
+
+/// Processes in other mount namespaces that have device `dev` mounted,
+/// with the mount point as their namespace names it (one per namespace).
+fn holders(dev: (u32, u32)) -> Vec<(u32, PathBuf)> {
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let mine = ns("self");
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Some(their) = ns(&pid.to_string()) else {
+            continue;
+        };
+        if Some(&their) == mine.as_ref() || !seen.insert(their) {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+            continue;
+        };
+        if let Some(mp) = ramd_fs::mount_points_of(&info, dev).into_iter().next() {
+            out.push((pid, mp));
+        }
+    }
+    out
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// syncfs(2) of the filesystem `path` is on.
+fn syncfs(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path)?;
+    // SAFETY: a valid open fd.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -183,11 +437,9 @@ fn want_io_uring(transport: FuseTransport, dir: &Path) -> anyhow::Result<bool> {
 }
 
 /// Unmounts `dir`; if files are still open there, detaches it (it vanishes
-/// from the namespace now, and the session ends once the last file is
-/// closed).
+/// from the namespace now; the caller ends the connection if it lives on).
 fn stop_mount(dir: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+    let Ok(c) = cpath(dir) else {
         return;
     };
     // SAFETY: umount2 takes a NUL-terminated path we own.
@@ -203,16 +455,12 @@ fn stop_mount(dir: &Path) {
         log::warn!("unmounting {}: {e}", dir.display());
         return;
     }
-    // SAFETY: as above.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-        log::warn!(
-            "{} is busy: detached; its disk stops when its last open file is closed \
-             (signal again to stop now and fail those files' I/O)",
+    match lazy_umount(dir) {
+        Ok(()) => log::warn!(
+            "{} is busy (files open there): detached; the disk stops once they are closed",
             dir.display()
-        );
-    } else {
-        let e = std::io::Error::last_os_error();
-        log::warn!("detaching {}: {e}", dir.display());
+        ),
+        Err(e) => log::warn!("detaching {}: {e}", dir.display()),
     }
 }
 
