@@ -30,16 +30,26 @@ use crate::status::{DaemonStatus, DiskStatus};
 
 /// What the daemon's loop acts on.
 pub enum Event {
-    /// The n-th SIGINT or SIGTERM (n = 1, 2, ...).
-    Signal(u32),
+    /// A stopping signal (SIGINT, SIGTERM, SIGQUIT, and SIGHUP where it
+    /// stops), by number.
+    Signal(i32),
     /// SIGHUP: `ramd up` reloads its config file.
     Hangup,
+    /// A disk asked to stop could not save first: it serves on.
+    StopRefused { disk: String, error: String },
     /// A frontend's `serve` returned.
     FrontendEnded { disk: String },
+    /// A disk's save at stop failed: it holds its data and tries again.
+    StillHeld { disk: String, error: String },
     /// A disk's finisher is done: the disk is gone.
     Finished { disk: String, result: Result<()> },
-    /// `stop` on a disk's control socket.
-    StopDisk { disk: String, req: Request },
+    /// `stop` (`stop force`: even if its save fails) on a disk's control
+    /// socket.
+    StopDisk {
+        disk: String,
+        req: Request,
+        force: bool,
+    },
     /// `wait` on a disk's control socket: answered once it is gone.
     WaitDisk { disk: String, req: Request },
     /// A request on the daemon's control socket.
@@ -60,7 +70,21 @@ enum Mode {
     Up {
         config: PathBuf,
         settings: DaemonSettings,
+        /// `--all-or-nothing`: one disk that cannot start stops them all.
+        all_or_nothing: bool,
     },
+}
+
+/// What SIGHUP does to a daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hangup {
+    /// `ramd up`: re-read the config file.
+    Reload,
+    /// `ramd serve` in a terminal: the terminal is gone; save and stop.
+    Stop,
+    /// A daemon detached from any terminal (the mount helper's): no
+    /// terminal can hang up, so the signal is someone's mistake.
+    Ignore,
 }
 
 pub struct Daemon {
@@ -74,6 +98,8 @@ pub struct Daemon {
     /// `ramd down` requests, answered once every disk is gone.
     down_all: Vec<Request>,
     errors: Vec<String>,
+    /// Disks of the config file that could not start, and why.
+    failed: BTreeMap<String, String>,
     /// What `status` and `/metrics` read, beside the loop.
     published: Arc<Published>,
     _control: Option<ControlServer>,
@@ -89,6 +115,10 @@ pub struct Setup {
     pub on_ready: Option<Box<dyn FnOnce() + Send>>,
     /// Serve `/metrics` here (`--metrics`, `[daemon] metrics`).
     pub metrics: Option<SocketAddr>,
+    /// What SIGHUP does to `ramd serve` (`ramd up` always reloads).
+    pub hangup: Hangup,
+    /// `ramd up --all-or-nothing`.
+    pub all_or_nothing: bool,
 }
 
 /// The daemon's disks and settings as the metrics thread reads them: the
@@ -96,6 +126,7 @@ pub struct Setup {
 /// that a scrape never keeps a stopped disk's sockets or memory alive.
 struct Published {
     disks: parking_lot::Mutex<BTreeMap<String, Weak<Disk>>>,
+    failed: parking_lot::Mutex<BTreeMap<String, String>>,
     config: parking_lot::Mutex<Option<String>>,
     max_memory: Option<u64>,
     host_reserve: u64,
@@ -116,6 +147,7 @@ impl Published {
             compress_threads: self.compress_threads,
             process: ramd_store::ProcessMemory::now(),
             metrics: self.metrics.clone(),
+            failed: self.failed.lock().clone(),
         }
     }
 
@@ -163,21 +195,38 @@ impl Daemon {
         let on_ready = setup.on_ready.take();
         let s = &plan.daemon;
         let budget = s.max_memory.map(Budget::new);
+        let all_or_nothing = setup.all_or_nothing;
         let mut d = Daemon::new(
             setup,
             Mode::Up {
                 config: plan.path.clone(),
                 settings: s.clone(),
+                all_or_nothing,
             },
             budget,
             s.host_reserve,
             s.compress_threads.unwrap_or(1),
         )?;
         let disks: Vec<DiskArgs> = plan.disks.into_iter().map(|(a, _)| a).collect();
-        d.check_claims(&disks, &plan.path)?;
-        d.open(disks)?;
+        let total = disks.len();
+        d.check_claims(&disks, &plan.path, all_or_nothing)?;
+        if all_or_nothing {
+            d.open(disks)?;
+        } else {
+            d.open_each(disks);
+            if total > 0 && d.disks.is_empty() {
+                bail!(
+                    "no disk of {} could start: {}",
+                    plan.path.display(),
+                    d.failed_text()
+                );
+            }
+        }
         for r in d.disks.values() {
             println!("{} {}", r.disk.name(), r.disk.endpoints().join(" "));
+        }
+        for (name, why) in &d.failed {
+            println!("{name} FAILED: {why}");
         }
         notify::ready(&d.summary());
         if let Some(f) = on_ready {
@@ -229,9 +278,14 @@ impl Daemon {
                 Some(server)
             }
         };
-        on_signals(tx.clone(), matches!(mode, Mode::Up { .. }))?;
+        let hangup = match mode {
+            Mode::Up { .. } => Hangup::Reload,
+            Mode::Serve => setup.hangup,
+        };
+        on_signals(tx.clone(), hangup)?;
         let published = Arc::new(Published {
             disks: Default::default(),
+            failed: Default::default(),
             config: parking_lot::Mutex::new(match &mode {
                 Mode::Up { config, .. } => Some(config.display().to_string()),
                 Mode::Serve => None,
@@ -260,6 +314,7 @@ impl Daemon {
             ending: false,
             down_all: Vec::new(),
             errors: Vec::new(),
+            failed: BTreeMap::new(),
             published,
             _control: control,
             _metrics: metrics,
@@ -289,7 +344,8 @@ impl Daemon {
                 d.stop(false);
             }
             for d in opened {
-                if let Err(e) = d.finish() {
+                // Just loaded, so nothing new to save: no hold.
+                if let Err(e) = d.finish(&|why| log::error!("{why}")) {
                     log::error!("{e:#}");
                 }
             }
@@ -314,9 +370,52 @@ impl Daemon {
         Ok(names)
     }
 
+    /// Opens and starts each of `disks` on its own: one that fails is
+    /// listed in `failed` (status shows it, `reload` tries it again) and
+    /// the others serve. Returns the names that started.
+    fn open_each(&mut self, disks: Vec<DiskArgs>) -> Vec<String> {
+        let mut names = Vec::new();
+        for args in disks {
+            let name = args.name.clone();
+            match self.open(vec![args]) {
+                Ok(n) => {
+                    self.failed.remove(&name);
+                    names.extend(n);
+                }
+                Err(e) => {
+                    let why = format!("{:#}", e);
+                    log::error!("{why} (the other disks start; `ramd reload` tries it again)");
+                    // The context already names the disk.
+                    let why = why
+                        .strip_prefix(&format!("disk {name:?}: "))
+                        .unwrap_or(&why)
+                        .to_string();
+                    self.failed.insert(name, why);
+                }
+            }
+        }
+        *self.published.failed.lock() = self.failed.clone();
+        names
+    }
+
+    fn failed_text(&self) -> String {
+        self.failed
+            .iter()
+            .map(|(n, why)| format!("disk {n:?}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// Two disks may not share a socket or a mount point, with each other
-    /// or with a disk already running.
-    fn check_claims(&self, disks: &[DiskArgs], file: &std::path::Path) -> Result<()> {
+    /// or with a disk already running. A disk whose own claims fail (a
+    /// missing mount point) fails alone when it opens, unless
+    /// `all_or_nothing`.
+    fn check_claims(
+        &self,
+        disks: &[DiskArgs],
+        file: &std::path::Path,
+        all_or_nothing: bool,
+    ) -> Result<()> {
         let mut taken: BTreeMap<Claim, String> = BTreeMap::new();
         for r in self.disks.values() {
             for c in r.disk.claims() {
@@ -324,9 +423,12 @@ impl Daemon {
             }
         }
         for a in disks {
-            for c in disk::claims(a, &self.shared)
-                .with_context(|| format!("{}: disk {:?}", file.display(), a.name))?
-            {
+            let claims = match disk::claims(a, &self.shared) {
+                Ok(c) => c,
+                Err(_) if !all_or_nothing => continue,
+                Err(e) => return Err(e.context(format!("{}: disk {:?}", file.display(), a.name))),
+            };
+            for c in claims {
                 if let Some(other) = taken.insert(c.clone(), a.name.clone()) {
                     bail!(
                         "{}: disks {other:?} and {:?} both want {}",
@@ -350,10 +452,24 @@ impl Daemon {
             }
             let Ok(event) = self.rx.recv() else { break };
             match event {
-                Event::Signal(n) => {
+                Event::Signal(sig) => {
                     self.end();
-                    for r in self.disks.values() {
-                        r.disk.stop(n > 1);
+                    // Again while disks stop: their clients are cut off
+                    // now, but a disk with an image still saves (only `ramd
+                    // down --force` gives data up).
+                    let again: Vec<&Running> =
+                        self.disks.values().filter(|r| r.finishing).collect();
+                    if again.is_empty() {
+                        log::info!("signal {sig}: stopping (saving first if there is an image)");
+                    } else {
+                        log::warn!(
+                            "signal {sig} again: cutting clients off; a save still completes \
+                             (only `ramd down --force NAME` stops without it)"
+                        );
+                    }
+                    for r in again {
+                        r.disk.stop(true);
+                        r.disk.wake();
                     }
                     self.finish_all();
                 }
@@ -361,8 +477,14 @@ impl Daemon {
                     Ok(v) => log::info!("reloaded: {v}"),
                     Err(e) => log::error!("reload: {e}"),
                 },
-                Event::FrontendEnded { disk } => self.finish(&disk, None),
-                Event::StopDisk { disk, req } => self.finish(&disk, Some(req)),
+                Event::FrontendEnded { disk } => self.finish(&disk, None, Stop::Ended),
+                Event::StopDisk { disk, req, force } => self.finish(
+                    &disk,
+                    Some(req),
+                    if force { Stop::Force } else { Stop::Ask },
+                ),
+                Event::StopRefused { disk, error } => self.refused(&disk, error),
+                Event::StillHeld { disk, error } => self.held(&disk, error),
                 Event::WaitDisk { disk, mut req } => match self.disks.get_mut(&disk) {
                     Some(r) => {
                         // Registered before the client is told: whatever
@@ -392,9 +514,11 @@ impl Daemon {
         }
     }
 
-    /// Starts stopping a disk: its frontends stop, and its finisher waits
-    /// for them and saves. `req` is answered once it is gone.
-    fn finish(&mut self, name: &str, req: Option<Request>) {
+    /// Starts stopping a disk: its finisher saves while it still serves
+    /// (unless its frontends ended already, or `Stop::Force`), stops its
+    /// frontends, waits for them and saves again. `req` is answered once
+    /// it is gone, or once its save failed and it serves on.
+    fn finish(&mut self, name: &str, req: Option<Request>, how: Stop) {
         if matches!(self.mode, Mode::Serve) {
             // `serve` ends with its disk.
             self.end();
@@ -406,18 +530,42 @@ impl Daemon {
             return;
         };
         r.waiting.extend(req);
+        if how == Stop::Force {
+            r.disk.force();
+            r.disk.stop(true);
+        }
         if r.finishing {
+            // A finisher holding unsaved data tries again now.
+            r.disk.wake();
             return;
         }
         r.finishing = true;
-        r.disk.stop(false);
         let (disk, tx, name) = (r.disk.clone(), self.tx.clone(), name.to_string());
         let spawned = std::thread::Builder::new()
             .name(format!("finish-{name}"))
             .spawn({
                 let name = name.clone();
                 move || {
-                    let result = disk.finish();
+                    if how == Stop::Ask {
+                        // Cut off meanwhile (a second signal), it cannot
+                        // serve on: the save at stop holds its data instead.
+                        if let (Err(e), false) = (disk.save_before_stop(), disk.stopped()) {
+                            let error = format!("{e:#}");
+                            drop(disk);
+                            let _ = tx.send(Event::StopRefused { disk: name, error });
+                            return;
+                        }
+                    }
+                    let held = {
+                        let (tx, name) = (tx.clone(), name.clone());
+                        move |why: &str| {
+                            let _ = tx.send(Event::StillHeld {
+                                disk: name.clone(),
+                                error: why.to_string(),
+                            });
+                        }
+                    };
+                    let result = disk.finish(&held);
                     // Its sockets go with the last handle, before the
                     // daemon hears it is gone (and may exit).
                     drop(disk);
@@ -430,6 +578,44 @@ impl Daemon {
         }
     }
 
+    /// A disk's save before its stop failed: it serves on, and whoever
+    /// asked is told why. `serve` no longer ends (until it stops).
+    fn refused(&mut self, name: &str, error: String) {
+        let Some(r) = self.disks.get_mut(name) else {
+            return;
+        };
+        r.finishing = false;
+        for req in r.waiting.drain(..) {
+            req.answer(Err(error.clone()));
+        }
+        if self.ending {
+            // The process serves on (what stopped cleanly is gone) and
+            // waits to be asked again.
+            self.ending = false;
+            for req in self.down_all.drain(..) {
+                req.answer(Err(error.clone()));
+            }
+            notify::ready(&self.summary());
+        } else {
+            notify::status(&self.summary());
+        }
+    }
+
+    /// A disk's save at stop failed (again): whoever waits for it is told
+    /// now; the disk holds its data and retries.
+    fn held(&mut self, name: &str, error: String) {
+        let Some(r) = self.disks.get_mut(name) else {
+            return;
+        };
+        for req in r.waiting.drain(..) {
+            req.answer(Err(error.clone()));
+        }
+        for req in self.down_all.drain(..) {
+            req.answer(Err(error.clone()));
+        }
+        notify::status(&self.summary());
+    }
+
     /// From now on the daemon stops: every disk, then the process.
     fn end(&mut self) {
         if !self.ending {
@@ -438,16 +624,29 @@ impl Daemon {
         self.ending = true;
     }
 
-    /// `STATUS=` for systemd.
+    /// `STATUS=` for systemd: what serves, and what needs a person.
     fn summary(&self) -> String {
         let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
-        format!("serving {} disk(s): {}", names.len(), names.join(" "))
+        let mut s = format!("serving {} disk(s): {}", names.len(), names.join(" "));
+        for (n, why) in &self.failed {
+            s.push_str(&format!("; disk {n} FAILED: {why}"));
+        }
+        for r in self.disks.values() {
+            if let Some(why) = r.disk.blocked() {
+                s.push_str(&format!("; disk {}: {why}", r.disk.name()));
+            }
+        }
+        s
     }
 
     fn finish_all(&mut self) {
+        self.finish_all_as(Stop::Ask)
+    }
+
+    fn finish_all_as(&mut self, how: Stop) {
         let names: Vec<String> = self.disks.keys().cloned().collect();
         for n in names {
-            self.finish(&n, None);
+            self.finish(&n, None, how);
         }
     }
 
@@ -477,9 +676,17 @@ impl Daemon {
 
     fn daemon_request(&mut self, req: Request) {
         let line = req.line().to_string();
-        let (verb, arg) = match line.split_once(' ') {
-            Some((v, a)) => (v, Some(a.trim())),
-            None => (line.as_str(), None),
+        // `down [NAME] [--force]`
+        let force = line.split_whitespace().any(|w| w == "--force");
+        let words: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| *w != "--force")
+            .collect();
+        let how = if force { Stop::Force } else { Stop::Ask };
+        let (verb, arg) = match words.as_slice() {
+            [v] => (*v, None),
+            [v, a] => (*v, Some(*a)),
+            _ => ("", None),
         };
         match (verb, arg) {
             ("status", None) => {
@@ -489,11 +696,15 @@ impl Daemon {
             ("down", None) => {
                 self.end();
                 self.down_all.push(req);
-                self.finish_all();
+                self.finish_all_as(how);
             }
             ("down", Some(name)) => {
                 if self.disks.contains_key(name) {
-                    self.finish(name, Some(req));
+                    self.finish(name, Some(req), how);
+                } else if self.failed.remove(name).is_some() {
+                    // A disk that never started: nothing to stop or save.
+                    *self.published.failed.lock() = self.failed.clone();
+                    req.answer(Ok(json!({ "stopped": name, "saved": false })))
                 } else {
                     let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
                     req.answer(Err(format!(
@@ -536,9 +747,15 @@ impl Daemon {
     }
 
     fn reload_inner(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
-        let Mode::Up { config, settings } = &self.mode else {
+        let Mode::Up {
+            config,
+            settings,
+            all_or_nothing,
+        } = &self.mode
+        else {
             return Err("only `ramd up` reloads".into());
         };
+        let all_or_nothing = *all_or_nothing;
         let path = path.unwrap_or_else(|| config.clone());
         let plan = config::load(&path).map_err(|e| format!("{e:#} (nothing was changed)"))?;
         let mut notes = Vec::new();
@@ -582,20 +799,37 @@ impl Daemon {
                 }
             }
         }
-        self.check_claims(&added, &path)
+        self.check_claims(&added, &path, all_or_nothing)
             .map_err(|e| format!("{e:#} (nothing was changed)"))?;
         for n in &notes {
             log::warn!("{n}");
         }
         for n in &removed {
-            self.finish(n, None);
+            self.finish(n, None, Stop::Ask);
         }
-        let names = self
-            .open(added)
-            .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?;
+        // Failed disks the file no longer names are forgotten.
+        self.failed.retain(|n, _| wanted.contains_key(n));
+        *self.published.failed.lock() = self.failed.clone();
+        let names = if all_or_nothing {
+            self.open(added)
+                .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?
+        } else {
+            self.open_each(added)
+        };
         if let Mode::Up { config, .. } = &mut self.mode {
             *self.published.config.lock() = Some(path.display().to_string());
             *config = path;
+        }
+        if !self.failed.is_empty() {
+            return Err(format!(
+                "{} (started: {})",
+                self.failed_text(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ));
         }
         Ok(json!({
             "added": names, "removed": removed, "unchanged": unchanged, "notes": notes,
@@ -603,27 +837,44 @@ impl Daemon {
     }
 }
 
-/// SIGINT and SIGTERM stop (a second one forces); SIGHUP reloads (`up`).
-fn on_signals(tx: Sender<Event>, hangup: bool) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut sigs = vec![SIGINT, SIGTERM];
-    if hangup {
-        sigs.push(SIGHUP);
-    }
-    let mut signals =
-        signal_hook::iterator::Signals::new(&sigs).context("installing signal handlers")?;
+/// How a disk is asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Asked (a signal, `ramd down`, a reload): saves first while serving,
+    /// and serves on if that save fails.
+    Ask,
+    /// Its frontends ended (`umount`): saves, holding the data until a save
+    /// succeeds.
+    Ended,
+    /// `ramd down --force`: stops now; if the save fails, says what is
+    /// lost.
+    Force,
+}
+
+/// SIGINT, SIGTERM and SIGQUIT stop (a second one cuts clients off; the
+/// save still happens); SIGHUP as `hangup` says. Every signal a terminal
+/// or an init system sends is caught: none ends the process unsaved.
+fn on_signals(tx: Sender<Event>, hangup: Hangup) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGQUIT, SIGHUP])
+        .context("installing signal handlers")?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let mut n = 0;
             for sig in signals.forever() {
-                let event = if sig == SIGHUP {
-                    log::info!("signal {sig}: reloading");
-                    Event::Hangup
-                } else {
-                    n += 1;
-                    log::info!("signal {sig}: stopping");
-                    Event::Signal(n)
+                let event = match (sig, hangup) {
+                    (SIGHUP, Hangup::Reload) => {
+                        log::info!("signal {sig} (SIGHUP): reloading");
+                        Event::Hangup
+                    }
+                    (SIGHUP, Hangup::Ignore) => {
+                        log::warn!(
+                            "signal {sig} (SIGHUP) ignored: this daemon has no terminal \
+                             (`ramd down NAME` or `umount` stops it)"
+                        );
+                        continue;
+                    }
+                    _ => Event::Signal(sig),
                 };
                 if tx.send(event).is_err() {
                     return;

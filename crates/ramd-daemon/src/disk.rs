@@ -11,15 +11,23 @@
 //! 4. [`Disk::finish`]: wait for them, stop background work, save at stop
 //!    if the disk has an image, remove the control socket.
 //!
+//! A disk with an image is never let go unsaved by accident: a stop asked
+//! for while it serves saves first ([`Disk::save_before_stop`]) and, if that
+//! fails, it goes on serving; a save at stop that fails (after `umount`)
+//! keeps the data and retries ([`Disk::finish`] holds it) until a save
+//! succeeds, here or through `ramd snapshot --to DIR`, or `ramd down
+//! --force` gives it up ([`Disk::force`]).
+//!
 //! Frontends never see any of this: they get a [`DiskContext`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use ramd_fs::{Fs, FsConfig};
 use ramd_store::metrics::DiskMetrics;
@@ -89,6 +97,12 @@ pub struct Disk {
     control: Mutex<Option<ControlServer>>,
     serving: Mutex<Vec<JoinHandle<Result<()>>>>,
     stopping: AtomicBool,
+    /// Why it is not stopping although asked to (a save failed): shown by
+    /// status, and the held finisher's wake-up (`held`).
+    blocked: Mutex<Option<String>>,
+    held: Condvar,
+    /// `ramd down --force`: stop even if the save fails.
+    forced: AtomicBool,
     /// What its frontends took (sockets, mount points), for `reload`.
     claims: Vec<Claim>,
     /// Its NUMA nodes and policy (--numa-nodes, --numa-policy).
@@ -209,6 +223,9 @@ impl Disk {
             control: Mutex::new(Some(control)),
             serving: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
+            blocked: Mutex::new(None),
+            held: Condvar::new(),
+            forced: AtomicBool::new(false),
             claims: claimed,
             placement,
         });
@@ -306,10 +323,63 @@ impl Disk {
         }
     }
 
+    /// Before a stop of a serving disk: a save while clients are still
+    /// served. If it fails the disk is not stopped (the error says why and
+    /// what to do), so that a full or missing image filesystem loses
+    /// nothing; the save at stop then has little left to write.
+    pub fn save_before_stop(&self) -> Result<()> {
+        let Some(s) = &self.saving else {
+            return Ok(());
+        };
+        if self.forced.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match s.persister.save(false) {
+            Ok(_) => {
+                *self.blocked.lock() = None;
+                Ok(())
+            }
+            Err(e) => {
+                let why = format!(
+                    "NOT STOPPED: saving before the stop failed: {e}. The disk keeps serving, \
+                     nothing is lost. Free space under {} and stop it again, save it elsewhere \
+                     (`ramd snapshot {name} --to DIR`), or give up its unsaved data (`ramd down \
+                     --force {name}`)",
+                    s.persister.status().image.unwrap_or_default(),
+                    name = self.args.name
+                );
+                log::error!("disk {:?}: {why}", self.args.name);
+                *self.blocked.lock() = Some(why.clone());
+                bail!("disk {:?}: {why}", self.args.name)
+            }
+        }
+    }
+
+    /// `ramd down --force`: the disk stops even if its save fails (what is
+    /// lost is said then). Wakes a finisher holding unsaved data.
+    pub fn force(&self) {
+        self.forced.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// A finisher holding unsaved data tries again now.
+    pub fn wake(&self) {
+        let _g = self.blocked.lock();
+        self.held.notify_all();
+    }
+
+    /// Whether its frontends were told to stop.
+    pub fn stopped(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
     /// Step 4: waits for the frontends, then saves at stop if the disk has
-    /// an image. An error is a frontend that failed or a save that did not
-    /// happen (the image then keeps its previous save).
-    pub fn finish(&self) -> Result<()> {
+    /// an image. If that save fails, the data is held (the control socket
+    /// still answers `status` and `snapshot`) and the save retried every
+    /// [`RETRY`], or at once on [`Disk::wake`], until one succeeds or the
+    /// stop is forced; `held` hears each failed try. An error is a
+    /// frontend that failed, or data given up by force.
+    pub fn finish(&self, held: &dyn Fn(&str)) -> Result<()> {
         self.stop(false);
         let mut failed = None;
         for t in std::mem::take(&mut *self.serving.lock()) {
@@ -325,11 +395,9 @@ impl Disk {
             None => Ok(()),
             Some(s) => {
                 s.persister.stop(s.thread.lock().take());
-                let saved = s.persister.save(false);
+                let saved = self.save_at_stop(&s.persister, held);
                 s.persister.close();
                 saved
-                    .map(|_| ())
-                    .context("saving at stop (the image keeps its previous save)")
             }
         };
         self.control.lock().take();
@@ -338,6 +406,67 @@ impl Disk {
             Some(e) => Err(e.context(format!("disk {:?}", self.args.name))),
             None => Ok(()),
         }
+    }
+
+    /// The save at stop, held until it succeeds or is forced.
+    fn save_at_stop(&self, p: &Persister, held: &dyn Fn(&str)) -> Result<()> {
+        let mut tries = 0u64;
+        loop {
+            let e = match p.save(false) {
+                Ok(_) => {
+                    if tries > 0 {
+                        log::warn!("disk {:?}: saved at last; stopping", self.args.name);
+                    }
+                    *self.blocked.lock() = None;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if self.forced.load(Ordering::SeqCst) {
+                // The daemon logs it, and says it to whoever forced it.
+                bail!(
+                    "stopped WITHOUT saving (ramd down --force): lost {}; the save failed: {e}",
+                    self.unsaved_text(p)
+                );
+            }
+            let why = format!(
+                "NOT SAVED: the save at stop failed: {e}. Its data is held in memory and the \
+                 save is retried every {}s: free space under {image}, or save it elsewhere \
+                 (`ramd snapshot {name} --to DIR`); `ramd down --force {name}` gives up {lost}",
+                RETRY.as_secs(),
+                image = p.status().image.unwrap_or_default(),
+                name = self.args.name,
+                lost = self.unsaved_text(p),
+            );
+            if tries == 0 {
+                log::error!("disk {:?}: {why}", self.args.name);
+            }
+            tries += 1;
+            *self.blocked.lock() = Some(why.clone());
+            held(&format!("disk {:?}: {why}", self.args.name));
+            let mut blocked = self.blocked.lock();
+            if !self.forced.load(Ordering::SeqCst) {
+                self.held.wait_for(&mut blocked, RETRY);
+            }
+        }
+    }
+
+    /// What a stop without a save loses, in words.
+    fn unsaved_text(&self, p: &Persister) -> String {
+        let used = human(self.store.stats().used_bytes);
+        match p.status().last_save {
+            Some(r) => format!(
+                "what changed since its save {} of {} (it holds {used})",
+                r.seq,
+                persist::time_text(r.unix_time * 1_000_000_000)
+            ),
+            None => format!("all of its data ({used}; the image holds no complete save)"),
+        }
+    }
+
+    /// Why the disk is not stopping although asked to, if it is not.
+    pub fn blocked(&self) -> Option<String> {
+        self.blocked.lock().clone()
     }
 
     /// A filesystem's capacity now (a remount may have changed it); a
@@ -438,12 +567,30 @@ impl Disk {
         }))
     }
 
-    /// Saves now (`ramd snapshot`).
-    pub fn snapshot(&self, full: bool) -> Result<SaveReport> {
-        match &self.saving {
-            Some(s) => Ok(s.persister.save(full)?),
-            None => bail!("this disk has no image: serve it with --image DIR"),
+    /// Saves now (`ramd snapshot`), to a new image directory with `to`
+    /// (which then becomes the disk's image). A disk holding unsaved data
+    /// stops once this succeeds.
+    pub fn snapshot(&self, full: bool, to: Option<&Path>) -> Result<SaveReport> {
+        let Some(s) = &self.saving else {
+            bail!("this disk has no image: serve it with --image DIR")
+        };
+        let r = match to {
+            Some(dir) => s.persister.save_to(dir),
+            None => s.persister.save(full),
+        };
+        if r.is_ok() {
+            // Whatever a failed save blocked is safe now.
+            *self.blocked.lock() = None;
+            self.wake();
         }
+        Ok(r?)
+    }
+
+    /// The image directory saves go to now.
+    fn image_path(&self) -> Option<String> {
+        self.saving
+            .as_ref()
+            .and_then(|s| s.persister.status().image)
     }
 
     pub fn status(&self) -> DiskStatus {
@@ -505,6 +652,7 @@ impl Disk {
                 .as_ref()
                 .map(|p| ramd_store::numa::list_text(&p.nodes)),
             process: ramd_store::ProcessMemory::now(),
+            blocked: self.blocked(),
         }
     }
 }
@@ -522,18 +670,23 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
                 let status = disk.status();
                 req.answer(Ok(serde_json::json!({ "disks": [status] })))
             }
-            "snapshot" | "snapshot full" => {
-                let full = req.line() == "snapshot full";
+            line if line == "snapshot" || line.starts_with("snapshot ") => {
+                // `snapshot [full] [to DIR]`
+                let line = line.to_string();
+                let rest = line["snapshot".len()..].trim_start();
+                let (full, rest) = match rest.strip_prefix("full") {
+                    Some(r) => (true, r.trim_start()),
+                    None => (false, rest),
+                };
+                let to = rest.strip_prefix("to ").map(Path::new);
+                if to.is_none() && !rest.is_empty() {
+                    return req.answer(Err(format!("unknown control request {line:?}")));
+                }
                 let r = disk
-                    .snapshot(full)
+                    .snapshot(full, to)
                     .map(|r| {
                         let mut v = serde_json::to_value(r).expect("report serializes");
-                        v["path"] = disk
-                            .args
-                            .image
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .into();
+                        v["path"] = disk.image_path().into();
                         v
                     })
                     .map(|v| serde_json::json!({ "snapshot": v }))
@@ -553,10 +706,11 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
                 req.answer(r)
             }
             // Stopping is the daemon's business: it owns the disk.
-            "stop" => {
+            "stop" | "stop force" => {
+                let force = req.line() == "stop force";
                 // Unsent (the daemon is gone), the request answers itself.
                 let disk = disk.args.name.clone();
-                let _ = events.lock().send(Event::StopDisk { disk, req });
+                let _ = events.lock().send(Event::StopDisk { disk, req, force });
             }
             other => {
                 let msg = format!("unknown control request {other:?}");
@@ -565,6 +719,9 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
         }
     })
 }
+
+/// How often a disk holding unsaved data tries its save again.
+pub const RETRY: Duration = Duration::from_secs(10);
 
 /// Settings that are wrong together, caught before anything is built.
 fn check_args(args: &DiskArgs) -> Result<()> {
@@ -915,7 +1072,7 @@ mod tests {
             assert_eq!(st.store.used_bytes, PAGE_SIZE as u64);
             assert_eq!(disk.claims(), [Claim("probe".into())]);
             disk.stop(false);
-            disk.finish().unwrap();
+            disk.finish(&|why| panic!("{why}")).unwrap();
             assert!(matches!(rx.try_recv(), Ok(Event::FrontendEnded { .. })));
             assert_eq!(
                 std::mem::take(&mut *log.0.lock()),

@@ -34,6 +34,12 @@ pub fn stopping() {
     send_logged("STOPPING=1\nSTATUS=stopping: saving and unmounting disks");
 }
 
+/// What the daemon is doing, for `systemctl status` (a disk that failed,
+/// a save that failed), without changing its state.
+pub fn status(status: &str) {
+    send_logged(&format!("STATUS={status}"));
+}
+
 fn send_logged(state: &str) {
     let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
         return;

@@ -74,6 +74,10 @@ pub struct DiskStatus {
     pub numa_nodes: Option<String>,
     #[serde(default)]
     pub numa_policy: Option<String>,
+    /// Why the disk is not stopping although asked to: its save failed
+    /// (it serves on, or holds its data until a save succeeds).
+    #[serde(default)]
+    pub blocked: Option<String>,
 }
 
 /// A daemon started by `ramd up`: what its disks share.
@@ -97,6 +101,29 @@ pub struct DaemonStatus {
     /// Its resident memory and where it goes.
     #[serde(default)]
     pub process: ProcessMemory,
+    /// Disks of its config file that could not start, and why (`ramd
+    /// reload` tries them again).
+    #[serde(default)]
+    pub failed: std::collections::BTreeMap<String, String>,
+}
+
+/// What needs a person: disks that failed to start, disks whose save
+/// failed. One line each, after the table; empty when all is well.
+pub fn trouble_lines(disks: &[DiskStatus], daemons: &[DaemonStatus]) -> String {
+    let mut out = String::new();
+    for d in disks {
+        if let Some(why) = &d.blocked {
+            out.push_str(&format!("disk {}: {why}\n", d.name));
+        }
+    }
+    for d in daemons {
+        for (name, why) in &d.failed {
+            out.push_str(&format!(
+                "disk {name}: FAILED to start: {why} (fix it, then `ramd reload`)\n"
+            ));
+        }
+    }
+    out
 }
 
 /// A zramctl-like table: DATA is what the disk's data pages hold, COMPR

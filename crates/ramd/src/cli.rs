@@ -181,6 +181,12 @@ pub struct SnapshotArgs {
     #[arg(long)]
     pub full: bool,
 
+    /// Save the whole disk into this new (or empty) directory, which
+    /// becomes the disk's image from now on: the way out when its image's
+    /// filesystem is full or gone. The old image is left as it was.
+    #[arg(long, value_name = "DIR", conflicts_with = "full")]
+    pub to: Option<PathBuf>,
+
     /// Print JSON for scripts.
     #[arg(long)]
     pub json: bool,
@@ -266,12 +272,36 @@ pub struct UpArgs {
     /// status --json`). Off by default; overrides `[daemon] metrics`.
     #[arg(long, value_name = "ADDR", value_parser = ramd_daemon::metrics::parse_addr)]
     pub metrics: Option<std::net::SocketAddr>,
+
+    /// Stop every disk if one cannot start (the default: the others start,
+    /// the failed one shows as FAILED in `ramd status`, and `ramd reload`
+    /// tries it again).
+    #[arg(long)]
+    pub all_or_nothing: bool,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct DownArgs {
-    /// The disk to stop (default: every disk in the run directory).
+    /// The disk to stop. Without it, `ramd down` stops the run directory's
+    /// `ramd up` daemon (never a separate `ramd serve` or a mount).
+    #[arg(conflicts_with_all = ["all", "pid"])]
     pub name: Option<String>,
+
+    /// Stop every disk of the run directory: every daemon, every `ramd
+    /// serve`, every `mount -t fuse.ramd` disk.
+    #[arg(long, conflicts_with = "pid")]
+    pub all: bool,
+
+    /// Stop what process PID serves (a `ramd up` daemon or a `ramd serve`):
+    /// the systemd unit's `ExecStop` stops its own daemon this way.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// Stop even if the save fails, and say what is lost then. Without it,
+    /// a disk whose save fails keeps serving (or holding its data) until a
+    /// save succeeds.
+    #[arg(long)]
+    pub force: bool,
 
     /// Print JSON for scripts.
     #[arg(long)]

@@ -33,17 +33,7 @@ fn disks(run_dir: &Path) -> Result<Vec<DiskStatus>> {
 }
 
 fn daemons(run_dir: &Path) -> Result<Vec<DaemonStatus>> {
-    let mut out = Vec::new();
-    for sock in control::sockets(run_dir, "daemon")? {
-        match control::request(&sock, "status", ANSWER) {
-            Ok(v) => out.push(
-                serde_json::from_value(v["daemon"].clone())
-                    .with_context(|| format!("bad status from {}", sock.display()))?,
-            ),
-            Err(e) => log::debug!("{}: {e:#}", sock.display()),
-        }
-    }
-    Ok(out)
+    Ok(daemons_with(run_dir)?.into_iter().map(|(_, d)| d).collect())
 }
 
 /// `ramd status`: every disk of every daemon in `run_dir`.
@@ -71,7 +61,9 @@ fn status_text(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<Stri
         };
         Ok(format!("{v}\n"))
     } else {
-        Ok(status::table(&disks) + &status::daemon_lines(&daemons))
+        Ok(status::table(&disks)
+            + &status::daemon_lines(&daemons)
+            + &status::trouble_lines(&disks, &daemons))
     }
 }
 
@@ -159,18 +151,37 @@ fn clock() -> String {
     }
 }
 
-/// `ramd snapshot NAME [--full]`: saves the disk through its socket.
-pub fn snapshot(run_dir: &Path, name: &str, full: bool, as_json: bool) -> Result<()> {
+/// `ramd snapshot NAME [--full | --to DIR]`: saves the disk through its
+/// socket.
+pub fn snapshot(
+    run_dir: &Path,
+    name: &str,
+    full: bool,
+    to: Option<&Path>,
+    as_json: bool,
+) -> Result<()> {
     let path = disk_socket(run_dir, name);
+    let line = match to {
+        // The daemon's working directory is not ours.
+        Some(dir) => format!(
+            "snapshot to {}",
+            std::path::absolute(dir)
+                .with_context(|| format!("--to {}", dir.display()))?
+                .display()
+        ),
+        None if full => "snapshot full".into(),
+        None => "snapshot".into(),
+    };
     // No answer timeout: a full save of a large disk takes what it takes.
-    let v = control::request(&path, if full { "snapshot full" } else { "snapshot" }, None)
-        .map_err(|e| match e.downcast_ref::<std::io::Error>() {
+    let v = control::request(&path, &line, None).map_err(|e| {
+        match e.downcast_ref::<std::io::Error>() {
             Some(_) => e.context(format!(
                 "no running disk named {name:?} ({} does not answer)",
                 path.display()
             )),
             None => anyhow::anyhow!("disk {name:?}: {e:#}"),
-        })?;
+        }
+    })?;
     let mut r = v["snapshot"].clone();
     if as_json {
         r["name"] = name.into();
@@ -193,48 +204,114 @@ pub fn snapshot(run_dir: &Path, name: &str, full: bool, as_json: bool) -> Result
     Ok(())
 }
 
-/// `ramd down [NAME]`: stops one disk, or every disk and daemon of the run
-/// directory, and waits until they are gone (saved, if they have images).
-pub fn down(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+/// `ramd down`: stops one disk (NAME), the run directory's `ramd up`
+/// daemon (no name), what one process serves (`--pid`), or everything
+/// (`--all`), and waits until they are gone (saved, if they have images).
+/// A disk whose save fails is not stopped (unless `--force`): the error
+/// says why and what to do.
+pub fn down(run_dir: &Path, a: &crate::cli::DownArgs) -> Result<()> {
+    let force = if a.force { " force" } else { "" };
+    let daemon_down = if a.force { "down --force" } else { "down" };
     let mut stopped = Vec::new();
-    match name {
-        Some(name) => {
-            let path = disk_socket(run_dir, name);
-            if !path.exists() {
-                let names: Vec<String> = disks(run_dir)?.into_iter().map(|d| d.name).collect();
-                bail!(
-                    "no running disk named {name:?} in {} (running: {})",
-                    run_dir.display(),
-                    if names.is_empty() {
-                        "none".into()
-                    } else {
-                        names.join(", ")
-                    }
-                );
-            }
-            stopped.push(
-                control::request(&path, "stop", None)
-                    .with_context(|| format!("stopping disk {name:?}"))?,
+    let mut ask = |sock: &Path, line: &str| -> Result<()> {
+        stopped.push(control::request(sock, line, None)?);
+        Ok(())
+    };
+    if let Some(name) = a.name.as_deref() {
+        let path = disk_socket(run_dir, name);
+        if path.exists() {
+            // Its answers name the disk.
+            ask(&path, &format!("stop{force}"))?;
+        } else if let Some(sock) = daemons_with(run_dir)?
+            .into_iter()
+            .find(|(_, d)| d.failed.contains_key(name))
+            .map(|(s, _)| s)
+        {
+            // A disk of `ramd up` that failed to start: it is forgotten.
+            ask(&sock, &format!("down {name}")).with_context(|| format!("{}", sock.display()))?;
+        } else {
+            let names: Vec<String> = disks(run_dir)?.into_iter().map(|d| d.name).collect();
+            bail!(
+                "no running disk named {name:?} in {} (running: {})",
+                run_dir.display(),
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                }
             );
         }
-        None => {
-            // Daemons of `ramd up` first: they stop all their disks at once;
-            // then the disks of `ramd serve` processes.
-            for (ext, line) in [("daemon", "down"), ("ctl", "stop")] {
-                for sock in control::sockets(run_dir, ext)? {
-                    match control::request(&sock, line, None) {
-                        Ok(v) => stopped.push(v),
-                        // Gone meanwhile, or left over from a killed daemon.
-                        Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
-                            log::debug!("{}: {e:#}", sock.display())
-                        }
-                        Err(e) => return Err(e.context(format!("{}", sock.display()))),
+    } else if a.all {
+        // Daemons of `ramd up` first: they stop all their disks at once;
+        // then the disks of `ramd serve` processes and mounts.
+        for (ext, line) in [
+            ("daemon", daemon_down.to_string()),
+            ("ctl", format!("stop{force}")),
+        ] {
+            for sock in control::sockets(run_dir, ext)? {
+                match control::request(&sock, &line, None) {
+                    Ok(v) => stopped.push(v),
+                    // Gone meanwhile, or left over from a killed daemon.
+                    Err(e) if e.downcast_ref::<std::io::Error>().is_some() => {
+                        log::debug!("{}: {e:#}", sock.display())
                     }
+                    Err(e) => return Err(e.context(format!("{}", sock.display()))),
+                }
+            }
+        }
+    } else if let Some(pid) = a.pid {
+        let daemon = daemons_with(run_dir)?
+            .into_iter()
+            .find(|(_, d)| d.pid == pid);
+        if let Some((sock, _)) = daemon {
+            ask(&sock, daemon_down).with_context(|| format!("{}", sock.display()))?;
+        } else {
+            let mine: Vec<String> = disks(run_dir)?
+                .into_iter()
+                .filter(|d| d.pid == pid)
+                .map(|d| d.name)
+                .collect();
+            if mine.is_empty() {
+                // Already gone: what a stop wants.
+                eprintln!(
+                    "ramd: no disk of process {pid} runs in {}",
+                    run_dir.display()
+                );
+            }
+            for name in mine {
+                ask(&disk_socket(run_dir, &name), &format!("stop{force}"))
+                    .with_context(|| format!("stopping disk {name:?}"))?;
+            }
+        }
+    } else {
+        match daemons_with(run_dir)?.into_iter().next() {
+            Some((sock, _)) => {
+                ask(&sock, daemon_down).with_context(|| format!("{}", sock.display()))?
+            }
+            None => {
+                let others = disks(run_dir)?;
+                if others.is_empty() {
+                    eprintln!("ramd: nothing runs in {}", run_dir.display());
+                } else {
+                    let list: Vec<String> = others
+                        .iter()
+                        .map(|d| match &d.mount {
+                            Some(m) => format!("{} (mounted at {m}, pid {})", d.name, d.pid),
+                            None => format!("{} (ramd serve, pid {})", d.name, d.pid),
+                        })
+                        .collect();
+                    bail!(
+                        "no `ramd up` daemon runs in {}, and `ramd down` without a name stops \
+                         only that; running: {}. Stop one with `ramd down NAME`, or every one \
+                         with `ramd down --all`",
+                        run_dir.display(),
+                        list.join(", ")
+                    );
                 }
             }
         }
     }
-    if as_json {
+    if a.json {
         println!("{}", Value::Array(stopped));
     } else {
         for v in stopped {
@@ -247,6 +324,22 @@ pub fn down(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `ramd up` daemons answering in `run_dir`, with their sockets.
+fn daemons_with(run_dir: &Path) -> Result<Vec<(std::path::PathBuf, DaemonStatus)>> {
+    let mut out = Vec::new();
+    for sock in control::sockets(run_dir, "daemon")? {
+        match control::request(&sock, "status", ANSWER) {
+            Ok(v) => out.push((
+                sock.clone(),
+                serde_json::from_value(v["daemon"].clone())
+                    .with_context(|| format!("bad status from {}", sock.display()))?,
+            )),
+            Err(e) => log::debug!("{}: {e:#}", sock.display()),
+        }
+    }
+    Ok(out)
 }
 
 /// `ramd reload [-c FILE]`: the `ramd up` daemon of the run directory

@@ -17,7 +17,7 @@ use clap::Parser;
 
 use cli::{Cli, Command, ServeArgs};
 use ramd_daemon::config;
-use ramd_daemon::daemon::{Daemon, Setup};
+use ramd_daemon::daemon::{Daemon, Hangup, Setup};
 use ramd_daemon::frontend::Registry;
 
 fn main() {
@@ -45,7 +45,7 @@ fn main() {
         }
     }
     let run_dir = cli.run_dir.clone();
-    let setup = |from_file: Option<PathBuf>, metrics| Setup {
+    let setup = |from_file: Option<PathBuf>, metrics, all_or_nothing| Setup {
         run_dir: run_dir
             .clone()
             .or(from_file)
@@ -53,22 +53,25 @@ fn main() {
         registry: registry(),
         on_ready: None,
         metrics,
+        // A closed terminal or a lost ssh session: save and stop.
+        hangup: Hangup::Stop,
+        all_or_nothing,
     };
     let dir = || run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {
-        Command::Serve(args) => Daemon::serve(args.disk, setup(None, args.metrics)),
+        Command::Serve(args) => Daemon::serve(args.disk, setup(None, args.metrics, false)),
         Command::Up(args) => config::load(&args.config).and_then(|plan| {
             let from_file = plan.daemon.run_dir.clone();
             let metrics = args.metrics.or(plan.daemon.metrics);
-            Daemon::up(plan, setup(from_file, metrics))
+            Daemon::up(plan, setup(from_file, metrics, args.all_or_nothing))
         }),
-        Command::Down(a) => client::down(&dir(), a.name.as_deref(), a.json),
+        Command::Down(a) => client::down(&dir(), &a),
         Command::Reload(a) => client::reload(&dir(), a.config.as_deref(), a.json),
         Command::Status(a) if a.watch => {
             client::watch(&dir(), a.name.as_deref(), a.json, a.interval)
         }
         Command::Status(a) => client::status(&dir(), a.name.as_deref(), a.json),
-        Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.json),
+        Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.to.as_deref(), a.json),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::Bench(a) => bench::run(a),
         Command::Completions { shell } => help::completions(shell),

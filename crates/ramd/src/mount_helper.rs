@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use ramd_daemon::control;
-use ramd_daemon::daemon::{Daemon, Setup};
+use ramd_daemon::daemon::{Daemon, Hangup, Setup};
 use ramd_daemon::frontends::fuse::check_mount_point;
 use ramd_daemon::mount_opts::{self, MountRequest};
 
@@ -329,6 +329,9 @@ fn daemon_child(
             registry: crate::registry(),
             on_ready: Some(on_ready),
             metrics: None,
+            // Detached (setsid): no terminal of its own can hang up.
+            hangup: Hangup::Ignore,
+            all_or_nothing: false,
         },
     );
     match result {

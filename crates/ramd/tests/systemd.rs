@@ -39,7 +39,7 @@ fn install_systemd_writes_a_unit_systemd_analyze_verify_accepts() {
         "Type=notify".to_string(),
         format!("ExecStart={} up -c {}", ramd_bin(), config.display()),
         format!("ExecReload={} reload", ramd_bin()),
-        format!("ExecStop={} down", ramd_bin()),
+        format!("ExecStop={} down --pid $MAINPID", ramd_bin()),
         "LimitMEMLOCK=infinity".to_string(),
         "RuntimeDirectory=ramd".to_string(),
         "KillMode=mixed".to_string(),
