@@ -175,11 +175,11 @@ impl Daemon {
         let mut d = Daemon::new(setup, Mode::Serve, None, None, threads)?;
         d.open(vec![args])?;
         let disk = d.disks.values().next().expect("opened above");
-        // The URI alone on stdout: scripts wait for this line, then connect.
-        println!(
-            "{}",
-            disk.disk.endpoints().first().cloned().unwrap_or_default()
-        );
+        // One line on stdout, once clients may connect: every endpoint
+        // (NBD sockets, the iSCSI portal, the mount point), the first one
+        // first, so that scripts can wait for the line and take its first
+        // word.
+        println!("{}", disk.disk.endpoints().join(" "));
         notify::ready(&d.summary());
         if let Some(f) = on_ready {
             f();
@@ -592,6 +592,7 @@ impl Daemon {
             // The process serves on (what stopped cleanly is gone) and
             // waits to be asked again.
             self.ending = false;
+            ramd_store::persist::stop_loading(false);
             for req in self.down_all.drain(..) {
                 req.answer(Err(error.clone()));
             }
@@ -874,7 +875,12 @@ fn on_signals(tx: Sender<Event>, hangup: Hangup) -> Result<()> {
                         );
                         continue;
                     }
-                    _ => Event::Signal(sig),
+                    _ => {
+                        // A load under way (the loop hears this once the
+                        // disks are open) stops now.
+                        ramd_store::persist::stop_loading(true);
+                        Event::Signal(sig)
+                    }
                 };
                 if tx.send(event).is_err() {
                     return;

@@ -287,6 +287,8 @@ fn one_disk_on_a_unix_socket_and_tcp_at_once() {
     let unix = d.uri().to_string();
     assert!(unix.contains("socket="), "{unix}");
     let tcp = format!("nbd://127.0.0.1:{port}/both");
+    // The ready line names both.
+    assert_eq!(d.endpoints(), [unix.clone(), tcp.clone()]);
     qemu_io(&unix, &["write -P 0xab 0 2M".into()]);
     qemu_io(
         &tcp,
@@ -370,13 +372,22 @@ fn bad_configs_are_refused_before_anything_starts() {
     assert!(err.contains("ramd.toml:1: [disk.a]"), "{err}");
     assert!(err.contains("image"), "{err}");
 
-    // A disk that fails while starting stops the ones started before it.
+    // With --all-or-nothing, a disk that fails while starting stops the
+    // ones started before it (without it, they serve: tests/trust.rs).
     let not_a_dir = tmp.path().join("file");
     fs::write(&not_a_dir, "x").unwrap();
-    let err = refused(&format!(
-        "[disk.a]\nsize = \"8M\"\n\n[disk.b]\nsize = \"8M\"\nimage = \"{}\"\n",
-        not_a_dir.display()
-    ));
+    let config = write_config(
+        tmp.path(),
+        &format!(
+            "[disk.a]\nsize = \"8M\"\n\n[disk.b]\nsize = \"8M\"\nimage = \"{}\"\n",
+            not_a_dir.display()
+        ),
+    );
+    let err = ramd_fails(
+        rd.path(),
+        &["up", "-c", config.to_str().unwrap(), "--all-or-nothing"],
+    );
+    assert!(control_sockets(rd.path()).is_empty(), "{err}");
     assert!(err.contains("disk \"b\""), "{err}");
     assert!(!rd.path().join("a.sock").exists(), "{err}");
 }

@@ -41,10 +41,16 @@ impl Target {
             IQN,
         ];
         args.extend_from_slice(extra);
-        Target {
-            d: Ramd::start(&args),
-            port,
-        }
+        let d = Ramd::start(&args);
+        // `serve` prints every endpoint: NBD first, then the LUN.
+        assert!(
+            d.endpoints()
+                .iter()
+                .any(|e| e.starts_with("iscsi://") && e.contains(&p)),
+            "{:?}",
+            d.endpoints()
+        );
+        Target { d, port }
     }
 
     fn portal(&self) -> String {

@@ -1694,14 +1694,25 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
         ],
     );
 
-    // The stop's own save fails too; the daemon still exits, and says why.
-    let status = d.stop_with(libc::SIGTERM);
-    println!("exit after a failed save at stop: {status}");
+    // The stop's own save fails too: the disk is not stopped (nothing is
+    // lost), and says why; only `ramd down --force` gives its data up, and
+    // says what that loses.
+    let pid = d.pid();
+    // SAFETY: kill(2) to our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_until(STOP_DEADLINE, "the refused stop in status", || {
+        d.stats()["blocked"]
+            .as_str()
+            .is_some_and(|b| b.contains("NOT STOPPED") && b.contains("No space left"))
+    });
+    io(d.uri(), &["verify-random", "0", "1M", "w"]);
+    let out = ramd_cmd(d.run_dir(), &["down", "--force", "tiny"]).failed();
     assert!(
-        d.stderr().contains("No space left"),
-        "the failed save at stop is not reported on stderr:\n{}",
-        d.stderr()
+        out.stderr.contains("WITHOUT saving") && out.stderr.contains(&format!("save {good_seq}")),
+        "{out:?}"
     );
+    let status = d.wait_exit(STOP_DEADLINE);
+    assert_eq!(status.code(), Some(1), "stderr:\n{}", d.stderr());
 
     // The last good image loads: the 8 MiB of the first save, zeros after.
     verify_ok(&img);

@@ -35,7 +35,14 @@ const GRACE: Duration = Duration::from_secs(3);
 /// A dead `fuse.ramd` mount there (its ramd was killed) is cleared first.
 pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
     let meta = match std::fs::metadata(dir) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // ENOTCONN: the connection is gone; ECONNABORTED and ECANCELED:
+        // requests that were queued (over io_uring) when it went.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED)
+            ) =>
+        {
             clear_dead_mount(dir)?;
             std::fs::metadata(dir)
         }
@@ -55,7 +62,8 @@ pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("mount point {}", dir.display()))
 }
 
-/// `dir` answers ENOTCONN: a FUSE mount whose daemon is gone. If it is
+/// `dir` answers ENOTCONN (or ECONNABORTED, ECANCELED): a FUSE mount
+/// whose daemon is gone. If it is
 /// ramd's, detach it (nothing of it can be served again: its data was in
 /// the dead process) and say so; anything else is not ours to touch.
 fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {

@@ -42,7 +42,9 @@ use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use manifest::{ImageDir, Manifest, SegEntry};
-pub use policy::{load, open_image, FlushMode, MetaFn, PersistStatus, Persister, SaveReport};
+pub use policy::{
+    load, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister, SaveReport,
+};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
 pub use writer::SegWriter;

@@ -473,6 +473,16 @@ impl PersistStatus {
 
 /// Loads the image into `store`; returns the filesystem tree if it is an
 /// fs image. Progress goes to a bar on a terminal, else to log lines.
+/// Set by a stop signal: loads under way end at their next record, so that
+/// Ctrl-C during a long load stops at once (and nothing half-loaded is
+/// ever saved: the disk that was loading never serves).
+static STOP_LOADING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stops every load of this process (`on` = true), or allows loads again.
+pub fn stop_loading(on: bool) {
+    STOP_LOADING.store(on, Ordering::SeqCst);
+}
+
 pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
     let m = image.manifest().expect("load needs an image");
     let t0 = Instant::now();
@@ -490,6 +500,9 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
     image
         .read_chain(
             |rec| match rec {
+                _ if STOP_LOADING.load(Ordering::Relaxed) => Err(Error::Unusable(
+                    "stopped by a signal (the image is untouched)".into(),
+                )),
                 Record::Page(page, p) => store.restore_page(page, p),
                 Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
                 Record::Gone(key) => store.restore_gone(key),

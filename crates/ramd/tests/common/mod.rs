@@ -266,6 +266,10 @@ impl Background {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// Panics (with its output) if the process has exited.
     pub fn assert_running(&mut self) {
         let child = self.child.as_mut().unwrap();
@@ -413,6 +417,8 @@ pub struct Ramd {
     run_dir: PathBuf,
     name: String,
     uri: String,
+    /// Every endpoint of its ready line (`uri` is the first).
+    endpoints: Vec<String>,
     stderr_path: PathBuf,
     extra_stdout: Arc<Mutex<Vec<String>>>,
     stdout_reader: Option<JoinHandle<()>>,
@@ -538,11 +544,14 @@ impl Ramd {
             }
         };
 
+        // Every endpoint on one line, the first first.
+        let endpoints: Vec<String> = uri.split(' ').map(String::from).collect();
         Ok(Ramd {
             child: Some(child),
             run_dir: run_dir.to_path_buf(),
             name,
-            uri,
+            uri: endpoints[0].clone(),
+            endpoints,
             stderr_path,
             extra_stdout,
             stdout_reader: Some(stdout_reader),
@@ -553,6 +562,11 @@ impl Ramd {
 
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// Every endpoint `serve` printed on its ready line.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     pub fn name(&self) -> &str {

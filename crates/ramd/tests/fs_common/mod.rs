@@ -514,6 +514,23 @@ impl FsDisk {
         );
     }
 
+    /// SIGKILL, as a crash, leaving the dead mount where it is (as a
+    /// killed ramd does); returns how it died.
+    pub fn kill_leaving_mount(&mut self) -> ExitStatus {
+        let pid = self.pid();
+        // SAFETY: kill(2) to our own child, not yet reaped.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        self.reap("SIGKILL")
+    }
+
+    /// Waits for the daemon to exit by itself (after `ramd down`, a forced
+    /// stop, an unmount seen elsewhere); returns how it ended.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        self.reap("waiting for it to exit")
+    }
+
     /// SIGTERM; asserts exit code 0 and that the mount is gone.
     pub fn stop(mut self) {
         let status = self.stop_with(libc::SIGTERM);
