@@ -252,6 +252,52 @@ fn up_notifies_ready_once_disks_serve_reloading_and_stopping() {
     assert!(!mounted(&mnt));
 }
 
+/// A disk that cannot start keeps none of the others down; systemd's
+/// STATUS= names it, FAILED, with its reason.
+#[test]
+fn up_with_a_disk_that_cannot_start_says_so_in_status() {
+    let tmp = scratch();
+    let rd = tmp.path().join("run");
+    let sock_path = tmp.path().join("notify");
+    let notes = Notifications(UnixDatagram::bind(&sock_path).unwrap());
+    let config = tmp.path().join("ramd.toml");
+    fs::write(
+        &config,
+        format!(
+            "[disk.blk]\nsize = \"64M\"\n\n\
+             [disk.files]\nkind = \"fs\"\nsize = \"64M\"\nmount = \"{}\"\n",
+            tmp.path().join("missing").display()
+        ),
+    )
+    .unwrap();
+    let stderr = tmp.path().join("stderr");
+    let child = Command::new(ramd_bin())
+        .arg("--run-dir")
+        .arg(&rd)
+        .args(["up", "-c"])
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .expect("spawn ramd up");
+    let mut daemon = Daemon(Some(child), stderr);
+    let ready = notes.next(START_DEADLINE, "READY=1 after start");
+    assert!(has_line(&ready, "READY=1"), "{ready:?}");
+    assert!(
+        ready.contains("STATUS=serving 1 disk(s): blk")
+            && ready.contains("disk files FAILED: mount point")
+            && ready.contains("missing"),
+        "{ready:?}"
+    );
+    assert!(nbd_greets(&rd.join("blk.sock")));
+    kill(daemon.0.as_ref().unwrap(), libc::SIGTERM);
+    let status = wait_child(daemon.0.as_mut().unwrap(), STOP_DEADLINE).expect("exits");
+    assert!(status.success(), "{status}");
+    daemon.0 = None;
+}
+
 #[test]
 fn serve_notifies_an_abstract_socket_ready_and_stopping() {
     let name = format!("ramd-test-notify-{}", std::process::id());

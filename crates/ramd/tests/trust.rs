@@ -502,3 +502,64 @@ fn the_units_execstop_stops_only_its_own_daemon() {
     let st = other.wait_exit(STOP_DEADLINE);
     assert!(st.success(), "{st}");
 }
+
+/// Ctrl-C while a large image loads stops the load (it does not wait for
+/// it, then save a half-loaded disk over the image): the image is exactly
+/// as it was, and loads whole afterwards.
+#[test]
+fn ctrl_c_during_a_load_stops_it_and_leaves_the_image_alone() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let src = tmp.path().join("src");
+    random_file(&src, 512 * MIB);
+    let mut d = Ramd::start(&["--size", "512M", "--image", p(&img)]);
+    nbdcopy_ok(&[p(&src), d.uri()]);
+    d.stop();
+    let listing = |dir: &Path| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    sha256(&e.path()),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(&img);
+
+    let rd = scratch();
+    let log = tmp.path().join("stderr");
+    let mut child = Command::new(ramd_bin())
+        .arg("--run-dir")
+        .arg(rd.path())
+        .args(["serve", "--image", p(&img)])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until(START_DEADLINE, "the load to begin", || {
+        fs::read_to_string(&log).unwrap().contains("loading image")
+    });
+    // SAFETY: kill(2) to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_child(&mut child, STOP_DEADLINE).expect("ramd exits after SIGINT");
+    let err = fs::read_to_string(&log).unwrap();
+    if err.contains("loaded image") {
+        // The load won the race (a fast host): then it stopped as usual.
+        assert!(status.success(), "{status}\n{err}");
+    } else {
+        assert!(err.contains("stopped by a signal"), "{err}");
+        assert!(!err.contains("saved"), "{err}");
+        assert_eq!(status.code(), Some(1), "{err}");
+    }
+    assert_eq!(listing(&img), before, "the image changed:\n{err}");
+    let d = Ramd::start(&["--image", p(&img)]);
+    let back = tmp.path().join("back");
+    nbdcopy_ok(&[d.uri(), p(&back)]);
+    assert_same_file(&src, &back);
+}
