@@ -76,7 +76,7 @@ fn info(dir: &Path, as_json: bool) -> Result<()> {
 }
 
 /// A UTC time as `date -u` would print it, without a date crate.
-fn time_text(ns: u64) -> String {
+pub(crate) fn time_text(ns: u64) -> String {
     let secs = (ns / 1_000_000_000) as i64;
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

@@ -57,6 +57,8 @@ struct LostRange {
 struct Tree {
     /// The save whose tree was used; `None`: none could be read.
     save: Option<u64>,
+    /// When that save was made (ns since the epoch).
+    time_ns: Option<u64>,
     newest: bool,
     /// What became of file data no file of that tree owns.
     lost_found: Vec<String>,
@@ -418,6 +420,7 @@ fn rebuild_fs(
                 .map_err(|e| anyhow::anyhow!("the tree of save {seq}: {e}"))?;
             let tree = Tree {
                 save: Some(*seq),
+                time_ns: time_of(chain, *seq),
                 newest: true,
                 lost_found: Vec::new(),
             };
@@ -434,6 +437,7 @@ fn rebuild_fs(
         let lost_found = adopt(&aside, &fs)?;
         let tree = Tree {
             save: Some(*seq),
+            time_ns: time_of(chain, *seq),
             newest: false,
             lost_found,
         };
@@ -446,10 +450,15 @@ fn rebuild_fs(
     let lost_found = adopt(&store, &fs)?;
     let tree = Tree {
         save: None,
+        time_ns: None,
         newest: false,
         lost_found,
     };
     Ok((Arc::new(fs), tree))
+}
+
+fn time_of(chain: &SalvageChain, seq: u64) -> Option<u64> {
+    chain.chain.iter().find(|s| s.seq == seq).map(|s| s.time_ns)
 }
 
 fn owned_slots(fs: &Fs) -> Result<BTreeSet<u64>> {
@@ -611,8 +620,10 @@ fn print_report(r: &Report, out: &mut dyn Write) {
             (Some(s), false) => {
                 let _ = writeln!(
                     w,
-                    "tree: the newest save's tree is damaged; using save {s}'s: names, sizes \
-                     and attributes changed after save {s} are lost"
+                    "tree: the newest save's tree is damaged; using save {s}'s (made {}): \
+                     names, sizes and attributes changed after it are lost",
+                    t.time_ns
+                        .map_or("at an unknown time".into(), crate::image_cmd::time_text)
                 );
             }
             (None, _) => {

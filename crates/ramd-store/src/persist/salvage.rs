@@ -515,14 +515,7 @@ fn read_tolerant(
             let r = region.get_or_insert_with(|| Region {
                 start: at,
                 end: at,
-                reason: format!(
-                    "record at offset {at}: {}",
-                    match record_at(data, at, false) {
-                        Some(h) => format!("{}: checksum mismatch", describe(h.ty, h.a)),
-                        None if at + REC_HEADER > data.len() => "cut short".to_string(),
-                        None => "not a record (damaged header)".to_string(),
-                    }
-                ),
+                reason: bad_record(data, at, short, expect.seg.bytes),
                 after: last,
                 may_gone: !seen_meta_or_page && !expect.seg.full,
             });
@@ -595,7 +588,7 @@ fn read_tolerant(
             end: data.len(),
             reason: if short {
                 format!(
-                    "file is {} bytes, the MANIFEST says {} (truncated): the records \
+                    "the file is {} bytes, the MANIFEST says {} (truncated): the records \
                      after offset {at} are missing",
                     data.len(),
                     expect.seg.bytes
@@ -609,6 +602,31 @@ fn read_tolerant(
         place_region(&r, None, &mut damage);
     }
     Ok(())
+}
+
+/// Why the record at `at` is not one (for the report).
+fn bad_record(data: &[u8], at: usize, short: bool, want: u64) -> String {
+    let mut why = match record_at(data, at, false) {
+        Some(h) => format!("{}: checksum mismatch", describe(h.ty, h.a)),
+        None if at + REC_HEADER > data.len() => "a record cut short".to_string(),
+        None => {
+            let rh = &data[at..at + REC_HEADER];
+            let plen = u32::from_le_bytes(rh[8..12].try_into().unwrap()) as u64;
+            let a = u64::from_le_bytes(rh[16..24].try_into().unwrap());
+            if at as u64 + (REC_HEADER as u64) + plen > data.len() as u64 {
+                format!("{}: runs past the end of the file", describe(rh[4], a))
+            } else {
+                "not a record (damaged header)".to_string()
+            }
+        }
+    };
+    if short {
+        why += &format!(
+            "; the file is {} bytes, the MANIFEST says {want} (truncated)",
+            data.len()
+        );
+    }
+    why
 }
 
 /// Says which pages an unreadable stretch may have held, from its good
