@@ -62,6 +62,17 @@ struct Tree {
     newest: bool,
     /// What became of file data no file of that tree owns.
     lost_found: Vec<String>,
+    /// Those files by the slot their data came from.
+    #[serde(skip)]
+    adopted: Vec<Adopted>,
+}
+
+/// A file of lost+found made from the data of one slot of the image.
+#[derive(Debug)]
+struct Adopted {
+    slot: u64,
+    path: String,
+    ino: Ino,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,7 +168,7 @@ fn salvage(args: &Args) -> Result<i32> {
         DiskKind::Fs => {
             let (fs, tree) = rebuild_fs(store, &chain, &metas, last, args.to.is_some())?;
             let files = image_fs::walk(&fs, &mut Collect)?;
-            let (lost, outside) = fs_losses(&fs, &files, &read.lost)?;
+            let (lost, outside) = fs_losses(&fs, &files, &tree.adopted, &read.lost)?;
             report.lost = lost;
             report.lost_outside_files = outside;
             report.tree = Some(tree);
@@ -343,25 +354,43 @@ impl Sink for Collect {
 
 /// Lost pages of a filesystem as file paths and byte ranges in them; and
 /// the lost bytes that fall in no file (data of deleted files, or past a
-/// file's end: a load drops those anyway).
+/// file's end: a load drops those anyway). Lost pages are in the image's
+/// store offsets: a file of lost+found is found by the slot its data came
+/// from, every other file by its own slot (a loaded tree keeps them).
 fn fs_losses(
     fs: &Fs,
     files: &std::collections::HashMap<Ino, Vec<PathBuf>>,
+    adopted: &[Adopted],
     lost: &[persist::LostPages],
 ) -> Result<(Vec<LostRange>, u64)> {
-    // Files by where their data starts.
-    let mut by_base: BTreeMap<u64, (Ino, u64)> = BTreeMap::new();
-    for &ino in files.keys() {
-        let base = fs
-            .data_offset(ino)
-            .map_err(|e| anyhow::anyhow!("inode {ino}: {}", errno_text(e)))?;
-        let size = fs
-            .getattr(ino)
-            .map_err(|e| anyhow::anyhow!("inode {ino}: {}", errno_text(e)))?
-            .size;
-        by_base.insert(base, (ino, size));
-    }
     let slot_bytes = 1u64 << ramd_fs::fs::FILE_SHIFT;
+    // Files by where their data started in the image: (ino, size, paths,
+    // where it is now).
+    let mut by_base: BTreeMap<u64, (u64, Vec<String>, u64)> = BTreeMap::new();
+    let stat = |ino: Ino| {
+        fs.getattr(ino)
+            .map(|a| a.size)
+            .map_err(|e| anyhow::anyhow!("inode {ino}: {}", errno_text(e)))
+    };
+    let now = |ino: Ino| {
+        fs.data_offset(ino)
+            .map_err(|e| anyhow::anyhow!("inode {ino}: {}", errno_text(e)))
+    };
+    for a in adopted {
+        by_base.insert(
+            a.slot * slot_bytes,
+            (stat(a.ino)?, vec![a.path.clone()], now(a.ino)?),
+        );
+    }
+    for (&ino, paths) in files {
+        if adopted.iter().any(|a| a.ino == ino) {
+            continue;
+        }
+        let base = now(ino)?;
+        let mut paths: Vec<String> = paths.iter().map(|p| shown(p)).collect();
+        paths.sort();
+        by_base.entry(base).or_insert((stat(ino)?, paths, base));
+    }
     let mut out = Vec::new();
     let mut outside = 0u64;
     for l in lost {
@@ -369,19 +398,17 @@ fn fs_losses(
         let end = l.end.saturating_mul(PAGE_SIZE as u64);
         let mut inside = 0u64;
         let first_base = start - start % slot_bytes;
-        for (&base, &(ino, size)) in by_base.range(first_base..end) {
+        for (&base, (size, paths, now)) in by_base.range(first_base..end) {
             let (a, b) = (start.max(base), end.min(base + size));
             if a >= b {
                 continue;
             }
             inside += b - a;
-            let mut paths: Vec<String> = files[&ino].iter().map(|p| shown(p)).collect();
-            paths.sort();
-            for (off, len, kind) in extents(fs.store(), a, b - a)? {
+            for (off, len, kind) in extents(fs.store(), now + (a - base), b - a)? {
                 push_range(
                     &mut out,
                     paths.clone(),
-                    off - base,
+                    off - now,
                     len,
                     l.seq,
                     state(l.exact, kind == ExtentKind::Hole),
@@ -423,6 +450,7 @@ fn rebuild_fs(
                 time_ns: time_of(chain, *seq),
                 newest: true,
                 lost_found: Vec::new(),
+                adopted: Vec::new(),
             };
             return Ok((Arc::new(fs), tree));
         }
@@ -434,12 +462,13 @@ fn rebuild_fs(
         move_slots(&store, &aside, |slot| !owned.contains(&slot))?;
         let fs = Fs::load(store, cfg, meta)
             .map_err(|e| anyhow::anyhow!("the tree of save {seq}: {e}"))?;
-        let lost_found = adopt(&aside, &fs)?;
+        let adopted = adopt(&aside, &fs)?;
         let tree = Tree {
             save: Some(*seq),
             time_ns: time_of(chain, *seq),
             newest: false,
-            lost_found,
+            lost_found: adopted.iter().map(|a| a.path.clone()).collect(),
+            adopted,
         };
         return Ok((Arc::new(fs), tree));
     }
@@ -447,12 +476,13 @@ fn rebuild_fs(
     let fresh = image_fs::offline_store(DiskKind::Fs, chain.size, track)?;
     let fs = Fs::new(fresh, cfg)
         .map_err(|e| anyhow::anyhow!("creating a filesystem: {}", errno_text(e)))?;
-    let lost_found = adopt(&store, &fs)?;
+    let adopted = adopt(&store, &fs)?;
     let tree = Tree {
         save: None,
         time_ns: None,
         newest: false,
-        lost_found,
+        lost_found: adopted.iter().map(|a| a.path.clone()).collect(),
+        adopted,
     };
     Ok((Arc::new(fs), tree))
 }
@@ -499,7 +529,7 @@ fn move_slots(from: &Store, to: &Store, which: impl Fn(u64) -> bool) -> Result<(
 
 /// Every slot of `src` with data becomes a file `lost+found/slot-N` of `fs`
 /// (its data up to its last page; holes stay holes). Returns their paths.
-fn adopt(src: &Store, fs: &Fs) -> Result<Vec<String>> {
+fn adopt(src: &Store, fs: &Fs) -> Result<Vec<Adopted>> {
     let mut slots: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for off in src.data_chunks() {
         slots
@@ -557,7 +587,11 @@ fn adopt(src: &Store, fs: &Fs) -> Result<Vec<String>> {
         }
         fs.release(attr.ino);
         result?;
-        out.push(path);
+        out.push(Adopted {
+            slot,
+            path,
+            ino: attr.ino,
+        });
     }
     Ok(out)
 }
