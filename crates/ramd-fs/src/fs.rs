@@ -1361,6 +1361,13 @@ impl Fs {
         }
     }
 
+    /// Where regular file `ino`'s data starts in the store (its slot's
+    /// first byte): for tools that map store ranges back to files, such as
+    /// `ramd image salvage` naming the files a damaged page belongs to.
+    pub fn data_offset(&self, ino: Ino) -> Result<u64> {
+        Ok(self.file(ino)?.0)
+    }
+
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (base, size, _) = self.file(ino)?;

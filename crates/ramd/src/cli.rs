@@ -208,13 +208,83 @@ pub enum ImageCommand {
         /// The image directory.
         dir: PathBuf,
     },
-    /// Write a block disk's image out as a raw disk image (sparse), for
-    /// qemu-img, dd, losetup.
+    /// Write an image's data out: a block disk as a raw disk image
+    /// (sparse), for qemu-img, dd, losetup; a filesystem disk as a
+    /// directory tree, or as a tar archive.
+    #[command(
+        after_help = "A filesystem image is written with its files' data (holes kept \
+                      sparse in a directory; written as zeros in a tar), directories, symlinks, \
+                      hard links as links, fifos and device nodes, modes, owners, times and \
+                      xattrs. What the target cannot take (an owner without root, a device node, \
+                      an xattr the filesystem refuses) is listed as `not set: ...` on stderr, and \
+                      the export goes on. A directory target must be new or empty; an existing \
+                      file is replaced only with --force. The image must be whole: for a damaged \
+                      one use `ramd image salvage DIR --export PATH`.\n\n\
+                      Examples:\n  \
+            ramd image export /var/lib/ramd/vm --to vm.raw\n  \
+            ramd image export /var/lib/ramd/scratch --to /srv/scratch-copy\n  \
+            ramd image export /var/lib/ramd/scratch --to scratch.tar"
+    )]
     Export {
         /// The image directory.
         dir: PathBuf,
-        /// The raw file to create (refused if it exists).
-        raw: PathBuf,
+        /// Where to write (as --to; kept for scripts that name it second).
+        #[arg(value_name = "PATH", conflicts_with = "to")]
+        raw: Option<PathBuf>,
+        /// Where to write: a raw file (block image), a directory, or a tar
+        /// archive if PATH ends in `.tar` or with --tar (filesystem image).
+        #[arg(long, value_name = "PATH", required_unless_present = "raw")]
+        to: Option<PathBuf>,
+        /// Write a filesystem image as a tar archive whatever PATH's name.
+        #[arg(long)]
+        tar: bool,
+        /// Replace an existing file at PATH (never a non-empty directory).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Get what can be got out of a damaged image: load every page whose
+    /// checksum verifies, say per file and offset what could not be, and
+    /// write a new, whole image and/or the files.
+    #[command(
+        after_help = "Reads the whole chain of saves, skipping records that fail their \
+                      checksum (and a truncated segment's missing tail) instead of stopping. A \
+                      page whose newest copy is damaged keeps the copy of the save before, if \
+                      there is one, and the report says so; if the filesystem's tree of the last \
+                      save is damaged, the newest readable one is used (and files it does not \
+                      know go to lost+found/slot-N); with none, every file's data goes to \
+                      lost+found. With no MANIFEST, the chain is rebuilt from the segment \
+                      files. The image itself is never changed.\n\n\
+                      The report (stdout; --json for one JSON object) names each damaged \
+                      place (segment file, offset) and what could not be recovered: byte ranges \
+                      of a block disk, or file paths and byte ranges of a filesystem.\n\n\
+                      Exit status: 0 everything was recovered; 3 something was lost or is \
+                      uncertain (the report says what; the new image and export are still \
+                      written); 1 nothing could be salvaged (no image found, or an error \
+                      writing).\n\n\
+                      Examples:\n  \
+            ramd image salvage /var/lib/ramd/db                      # report only\n  \
+            ramd image salvage /var/lib/ramd/db --to /var/lib/ramd/db-saved\n  \
+            ramd image salvage /var/lib/ramd/scratch --export /srv/rescued --json"
+    )]
+    Salvage {
+        /// The damaged image directory (only read).
+        dir: PathBuf,
+        /// Write what was recovered as a new image here (a full save; must
+        /// be new or empty): `ramd serve --image NEWDIR` serves it.
+        #[arg(long, value_name = "NEWDIR")]
+        to: Option<PathBuf>,
+        /// Also write the data out, as `image export --to PATH` does.
+        #[arg(long, value_name = "PATH")]
+        export: Option<PathBuf>,
+        /// With --export of a filesystem image: a tar archive.
+        #[arg(long, requires = "export")]
+        tar: bool,
+        /// Replace an existing file at the --export PATH.
+        #[arg(long)]
+        force: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Make a block disk image from a raw disk image: `serve --image DIR`
     /// then serves its data.

@@ -18,7 +18,28 @@ pub fn run(cmd: ImageCommand) -> Result<()> {
     match cmd {
         ImageCommand::Info { dir, json } => info(&dir, json),
         ImageCommand::Verify { dir } => verify(&dir),
-        ImageCommand::Export { dir, raw } => export(&dir, &raw),
+        ImageCommand::Export {
+            dir,
+            raw,
+            to,
+            tar,
+            force,
+        } => export(&dir, &to.or(raw).expect("clap requires a PATH"), tar, force),
+        ImageCommand::Salvage {
+            dir,
+            to,
+            export,
+            tar,
+            force,
+            json,
+        } => crate::salvage::run(crate::salvage::Args {
+            dir,
+            to,
+            export,
+            tar,
+            force,
+            json,
+        }),
         ImageCommand::Import { raw, dir, compress } => import(&raw, &dir, compress),
     }
 }
@@ -54,27 +75,7 @@ fn info(dir: &Path, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// A UTC time as `date -u` would print it, without a date crate.
-fn time_text(ns: u64) -> String {
-    let secs = (ns / 1_000_000_000) as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z.rem_euclid(146097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+pub(crate) use ramd_store::persist::time_text;
 
 fn verify(dir: &Path) -> Result<()> {
     let image = ImageDir::open_existing(dir)?;
@@ -117,19 +118,42 @@ fn verify(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn export(dir: &Path, raw: &Path) -> Result<()> {
+fn export(dir: &Path, to: &Path, tar: bool, force: bool) -> Result<()> {
     let image = ImageDir::open_existing(dir)?;
     let m = image.manifest().expect("open_existing has a manifest");
-    if m.kind != DiskKind::Block {
+    if m.kind == DiskKind::Fs {
+        let tar = tar || to.extension() == Some(std::ffi::OsStr::new("tar"));
+        // Checked before the load, which may take a while.
+        crate::image_fs::check_destination(to, !tar, force)?;
+        let fs = crate::image_fs::load_fs(dir)?;
+        let (notes, files) = crate::image_fs::export_fs(&fs, to, tar, force)?;
+        crate::image_fs::print_notes(&notes, &mut std::io::stderr().lock());
+        println!(
+            "{}: wrote {} files ({} of data) to {}{}",
+            dir.display(),
+            files.len(),
+            human(fs.stats().file_bytes),
+            to.display(),
+            if notes.is_empty() {
+                String::new()
+            } else {
+                format!("; {} attribute(s) not set (listed above)", notes.len())
+            }
+        );
+        return Ok(());
+    }
+    if tar {
         bail!(
-            "{} is an fs image: only block images have a raw form (copy the files out of \
-             a mounted disk instead)",
+            "{} is a block image: its export is a raw file, not a tar",
             dir.display()
         );
     }
+    let raw = to;
+    crate::image_fs::check_destination(raw, false, force)?;
     let out = OpenOptions::new()
         .write(true)
-        .create_new(true)
+        .create(true)
+        .truncate(true)
         .mode(0o600)
         .open(raw)
         .with_context(|| format!("creating {}", raw.display()))?;

@@ -8,7 +8,9 @@ mod cli;
 mod client;
 mod help;
 mod image_cmd;
+mod image_fs;
 mod mount_helper;
+mod salvage;
 mod systemd;
 
 use std::path::PathBuf;

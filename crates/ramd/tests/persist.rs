@@ -2070,13 +2070,17 @@ fn export_writes_the_disk_as_a_sparse_raw_file() {
         "the export of 5 MiB of data in 16 MiB is not sparse ({blocks} bytes allocated)"
     );
 
-    // Export of a filesystem image: refused, saying so.
-    let fs_img = tmp.path().join("fs-img");
-    let f = FsDisk::mount(&["--size", "16M", "--image", p(&fs_img)]);
-    fs::write(f.join("x"), b"x").unwrap();
-    f.stop();
-    let out = ramd(&["image", "export", p(&fs_img), p(&tmp.path().join("fs.raw"))]);
-    assert_eq!(out.status.code(), Some(1), "export of an fs image: {out:?}");
+    // The same with --to; a tar of a block image is refused, saying so
+    // (filesystem images: tests/salvage.rs).
+    let raw2 = tmp.path().join("export2.raw");
+    ramd(&["image", "export", p(&img), "--to", p(&raw2)]).ok();
+    assert_same_file(&reference, &raw2);
+    let out = ramd(&["image", "export", p(&img), "--to", p(&raw2)]);
+    assert_eq!(out.status.code(), Some(1), "export over a file: {out:?}");
+    assert!(out.stderr.contains("--force"), "{out:?}");
+    let b_tar = tmp.path().join("b.tar");
+    let out = ramd(&["image", "export", p(&img), "--to", p(&b_tar), "--tar"]);
+    assert_eq!(out.status.code(), Some(1), "tar of a block image: {out:?}");
     assert!(out.stderr.contains("ramd: error"), "{out:?}");
 }
 

@@ -31,6 +31,7 @@ mod format;
 mod manifest;
 mod policy;
 mod reader;
+mod salvage;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -45,6 +46,7 @@ pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use policy::{
     load, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister, SaveReport,
 };
+pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
 pub use writer::SegWriter;

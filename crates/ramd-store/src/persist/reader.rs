@@ -281,57 +281,32 @@ pub(super) fn read_segment(
         }
         offset += (REC_HEADER + payload.len()) as u64;
         let data = &payload[..plen];
-        let rec = match (ty, sub) {
-            (R_END, _) => {
-                if a != records || b != pages {
-                    return Err(bad(at, format!(
-                        "END record counts {a} records and {b} pages, the segment holds {records} and {pages}"
-                    )));
-                }
-                if offset != len {
-                    return Err(bad(offset, "data after the END record".into()));
-                }
-                if records != seg.records || pages != seg.pages {
-                    return Err(bad(
-                        at,
-                        "record or page count differs from the MANIFEST's".into(),
-                    ));
-                }
-                progress(offset);
-                return Ok(());
+        if ty == R_END {
+            if a != records || b != pages {
+                return Err(bad(at, format!(
+                    "END record counts {a} records and {b} pages, the segment holds {records} and {pages}"
+                )));
             }
-            (R_RAW, 0 | 1) if plen == PAGE_SIZE => Record::Page(
-                a,
-                PageRef::Raw {
-                    data,
-                    hot: sub == 0,
-                },
-            ),
-            (R_PACKED, 1 | 2) if plen > 0 && plen <= crate::store::MAX_PACKED => Record::Page(
-                a,
-                PageRef::Packed {
-                    zstd: sub == 2,
-                    data,
-                },
-            ),
-            (R_FILL, 0) if plen == 0 => Record::Page(a, PageRef::Fill(b)),
-            (R_HOLE, 0) if plen == 0 => Record::Page(a, PageRef::Hole),
-            (R_FRAME, 0) if b != 0 => Record::Frame {
-                key: a,
-                mask: b,
-                data,
-            },
-            (R_GONE, 0) if plen == 0 => Record::Gone(a),
-            (R_META, 0) => Record::Meta(data),
-            _ => {
+            if offset != len {
+                return Err(bad(offset, "data after the END record".into()));
+            }
+            if records != seg.records || pages != seg.pages {
                 return Err(bad(
                     at,
-                    format!(
-                        "{}: unknown record (type {ty}, variant {sub}, {plen} bytes)",
-                        what()
-                    ),
-                ))
+                    "record or page count differs from the MANIFEST's".into(),
+                ));
             }
+            progress(offset);
+            return Ok(());
+        }
+        let Some(rec) = record_of(ty, sub, a, b, data) else {
+            return Err(bad(
+                at,
+                format!(
+                    "{}: unknown record (type {ty}, variant {sub}, {plen} bytes)",
+                    what()
+                ),
+            ));
         };
         records += 1;
         pages += match rec {
@@ -351,6 +326,38 @@ pub(super) fn read_segment(
             progress(offset);
         }
     }
+}
+
+/// The record a checked header and payload make, or `None` for a type,
+/// variant or length this version does not know (END is the caller's).
+pub(super) fn record_of(ty: u8, sub: u8, a: u64, b: u64, data: &[u8]) -> Option<Record<'_>> {
+    let plen = data.len();
+    Some(match (ty, sub) {
+        (R_RAW, 0 | 1) if plen == PAGE_SIZE => Record::Page(
+            a,
+            PageRef::Raw {
+                data,
+                hot: sub == 0,
+            },
+        ),
+        (R_PACKED, 1 | 2) if plen > 0 && plen <= crate::store::MAX_PACKED => Record::Page(
+            a,
+            PageRef::Packed {
+                zstd: sub == 2,
+                data,
+            },
+        ),
+        (R_FILL, 0) if plen == 0 => Record::Page(a, PageRef::Fill(b)),
+        (R_HOLE, 0) if plen == 0 => Record::Page(a, PageRef::Hole),
+        (R_FRAME, 0) if b != 0 => Record::Frame {
+            key: a,
+            mask: b,
+            data,
+        },
+        (R_GONE, 0) if plen == 0 => Record::Gone(a),
+        (R_META, 0) => Record::Meta(data),
+        _ => return None,
+    })
 }
 
 pub(super) fn advise(fd: i32, offset: u64, len: u64, advice: i32) {
