@@ -8,6 +8,7 @@
 mod common;
 mod fs_common;
 
+use common::layout::*;
 use common::*;
 use fs_common::FsDisk;
 use serde_json::Value;
@@ -42,44 +43,6 @@ fn salvage(args: &[&str]) -> (Option<i32>, Value) {
     (out.status.code(), report)
 }
 
-/// A record of a segment file: its offset, type and payload length.
-#[derive(Debug, Clone)]
-struct Rec {
-    off: u64,
-    kind: u8,
-    len: u64,
-}
-
-const RAW: u8 = 1;
-const META: u8 = 7;
-const END: u8 = 255;
-
-/// The records of a segment file (FORMAT.md: a 64-byte header, then
-/// 32-byte record headers with the type at 4 and payload length at 8,
-/// payloads padded to 8 bytes, END last).
-fn records(seg: &Path) -> Vec<Rec> {
-    let data = fs::read(seg).unwrap();
-    assert_eq!(&data[..8], b"RAMDSEG\0", "{seg:?}: magic");
-    let mut out = Vec::new();
-    let mut off = 64usize;
-    loop {
-        let h = &data[off..off + 32];
-        let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as u64;
-        let rec = Rec {
-            off: off as u64,
-            kind: h[4],
-            len,
-        };
-        off += 32 + len.div_ceil(8) as usize * 8;
-        let end = rec.kind == END;
-        out.push(rec);
-        if end {
-            break;
-        }
-    }
-    out
-}
-
 /// The RAW page record of `seg` whose payload is `page` (4096 bytes).
 fn record_holding(seg: &Path, page: &[u8]) -> Rec {
     let data = fs::read(seg).unwrap();
@@ -89,31 +52,6 @@ fn record_holding(seg: &Path, page: &[u8]) -> Rec {
             r.kind == RAW && &data[(r.off + 32) as usize..(r.off + 32 + 4096) as usize] == page
         })
         .unwrap_or_else(|| panic!("no RAW record in {seg:?} holds the page asked for"))
-}
-
-fn flip_byte(f: &Path, at: u64) {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(f)
-        .unwrap();
-    let mut b = [0u8];
-    file.read_exact_at(&mut b, at).unwrap();
-    b[0] ^= 0x5a;
-    file.write_all_at(&b, at).unwrap();
-}
-
-fn segments(img: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(img)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|f| {
-            let n = f.file_name().unwrap().to_string_lossy().into_owned();
-            n.starts_with("seg-") && !n.ends_with(".tmp")
-        })
-        .collect();
-    v.sort();
-    v
 }
 
 /// sha256 of every file of an image directory, to show it was not changed.

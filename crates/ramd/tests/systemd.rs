@@ -170,6 +170,24 @@ impl Drop for Daemon {
     }
 }
 
+/// `ramd --run-dir RD up -c CONFIG` telling `notify` (NOTIFY_SOCKET) how
+/// it does; its stderr beside `notify`.
+fn up_notifying(rd: &Path, config: &Path, notify: &Path, stdout: Stdio) -> Daemon {
+    let stderr = notify.with_file_name("stderr");
+    let child = Command::new(ramd_bin())
+        .arg("--run-dir")
+        .arg(rd)
+        .args(["up", "-c"])
+        .arg(config)
+        .env("NOTIFY_SOCKET", notify)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .expect("spawn ramd up");
+    Daemon(Some(child), stderr)
+}
+
 #[test]
 fn up_notifies_ready_once_disks_serve_reloading_and_stopping() {
     let tmp = scratch();
@@ -188,19 +206,7 @@ fn up_notifies_ready_once_disks_serve_reloading_and_stopping() {
         ),
     )
     .unwrap();
-    let stderr = tmp.path().join("stderr");
-    let child = Command::new(ramd_bin())
-        .arg("--run-dir")
-        .arg(&rd)
-        .args(["up", "-c"])
-        .arg(&config)
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(fs::File::create(&stderr).unwrap())
-        .spawn()
-        .expect("spawn ramd up");
-    let mut daemon = Daemon(Some(child), stderr);
+    let mut daemon = up_notifying(&rd, &config, &sock_path, Stdio::piped());
     let stdout = daemon.0.as_mut().unwrap().stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
@@ -270,19 +276,7 @@ fn up_with_a_disk_that_cannot_start_says_so_in_status() {
         ),
     )
     .unwrap();
-    let stderr = tmp.path().join("stderr");
-    let child = Command::new(ramd_bin())
-        .arg("--run-dir")
-        .arg(&rd)
-        .args(["up", "-c"])
-        .arg(&config)
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr).unwrap())
-        .spawn()
-        .expect("spawn ramd up");
-    let mut daemon = Daemon(Some(child), stderr);
+    let mut daemon = up_notifying(&rd, &config, &sock_path, Stdio::null());
     let ready = notes.next(START_DEADLINE, "READY=1 after start");
     assert!(has_line(&ready, "READY=1"), "{ready:?}");
     assert!(

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod layout;
 pub mod wire;
 
 /// How long `ramd serve` may take to print its URI.
