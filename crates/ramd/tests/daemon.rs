@@ -381,6 +381,67 @@ fn bad_configs_are_refused_before_anything_starts() {
     assert!(!rd.path().join("a.sock").exists(), "{err}");
 }
 
+/// A file with several mistakes: one run of `ramd up` (and of `ramd serve
+/// --config`) names every unknown key, in the order of the file, each with
+/// its file and line, then the valid keys once.
+#[test]
+fn every_unknown_key_of_a_file_is_reported_at_once_in_file_order() {
+    let tmp = scratch();
+    let rd = run_dir();
+    let config = write_config(
+        tmp.path(),
+        "colour = \"red\"\n\n\
+         [disk.zeta]\nsize = \"8M\"\nsise = \"16M\"\n\n\
+         [daemon]\nmemory = \"1G\"\n\n\
+         [disk.alpha]\nsize = \"8M\"\nwarm = \"1M\"\ncompress = \"lzo\"\nbogus = true\n",
+    );
+    let c = config.to_str().unwrap();
+    let err = ramd_fails(rd.path(), &["up", "-c", c]);
+    assert!(
+        control_sockets(rd.path()).is_empty(),
+        "something started: {err}"
+    );
+    let at = |line: &str| {
+        err.find(&format!("{c}:{line}"))
+            .unwrap_or_else(|| panic!("nothing about {c}:{line} in:\n{err}"))
+    };
+    let order = [
+        at("1: colour: unknown key"),
+        at("5: disk.zeta.sise: unknown key (did you mean size?)"),
+        at("8: daemon.memory: unknown key"),
+        at("12: disk.alpha.warm: unknown key"),
+        at("13: disk.alpha.compress: unknown codec"),
+        at("14: disk.alpha.bogus: unknown key"),
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "not in file order:\n{err}"
+    );
+    assert!(err.contains("valid keys of [disk.NAME]: "), "{err}");
+    assert!(err.contains("max_memory, metrics, run_dir"), "{err}");
+    // Each list of valid keys once, not once per mistake.
+    assert_eq!(err.matches("warm_pool").count(), 1, "{err}");
+
+    // `serve --config` checks the one table it reads, and the top level.
+    let err = ramd_fails(rd.path(), &["serve", "--config", c, "--disk", "alpha"]);
+    let order = [
+        at_in(&err, &format!("{c}:1: colour: unknown key")),
+        at_in(&err, &format!("{c}:12: disk.alpha.warm: unknown key")),
+        at_in(&err, &format!("{c}:14: disk.alpha.bogus: unknown key")),
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "not in file order:\n{err}"
+    );
+    assert!(!err.contains("sise"), "serve read another table:\n{err}");
+    assert!(control_sockets(rd.path()).is_empty(), "{err}");
+}
+
+fn at_in(text: &str, what: &str) -> usize {
+    text.find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in:\n{text}"))
+}
+
 #[test]
 fn a_second_daemon_in_one_run_dir_is_refused() {
     let tmp = scratch();
