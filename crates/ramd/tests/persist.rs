@@ -1916,6 +1916,68 @@ fn flush_persist_without_image_is_refused() {
     );
 }
 
+/// `--image DIR` on a directory of someone's files is refused before
+/// anything is written there, naming the directory and what is in it; the
+/// directories an image may be made in (missing, empty, one whose first
+/// save was killed half-way, with a fresh filesystem's lost+found) serve.
+#[test]
+fn a_non_empty_directory_that_is_not_an_image_is_refused() {
+    let tmp = scratch();
+    let data = tmp.path().join("data");
+    fs::create_dir_all(data.join("photos")).unwrap();
+    for f in ["notes.txt", "b.txt", "z.tmp", "seg-notes"] {
+        fs::write(data.join(f), f).unwrap();
+    }
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let before = listing(&data);
+    for extra in [&[][..], &["--mount", p(&mnt)][..]] {
+        let mut args = vec!["--size", "16M", "--image", p(&data)];
+        args.extend(extra);
+        let (code, err) = serve_refused(&args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!("image directory {} is not empty", p(&data))),
+            "{err}"
+        );
+        // The first few entries, in order, and how many more.
+        assert!(
+            err.contains("it has b.txt, notes.txt, photos/ and 2 more"),
+            "{err}"
+        );
+        assert!(err.contains("new or empty directory"), "{err}");
+        assert_eq!(listing(&data), before, "ramd changed the directory");
+    }
+
+    // A first save killed after its segment was renamed, before any
+    // MANIFEST: its debris is no one else's, and a new disk starts there.
+    let img = tmp.path().join("img");
+    fs::create_dir_all(img.join("lost+found")).unwrap();
+    let run_dir = scratch();
+    let mut d = Ramd::try_start_in_with(
+        run_dir.path(),
+        &["--size", "16M", "--image", p(&img)],
+        &[("RAMD_TEST_CRASH", "segment-renamed")],
+        None,
+    )
+    .unwrap_or_else(|(s, e)| panic!("ramd did not start ({s}):\n{e}"));
+    io(d.uri(), &["write-random", "0", "1M", "lost"]);
+    let _ = ramd_cmd(run_dir.path(), &["snapshot", "ram0"]);
+    let status = d.wait_exit(STOP_DEADLINE);
+    assert_sigkilled(status, "RAMD_TEST_CRASH=segment-renamed", &d.stderr());
+    assert!(
+        img.join("seg-00000001").exists() && !img.join("MANIFEST").exists(),
+        "no debris of the first save: {}",
+        listing(&img)
+    );
+    let mut d = Ramd::start(&["--size", "16M", "--image", p(&img)]);
+    io(d.uri(), &["write-random", "0", "1M", "kept"]);
+    d.stop();
+    let d = Ramd::start(&["--image", p(&img)]);
+    io(d.uri(), &["verify-random", "0", "1M", "kept"]);
+    assert!(img.join("lost+found").is_dir(), "{}", listing(&img));
+}
+
 #[test]
 fn a_size_other_than_the_images_is_refused() {
     let tmp = scratch();

@@ -491,8 +491,11 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// size to use (the image's when `size` is None) and the image, loaded or
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir)
-        .map_err(|e| Error::context(format!("image {}", dir.display()), e, ""))?;
+    let image = ImageDir::open(dir).map_err(|e| match e {
+        // Says which directory itself.
+        e @ Error::Unusable(_) => e,
+        e => Error::context(format!("image {}", dir.display()), e, ""),
+    })?;
     let Some(m) = image.manifest() else {
         let size = size.ok_or_else(|| {
             Error::Unusable(format!(
