@@ -127,8 +127,7 @@ impl Disk {
         let size = match (image.as_ref().map(|(_, n)| *n), given) {
             (Some(n), _) | (None, Some(n)) => n,
             (None, None) => bail!(
-                "disk {:?} needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)",
-                args.name
+                "a new disk needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)"
             ),
         };
         let size = match kind {

@@ -53,7 +53,12 @@ pub fn run_if_helper() -> Option<i32> {
     Some(match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("{name}: {e:#}");
+            // Shared code (the daemon's checks above all) names flags; the
+            // user wrote mount options.
+            eprintln!(
+                "{name}: {}",
+                mount_opts::as_mount_options(&format!("{e:#}"))
+            );
             EX_FAIL
         }
     })

@@ -1650,6 +1650,13 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
         out.stderr.contains("ramd: error") && out.stderr.contains("No space left"),
         "the failed snapshot does not say why: {out:?}"
     );
+    // Said once, not once more for every error in the chain.
+    assert_eq!(
+        out.stderr.matches("No space left").count(),
+        1,
+        "{}",
+        out.stderr
+    );
     let s = d.stats();
     assert_eq!(
         field(&s["last_save"], "seq"),
@@ -1659,7 +1666,7 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
     let err = s["last_save_error"]
         .as_str()
         .unwrap_or_else(|| panic!("last_save_error not set after a failed save: {s}"));
-    assert!(err.contains("No space left"), "{s}");
+    assert_eq!(err.matches("No space left").count(), 1, "{s}");
     assert!(
         ramd_cmd(d.run_dir(), &["status"]).ok().contains("SAVED"),
         "no SAVED column"
@@ -1702,6 +1709,9 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
         "the failed save at stop is not reported on stderr:\n{}",
         d.stderr()
     );
+    for line in d.stderr().lines() {
+        assert!(line.matches("No space left").count() <= 1, "{line}");
+    }
 
     // The last good image loads: the 8 MiB of the first save, zeros after.
     verify_ok(&img);
