@@ -655,6 +655,17 @@ fn bad_input_is_refused_and_nothing_is_left_started() {
         );
         let err = fails(with("size=16M,autosave=5m", &dir));
         assert!(err.contains("autosave") && err.contains("image"), "{err}");
+        // The daemon's own refusals, in the words of mount options, each
+        // said once.
+        let err = fails(with("compress=lz4,name=nosize", &dir));
+        assert!(
+            err.contains("disk \"nosize\": a new disk needs a size: give -o size=SIZE"),
+            "{err}"
+        );
+        assert_eq!(err.matches("\"nosize\"").count(), 1, "{err}");
+        let err = fails(with("size=16M,flush=persist", &dir));
+        assert!(err.contains("-o flush=persist needs -o image=DIR"), "{err}");
+        assert!(!err.contains("--"), "a flag in a mount error: {err}");
         let err = fails(with("size=16M", &s.tmp.path().join("missing")));
         assert!(
             err.contains("missing") && err.contains("No such file"),
