@@ -93,6 +93,8 @@ impl Setup {
     fn new() -> Setup {
         require_tool("mount");
         require_tool("umount");
+        // umount.fuse.ramd reads the mount's run directory with it.
+        require_tool("findmnt");
         let tmp = scratch();
         let run = tmp.path().join("run");
         let utab = tmp.path().join("utab");
@@ -162,17 +164,22 @@ impl Setup {
 
     /// The control sockets of daemons that answer in the run dir.
     fn live_disks(&self) -> Vec<String> {
-        let Ok(entries) = fs::read_dir(&self.run) else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
-            .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
-            .map(|p| p.display().to_string())
-            .collect()
+        live_disks(&self.run)
     }
+}
+
+/// The control sockets of daemons that answer in `run_dir`.
+fn live_disks(run_dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(run_dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 /// /proc/mounts of this thread's namespace (/proc/mounts is the first
@@ -315,6 +322,37 @@ fn mount_t_and_an_fstab_line_keep_data_across_umount() {
         );
         assert_eq!(sha256(&data), sum);
         m.unmount();
+    });
+}
+
+/// A mount made with `run_dir=`, which is not where umount (or remount)
+/// would look by default: remount finds it, and umount waits for its save
+/// as for any other, so a mount right after has the data and finds no
+/// daemon still running under the name.
+#[test]
+fn umount_of_a_mount_with_its_own_run_dir_waits_for_the_save() {
+    isolated(|s| {
+        let dir = s.dir("x");
+        let img = s.tmp.path().join("img");
+        let own = s.tmp.path().join("own-run");
+        let opts = format!("size=64M,image={},run_dir={}", p(&img), p(&own));
+        let m = s.mount("ramd-rd", &dir, &opts);
+        let data = dir.join("data");
+        random_file(&data, 16 * MIB);
+        let sum = sha256(&data);
+        // Nothing names the run directory but the mount's own record.
+        run_ok(&mut s.cmd("mount", &["-o", "remount,size=96M", p(&dir)]));
+        assert_eq!(df_size(&dir), 96 * MIB);
+        m.unmount();
+        assert!(
+            live_disks(&own).is_empty(),
+            "umount returned before the daemon stopped: {:?}",
+            live_disks(&own)
+        );
+        let m = s.mount("ramd-rd", &dir, &opts);
+        assert_eq!(sha256(&data), sum, "the data after umount and mount");
+        m.unmount();
+        assert!(live_disks(&own).is_empty(), "{:?}", live_disks(&own));
     });
 }
 
