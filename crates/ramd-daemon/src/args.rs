@@ -221,7 +221,8 @@ pub struct DiskArgs {
     /// Keep the disk in this image directory: loaded at start if it holds
     /// an image (then --size may be left out), saved at a clean stop
     /// (SIGINT, SIGTERM, umount, `ramd down`), on `ramd snapshot`, and with
-    /// --autosave. Created 0700, its files 0600. See FORMAT.md.
+    /// --autosave. Created 0700, its files 0600; a directory of other files
+    /// is refused (give a new or empty one). See FORMAT.md.
     #[arg(long, value_name = "DIR")]
     pub image: Option<PathBuf>,
 

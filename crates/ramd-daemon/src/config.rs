@@ -7,7 +7,8 @@
 //! go before the command line's own, so a flag given on the command line
 //! wins; `ramd up` reads every table ([`load`]). Every key and value is
 //! checked here, with clap's own parsers, so that a mistake names the file,
-//! line and key rather than a flag the user never typed.
+//! line and key rather than a flag the user never typed; every mistake of a
+//! file is reported at once, in file order, so that one run finds them all.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -25,8 +26,10 @@ use crate::units::{human, parse_size};
 
 type Table = BTreeMap<String, Spanned<toml::Value>>;
 
+/// The tables ramd reads; any other top-level key is a mistake, which
+/// [`unknown_top_level`] reports with the others (serde's
+/// `deny_unknown_fields` would stop at the first).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ConfigFile {
     #[serde(default)]
     daemon: Option<Spanned<Table>>,
@@ -74,12 +77,14 @@ pub struct Plan {
 /// the daemon's.
 pub fn load(path: &Path) -> Result<Plan> {
     let (text, file) = read(path)?;
+    let mut found = Mistakes::new(path, &text);
+    unknown_top_level(&mut found)?;
     let daemon = match &file.daemon {
         None => DaemonSettings::default(),
-        Some(t) => daemon_settings(path, &text, t.get_ref())?,
+        Some(t) => daemon_settings(&mut found, t.get_ref()),
     };
     let mut disks = Vec::new();
-    for (name, table) in &file.disk {
+    for (name, table) in in_file_order(&file.disk) {
         let line = line_of(&text, table.span().start);
         if let Some(v) = table.get_ref().get("compress_threads") {
             log::warn!(
@@ -89,18 +94,21 @@ pub fn load(path: &Path) -> Result<Plan> {
                 line_of(&text, v.span().start)
             );
         }
-        let flags = table_flags(path, &text, name, table.get_ref())?;
-        let matches = disk_command().try_get_matches_from(&flags).map_err(|e| {
-            anyhow::anyhow!(
-                "{}:{line}: [disk.{name}]: {}",
-                path.display(),
-                clap_whole(&e)
-            )
-        })?;
-        let args = DiskArgs::from_arg_matches(&matches)
-            .map_err(|e| anyhow::anyhow!("{}:{line}: [disk.{name}]: {e}", path.display()))?;
-        disks.push((args, line));
+        let Some(flags) = table_flags(&mut found, name, table) else {
+            continue;
+        };
+        // The flags together (`autosave` needs `image`...), once each key
+        // is right on its own.
+        let args = disk_command()
+            .try_get_matches_from(&flags)
+            .map_err(|e| clap_whole(&e))
+            .and_then(|m| DiskArgs::from_arg_matches(&m).map_err(|e| e.to_string()));
+        match args {
+            Ok(args) => disks.push((args, line)),
+            Err(e) => found.add(table.span().start, format!("[disk.{name}]"), e),
+        }
     }
+    found.into_result()?;
     if disks.is_empty() {
         bail!("{}: no [disk.NAME] table: nothing to serve", path.display());
     }
@@ -151,96 +159,145 @@ fn read(path: &Path) -> Result<(String, ConfigFile)> {
     Ok((text, file))
 }
 
-fn daemon_settings(path: &Path, text: &str, t: &Table) -> Result<DaemonSettings> {
+/// Top-level keys other than `[daemon]` and `[disk.NAME]`, each a mistake.
+fn unknown_top_level(found: &mut Mistakes) -> Result<()> {
+    let keys: BTreeMap<Spanned<String>, serde::de::IgnoredAny> = toml::from_str(found.text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", found.path.display(), e.message()))?;
+    for key in keys.keys() {
+        if !matches!(key.get_ref().as_str(), "daemon" | "disk") {
+            found.unknown(
+                key.span().start,
+                key.get_ref().clone(),
+                &["daemon", "disk"],
+                "valid at the top level: the tables [daemon] and [disk.NAME]",
+            );
+        }
+    }
+    Ok(())
+}
+
+const DAEMON_KEYS: [&str; 6] = [
+    "compress_threads",
+    "host_reserve",
+    "iscsi_target",
+    "max_memory",
+    "metrics",
+    "run_dir",
+];
+
+/// `[daemon]`'s settings; its mistakes go to `found`.
+fn daemon_settings(found: &mut Mistakes, t: &Table) -> DaemonSettings {
     let mut d = DaemonSettings::default();
-    for (key, value) in t {
-        let at = at(path, text, value, format!("daemon.{key}"));
+    for (key, value) in in_file_order(t) {
         let v = value.get_ref();
         let size = || match v {
             toml::Value::String(s) => parse_size(s),
             toml::Value::Integer(n) if *n > 0 => Ok(*n as u64),
             _ => Err("expected a size like \"8G\"".into()),
         };
-        match key.as_str() {
+        let checked: std::result::Result<(), String> = match key.as_str() {
             "run_dir" => match v.as_str() {
-                Some(s) if !s.is_empty() => d.run_dir = Some(s.into()),
-                _ => return Err(at("expected a directory path".into())),
-            },
-            "max_memory" => d.max_memory = Some(size().map_err(at)?),
-            "host_reserve" => d.host_reserve = Some(size().map_err(at)?),
-            "compress_threads" => match v.as_integer() {
-                Some(n @ 1..=64) => d.compress_threads = Some(n as u16),
-                _ => return Err(at("expected a number of threads from 1 to 64".into())),
-            },
-            "metrics" => {
-                let addr = match v {
-                    toml::Value::String(s) => crate::metrics::parse_addr(s),
-                    toml::Value::Integer(n) => u16::try_from(*n)
-                        .map(|p| crate::metrics::parse_addr(&p.to_string()))
-                        .unwrap_or_else(|_| Err(format!("invalid metrics port {n}"))),
-                    _ => Err("expected an address like \"9100\" or \"0.0.0.0:9100\"".into()),
-                };
-                d.metrics = Some(addr.map_err(at)?);
-            }
-            "iscsi_target" => match v.as_str() {
-                Some(s) => d.iscsi_target = Some(crate::args::parse_iqn(s).map_err(at)?),
-                None => {
-                    return Err(at(
-                        "expected an iSCSI name like \"iqn.2026-11.org.example:disks\"".into(),
-                    ))
+                Some(s) if !s.is_empty() => {
+                    d.run_dir = Some(s.into());
+                    Ok(())
                 }
+                _ => Err("expected a directory path".into()),
+            },
+            "max_memory" => size().map(|n| d.max_memory = Some(n)),
+            "host_reserve" => size().map(|n| d.host_reserve = Some(n)),
+            "compress_threads" => match v.as_integer() {
+                Some(n @ 1..=64) => {
+                    d.compress_threads = Some(n as u16);
+                    Ok(())
+                }
+                _ => Err("expected a number of threads from 1 to 64".into()),
+            },
+            "metrics" => match v {
+                toml::Value::String(s) => crate::metrics::parse_addr(s),
+                toml::Value::Integer(n) => u16::try_from(*n)
+                    .map(|p| crate::metrics::parse_addr(&p.to_string()))
+                    .unwrap_or_else(|_| Err(format!("invalid metrics port {n}"))),
+                _ => Err("expected an address like \"9100\" or \"0.0.0.0:9100\"".into()),
+            }
+            .map(|a| d.metrics = Some(a)),
+            "iscsi_target" => match v.as_str() {
+                Some(s) => crate::args::parse_iqn(s).map(|n| d.iscsi_target = Some(n)),
+                None => Err("expected an iSCSI name like \"iqn.2026-11.org.example:disks\"".into()),
             },
             _ => {
-                return Err(at(
-                    "unknown key (valid keys: compress_threads, host_reserve, \
-                     iscsi_target, max_memory, metrics, run_dir)"
-                        .into(),
-                ))
+                found.unknown(
+                    value.span().start,
+                    format!("daemon.{key}"),
+                    &DAEMON_KEYS,
+                    &format!("valid keys of [daemon]: {}", DAEMON_KEYS.join(", ")),
+                );
+                Ok(())
             }
+        };
+        if let Err(msg) = checked {
+            found.add(value.span().start, format!("daemon.{key}"), msg);
         }
     }
-    Ok(d)
+    d
 }
 
 /// The flags `[disk.NAME]` of `path` stands for. `disk` may be omitted when
 /// the file has exactly one disk.
 pub fn disk_flags(path: &Path, disk: Option<&str>) -> Result<Vec<OsString>> {
     let (text, file) = read(path)?;
+    let mut found = Mistakes::new(path, &text);
+    unknown_top_level(&mut found)?;
     let names: Vec<&str> = file.disk.keys().map(String::as_str).collect();
-    let name = match (disk, names.as_slice()) {
-        (Some(d), _) => d,
-        (None, [only]) => only,
-        (None, []) => bail!("{}: no [disk.NAME] table", path.display()),
-        (None, _) => bail!(
+    let chosen = match (disk, names.as_slice()) {
+        (Some(d), _) => Ok(d),
+        (None, [only]) => Ok(*only),
+        (None, []) => Err(format!("{}: no [disk.NAME] table", path.display())),
+        (None, _) => Err(format!(
             "{}: several disks ({}): choose one with --disk NAME",
             path.display(),
             names.join(", ")
-        ),
+        )),
     };
-    let Some(table) = file.disk.get(name) else {
-        bail!(
-            "{}: no [disk.{name}] table (disks: {})",
-            path.display(),
-            names.join(", ")
-        );
+    let table = chosen.and_then(|name| {
+        let t = file.disk.get(name).ok_or_else(|| {
+            format!(
+                "{}: no [disk.{name}] table (disks: {})",
+                path.display(),
+                names.join(", ")
+            )
+        })?;
+        Ok((name, t))
+    });
+    let (name, table) = match table {
+        Ok(t) => t,
+        // A misspelt table name explains a missing table best.
+        Err(e) => {
+            found.into_result()?;
+            bail!("{e}")
+        }
     };
-    table_flags(path, &text, name, table.get_ref())
+    let flags = table_flags(&mut found, name, table);
+    found.into_result()?;
+    Ok(flags.expect("no mistakes, so flags"))
 }
 
 /// One disk table as flags, each key and value checked with its flag's own
-/// parser.
-fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec<OsString>> {
-    crate::args::parse_name(name)
-        .map_err(|e| anyhow::anyhow!("{}: [disk.{name}]: {e}", path.display()))?;
+/// parser; `None` if it has mistakes, which go to `found`.
+fn table_flags(found: &mut Mistakes, name: &str, table: &Spanned<Table>) -> Option<Vec<OsString>> {
+    let before = found.list.len();
+    if let Err(e) = crate::args::parse_name(name) {
+        found.add(table.span().start, format!("[disk.{name}]"), e);
+    }
     let disk = disk_command();
     let mut flags: Vec<OsString> = vec!["--name".into(), name.into()];
     let mut kind = None;
-    for (key, value) in table {
-        let at = at(path, text, value, format!("disk.{name}.{key}"));
+    for (key, value) in in_file_order(table.get_ref()) {
+        let at = value.span().start;
+        let what = format!("disk.{name}.{key}");
         if key == "kind" {
             match value.get_ref().as_str() {
-                Some(k @ ("block" | "fs")) => kind = Some((k, line_of(text, value.span().start))),
-                _ => return Err(at("expected \"block\" or \"fs\"".into())),
+                Some(k @ ("block" | "fs")) => kind = Some((k, at)),
+                _ => found.add(at, what, "expected \"block\" or \"fs\"".into()),
             }
             continue;
         }
@@ -265,14 +322,14 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
             Err(KeyError::Unknown(mut valid)) => {
                 valid.push("kind".into());
                 valid.sort();
-                return Err(at(format!(
-                    "unknown key (valid keys: {})",
-                    valid.join(", ")
-                )));
+                let valid: Vec<&str> = valid.iter().map(String::as_str).collect();
+                let line = format!("valid keys of [disk.NAME]: {}", valid.join(", "));
+                found.unknown(at, what, &valid, &line);
             }
-            Err(KeyError::Value(msg)) => return Err(at(msg)),
+            Err(KeyError::Value(msg)) => found.add(at, what, msg),
         }
     }
+    let table = table.get_ref();
     let problem = match kind {
         Some(("fs", _)) if !table.contains_key("mount") => {
             "a filesystem disk needs `mount = \"DIR\"`"
@@ -282,10 +339,71 @@ fn table_flags(path: &Path, text: &str, name: &str, table: &Table) -> Result<Vec
         }
         _ => "",
     };
-    if let (Some((_, line)), false) = (kind, problem.is_empty()) {
-        bail!("{}:{line}: disk.{name}.kind: {problem}", path.display());
+    if let (Some((_, at)), false) = (kind, problem.is_empty()) {
+        found.add(at, format!("disk.{name}.kind"), problem.into());
     }
-    Ok(flags)
+    (found.list.len() == before).then_some(flags)
+}
+
+/// A table's entries in the order the file gives them (a map's own order
+/// is alphabetical).
+fn in_file_order<V>(table: &BTreeMap<String, Spanned<V>>) -> Vec<(&String, &Spanned<V>)> {
+    let mut v: Vec<_> = table.iter().collect();
+    v.sort_by_key(|(_, value)| value.span().start);
+    v
+}
+
+/// Every mistake of one file, so that one run reports them all.
+struct Mistakes<'a> {
+    path: &'a Path,
+    text: &'a str,
+    /// (byte offset, `FILE:LINE: KEY: message`).
+    list: Vec<(usize, String)>,
+    /// The valid keys of each kind of table that had an unknown one, as a
+    /// line: listed once after the mistakes rather than on every line.
+    valid: Vec<String>,
+}
+
+impl<'a> Mistakes<'a> {
+    fn new(path: &'a Path, text: &'a str) -> Mistakes<'a> {
+        Mistakes {
+            path,
+            text,
+            list: Vec::new(),
+            valid: Vec::new(),
+        }
+    }
+
+    /// `key`, at byte `offset` of the file, is wrong: `msg`.
+    fn add(&mut self, offset: usize, key: String, msg: String) {
+        let line = line_of(self.text, offset);
+        let text = format!("{}:{line}: {key}: {msg}", self.path.display());
+        self.list.push((offset, text));
+    }
+
+    /// `key` is not one of `valid`, which `valid_line` lists for the user.
+    fn unknown(&mut self, offset: usize, key: String, valid: &[&str], valid_line: &str) {
+        let last = key.rsplit('.').next().unwrap_or(&key);
+        let msg = match valid.iter().find(|v| near(last, v)) {
+            Some(v) => format!("unknown key (did you mean {v}?)"),
+            None => "unknown key".into(),
+        };
+        self.add(offset, key, msg);
+        if !self.valid.iter().any(|l| l == valid_line) {
+            self.valid.push(valid_line.to_string());
+        }
+    }
+
+    /// Every mistake in file order, one a line, then the valid keys.
+    fn into_result(mut self) -> Result<()> {
+        if self.list.is_empty() {
+            return Ok(());
+        }
+        self.list.sort_by_key(|(offset, _)| *offset);
+        let mut lines: Vec<String> = self.list.into_iter().map(|(_, l)| l).collect();
+        lines.extend(self.valid);
+        bail!("{}", lines.join("\n"))
+    }
 }
 
 /// A setting's value as given in a config table or a mount option.
@@ -409,16 +527,23 @@ pub(crate) fn clap_whole(e: &clap::Error) -> String {
         .join(" ")
 }
 
-/// Makes errors about `value`, the value of `key` in the file: `FILE:LINE:
-/// KEY: message`.
-fn at<'a>(
-    path: &'a Path,
-    text: &'a str,
-    value: &Spanned<toml::Value>,
-    key: String,
-) -> impl Fn(String) -> anyhow::Error + 'a {
-    let line = line_of(text, value.span().start);
-    move |msg| anyhow::anyhow!("{}:{line}: {key}: {msg}", path.display())
+/// Whether `a` is `b` misspelt: at most two letters added, dropped or
+/// changed (Levenshtein distance), and not a short word for another.
+fn near(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len().min(b.len()) < 4 {
+        return false;
+    }
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut row = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let change = prev[j] + usize::from(ca != cb);
+            row.push(change.min(prev[j + 1] + 1).min(row[j] + 1));
+        }
+        prev = row;
+    }
+    prev[b.len()] <= 2
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -462,13 +587,13 @@ mod tests {
             [
                 "--name",
                 "scratch",
-                "--compress",
-                "zstd",
-                "--mount",
-                "/mnt/s",
-                "--noatime",
                 "--size",
                 "2G",
+                "--mount",
+                "/mnt/s",
+                "--compress",
+                "zstd",
+                "--noatime",
                 "--threads",
                 "4"
             ]
@@ -495,8 +620,8 @@ mod tests {
                 "a",
                 "--mount",
                 "/mnt/a",
-                "--noatime",
-                "--writeback-cache"
+                "--writeback-cache",
+                "--noatime"
             ]
         );
     }
@@ -536,6 +661,34 @@ mod tests {
         );
         let e = flags_of("[disks.a]\n", None).unwrap_err().to_string();
         assert!(e.starts_with("F:1:"), "{e}");
+    }
+
+    #[test]
+    fn every_mistake_is_reported_in_file_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ramd.toml");
+        std::fs::write(
+            &path,
+            "[disk.b]\nsise = \"1G\"\n[daemon]\nmemory = 1\nmax_memory = \"x\"\n\
+             [disk.a]\nzz = 1\nsize = \"1G\"\n[extra]\n",
+        )
+        .unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        let e = e.replace(&*path.to_string_lossy(), "F");
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(
+            lines[..5],
+            [
+                "F:2: disk.b.sise: unknown key (did you mean size?)",
+                "F:4: daemon.memory: unknown key",
+                "F:5: daemon.max_memory: invalid size \"x\": expected a number with an optional \
+                 K, M, G, T, P suffix (powers of 1024), like 512M or 1G",
+                "F:7: disk.a.zz: unknown key",
+                "F:9: extra: unknown key",
+            ],
+            "{e}"
+        );
+        assert!(lines[5..].iter().all(|l| l.starts_with("valid ")), "{e}");
     }
 
     #[test]

@@ -141,8 +141,7 @@ impl Disk {
         let size = match (image.as_ref().map(|(_, n)| *n), given) {
             (Some(n), _) | (None, Some(n)) => n,
             (None, None) => bail!(
-                "disk {:?} needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)",
-                args.name
+                "a new disk needs a size: give --size SIZE (or `size = \"SIZE\"` in its config table)"
             ),
         };
         let size = match kind {
@@ -158,8 +157,8 @@ impl Disk {
             h.check_host()?;
         }
         let store = Arc::new(
-            Store::new(store_config(&args, kind, size, loading, shared, &placement))
-                .with_context(|| format!("disk {:?}", args.name))?,
+            // The daemon's context names the disk.
+            Store::new(store_config(&args, kind, size, loading, shared, &placement))?,
         );
         let (fs, image, loaded_tree) = match kind {
             DiskKind::Block => {

@@ -260,6 +260,79 @@ pub fn name_for(dir: &Path) -> String {
     name
 }
 
+/// A message of the daemon's (or of any code shared with `ramd serve`) as
+/// a mount user reads it: each flag of a disk setting becomes the mount
+/// option that sets it, `--size SIZE` → `-o size=SIZE`, `--flush persist`
+/// → `-o flush=persist`, `--mlock` → `-o mlock`, `--read-only` → `-o ro`.
+/// A value is taken along when it is a placeholder (`SIZE`, `DIR`) or one
+/// the flag accepts; text in backquotes is a command line, left alone.
+pub fn as_mount_options(msg: &str) -> String {
+    let disk = disk_command();
+    let mut out = String::new();
+    let mut quoted = false;
+    let mut rest = msg;
+    while let Some(c) = rest.chars().next() {
+        let at_word = out.is_empty() || out.ends_with([' ', '(', '"', '\'', '\n']);
+        if c == '`' {
+            quoted = !quoted;
+        } else if !quoted && at_word && rest.starts_with("--") {
+            let tail = &rest[2..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(tail.len());
+            let flag = &tail[..end];
+            let arg = disk
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                // Not options: mount(8)'s own arguments, and `listen`.
+                .filter(|_| !matches!(flag, "mount" | "source" | "listen" | "help"));
+            if let Some(arg) = arg {
+                let key = match flag {
+                    "read-only" => "ro".to_string(),
+                    f => f.replace('-', "_"),
+                };
+                rest = &tail[end..];
+                out.push_str("-o ");
+                out.push_str(&key);
+                if arg.get_action().takes_values() {
+                    let word = rest.strip_prefix(' ').map(|r| {
+                        let n = r
+                            .find(|c: char| c.is_whitespace() || ",;:)".contains(c))
+                            .unwrap_or(r.len());
+                        &r[..n]
+                    });
+                    let placeholder = |w: &str| {
+                        w.starts_with(|c: char| c.is_ascii_uppercase())
+                            && w.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    };
+                    let accepted = |w: &str| {
+                        clap::Command::new("v")
+                            .no_binary_name(true)
+                            .arg(
+                                clap::Arg::new("v")
+                                    .long("v")
+                                    .value_parser(arg.get_value_parser().clone()),
+                            )
+                            .try_get_matches_from(["--v", w])
+                            .is_ok()
+                    };
+                    if let Some(w) = word.filter(|w| !w.is_empty()) {
+                        if placeholder(w) || accepted(w) {
+                            out.push('=');
+                            out.push_str(w);
+                            rest = &rest[1 + w.len()..];
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// `the argument '--max-memory <SIZE>'` → `the option 'max_memory'`.
 fn as_options(msg: &str) -> String {
     let mut out = String::new();
@@ -357,6 +430,32 @@ mod tests {
         assert!(e.contains("unknown option \"listen\""), "{e}");
         let e = bad("autosave=5m");
         assert!(e.contains("image") && !e.contains("--"), "{e}");
+    }
+
+    #[test]
+    fn flags_in_messages_become_mount_options() {
+        let t = as_mount_options;
+        assert_eq!(
+            t("disk \"x\": a new disk needs a size: give --size SIZE (or ...)"),
+            "disk \"x\": a new disk needs a size: give -o size=SIZE (or ...)"
+        );
+        assert_eq!(
+            t("--flush persist needs --image DIR: a flush"),
+            "-o flush=persist needs -o image=DIR: a flush"
+        );
+        assert_eq!(
+            t("--autosave must be longer than 0s; --mlock, --read-only"),
+            "-o autosave must be longer than 0s; -o mlock, -o ro"
+        );
+        assert_eq!(
+            t("invalid argument: --numa-nodes: node 5"),
+            "invalid argument: -o numa_nodes: node 5"
+        );
+        // Commands, other flags and dashes inside words stay.
+        assert_eq!(
+            t("serve it (`ramd serve --image /x`), not --listen; /a--size"),
+            "serve it (`ramd serve --image /x`), not --listen; /a--size"
+        );
     }
 
     #[test]

@@ -126,116 +126,235 @@ pub fn trouble_lines(disks: &[DiskStatus], daemons: &[DaemonStatus]) -> String {
     out
 }
 
+/// The table's columns; numbers are right-aligned, the rest left.
+const HEAD: [&str; 18] = [
+    "NAME",
+    "KIND",
+    "SIZE",
+    "USED",
+    "DATA",
+    "COMPR",
+    "ALGORITHM",
+    "TOTAL",
+    "WARM",
+    "RATIO",
+    "MAX-MEM",
+    "SAME",
+    "IDLE",
+    "INODES",
+    "CONNS",
+    "NODES",
+    "SAVED",
+    "WHERE",
+];
+
+/// Columns a narrow terminal goes without, least telling first: what a
+/// glance at a disk needs (NAME, SIZE, USED, TOTAL, WHERE) stays last.
+const DROP_ORDER: [&str; 13] = [
+    "NODES",
+    "SAME",
+    "IDLE",
+    "WARM",
+    "INODES",
+    "CONNS",
+    "COMPR",
+    "ALGORITHM",
+    "DATA",
+    "MAX-MEM",
+    "RATIO",
+    "KIND",
+    "SAVED",
+];
+
 /// A zramctl-like table: DATA is what the disk's data pages hold, COMPR
 /// what they take stored (compressed or raw), TOTAL the memory used with
-/// slack and metadata, RATIO = DATA / TOTAL.
+/// slack and metadata, RATIO = DATA / TOTAL; then one line per process
+/// serving them. Every column, whatever its width: for scripts and pipes.
 pub fn table(disks: &[DiskStatus]) -> String {
-    let head = [
-        "NAME",
-        "KIND",
-        "SIZE",
-        "USED",
-        "DATA",
-        "COMPR",
-        "ALGORITHM",
-        "TOTAL",
-        "WARM",
-        "RATIO",
-        "MAX-MEM",
-        "SAME",
-        "IDLE",
-        "INODES",
-        "CONNS",
-        "NODES",
-        "SAVED",
-        "WHERE",
-    ];
-    let mut rows = vec![head.map(String::from).to_vec()];
-    for d in disks {
-        let s = &d.store;
-        let size = if d.unlimited {
-            "unlimited".to_string()
-        } else {
-            human(s.size)
-        };
-        let algorithm = match s.recompress.as_str() {
-            "none" => s.compress.clone(),
-            r => format!("{}/{r}", s.compress),
-        };
-        let ratio = if s.data_bytes == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.2}", s.ratio)
-        };
-        // A field this kind of disk does not have shows as "-".
-        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-        // A FUSE mount says how its requests travel.
-        let endpoints: Vec<String> = d
-            .frontends
-            .iter()
-            .map(|f| match f.transport.as_deref() {
-                Some("dev") => format!("{} (/dev/fuse)", f.endpoint),
-                Some(t) => format!("{} ({t})", f.endpoint),
-                None => f.endpoint.clone(),
-            })
+    fitted(disks, &[], None)
+}
+
+/// The table and the lines of `daemons`, in at most `width` columns if
+/// given (a terminal's): the least telling columns are left out until the
+/// rows fit, then WHERE is cut short (`…`); no row is ever wrapped. The
+/// process and daemon lines break between their parts instead.
+pub fn fitted(disks: &[DiskStatus], daemons: &[DaemonStatus], width: Option<usize>) -> String {
+    let mut rows = vec![HEAD.map(String::from).to_vec()];
+    rows.extend(disks.iter().map(row));
+    let chars = |s: &String| s.chars().count();
+    let mut keep = [true; HEAD.len()];
+    let col_widths = |rows: &[Vec<String>]| -> Vec<usize> {
+        (0..HEAD.len())
+            .map(|c| rows.iter().map(|r| chars(&r[c])).max().unwrap_or(0))
+            .collect()
+    };
+    let mut widths = col_widths(&rows);
+    let line_width = |keep: &[bool], widths: &[usize]| -> usize {
+        let shown: Vec<usize> = (0..HEAD.len())
+            .filter(|&c| keep[c])
+            .map(|c| widths[c])
             .collect();
-        rows.push(vec![
-            d.name.clone(),
-            d.kind.clone(),
-            size,
-            human(s.used_bytes),
-            human(s.data_bytes),
-            human(s.stored_bytes),
-            algorithm,
-            human(s.memory_used),
-            human(s.pool.warm_bytes),
-            ratio,
-            match d.memory_limit_by.as_str() {
-                "" | "max_memory" => human(s.max_memory),
-                by => format!("{}({by})", human(d.memory_limit)),
-            },
-            (s.zero_pages + s.fill_pages).to_string(),
-            s.idle_pages.to_string(),
-            opt(d.fs.map(|f| f.inodes)),
-            opt(d.connections),
-            nodes(d),
-            saved(&d.persist),
-            if endpoints.is_empty() {
-                d.uri.clone()
-            } else {
-                endpoints.join(" ")
-            },
-        ]);
+        shown.iter().sum::<usize>() + 2 * shown.len().saturating_sub(1)
+    };
+    if let Some(width) = width {
+        for name in DROP_ORDER {
+            if line_width(&keep, &widths) <= width {
+                break;
+            }
+            keep[HEAD.iter().position(|h| *h == name).expect("a column")] = false;
+        }
+        let last = HEAD.len() - 1;
+        let over = line_width(&keep, &widths).saturating_sub(width);
+        if over > 0 {
+            let room = widths[last].saturating_sub(over).max(1);
+            for r in rows.iter_mut() {
+                r[last] = cut(&r[last], room);
+            }
+            widths[last] = room;
+        }
     }
-    let widths: Vec<usize> = (0..head.len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
     let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (v, w))| {
+    for r in &rows {
+        let line: Vec<String> = (0..HEAD.len())
+            .filter(|&c| keep[c])
+            .map(|c| {
+                let (v, w) = (&r[c], widths[c]);
                 // Names and text left-aligned, numbers right-aligned.
-                if c < 2 || c == 6 || c == head.len() - 1 {
+                if c < 2 || c == 6 || c == HEAD.len() - 1 {
                     format!("{v:<w$}")
                 } else {
                     format!("{v:>w$}")
                 }
             })
             .collect();
-        out.push_str(line.join("  ").trim_end());
+        let line = line.join("  ");
+        let line = line.trim_end();
+        // Narrower than even the columns kept: cut, never wrapped.
+        out.push_str(&width.map_or(line.to_string(), |w| cut(line, w)));
         out.push('\n');
     }
-    let mut pids: Vec<u32> = disks.iter().map(|d| d.pid).collect();
-    pids.dedup();
-    for pid in pids {
-        if let Some(d) = disks.iter().find(|d| d.pid == pid) {
-            out.push_str(&process_line(pid, &d.process));
+    let mut lines = String::new();
+    // One line per process: disks of one daemon need not be next to each
+    // other (a `serve` and an `up` in one run directory).
+    let mut pids: Vec<u32> = Vec::new();
+    for d in disks {
+        if !pids.contains(&d.pid) {
+            pids.push(d.pid);
+            lines.push_str(&process_line(d.pid, &d.process));
         }
     }
+    lines.push_str(&daemon_lines(daemons));
+    for l in lines.lines() {
+        match width {
+            Some(w) => out.push_str(&wrap(l, w)),
+            None => out.push_str(l),
+        }
+        out.push('\n');
+    }
     out
+}
+
+/// One disk's cells, in `HEAD`'s order.
+fn row(d: &DiskStatus) -> Vec<String> {
+    let s = &d.store;
+    let size = if d.unlimited {
+        "unlimited".to_string()
+    } else {
+        human(s.size)
+    };
+    let algorithm = match s.recompress.as_str() {
+        "none" => s.compress.clone(),
+        r => format!("{}/{r}", s.compress),
+    };
+    let ratio = if s.data_bytes == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.2}", s.ratio)
+    };
+    // A field this kind of disk does not have shows as "-".
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    // A FUSE mount says how its requests travel.
+    let endpoints: Vec<String> = d
+        .frontends
+        .iter()
+        .map(|f| match f.transport.as_deref() {
+            Some("dev") => format!("{} (/dev/fuse)", f.endpoint),
+            Some(t) => format!("{} ({t})", f.endpoint),
+            None => f.endpoint.clone(),
+        })
+        .collect();
+    vec![
+        d.name.clone(),
+        d.kind.clone(),
+        size,
+        human(s.used_bytes),
+        human(s.data_bytes),
+        human(s.stored_bytes),
+        algorithm,
+        human(s.memory_used),
+        human(s.pool.warm_bytes),
+        ratio,
+        match d.memory_limit_by.as_str() {
+            "" | "max_memory" => human(s.max_memory),
+            by => format!("{}({by})", human(d.memory_limit)),
+        },
+        (s.zero_pages + s.fill_pages).to_string(),
+        s.idle_pages.to_string(),
+        opt(d.fs.map(|f| f.inodes)),
+        opt(d.connections),
+        nodes(d),
+        saved(&d.persist),
+        if endpoints.is_empty() {
+            d.uri.clone()
+        } else {
+            endpoints.join(" ")
+        },
+    ]
+}
+
+/// `s` in at most `width` characters, its end replaced by `…` if cut.
+fn cut(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+/// `line` in lines of at most `width` characters, the later ones indented
+/// by two, broken after its parts' separators (` = `, ` + `, `, `, `: `);
+/// a part longer than a line is cut.
+fn wrap(line: &str, width: usize) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    let mut rest = line;
+    while let Some(at) = [" = ", " + ", ", ", ": "]
+        .iter()
+        .filter_map(|sep| rest.find(sep).map(|i| i + sep.len() - 1))
+        .min()
+    {
+        parts.push(&rest[..at]);
+        rest = &rest[at + 1..];
+    }
+    parts.push(rest);
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    for part in parts {
+        if cur.is_empty() {
+            cur.push_str(part);
+        } else if cur.chars().count() + 1 + part.chars().count() <= width {
+            cur.push(' ');
+            cur.push_str(part);
+        } else {
+            lines.push(std::mem::replace(&mut cur, format!("  {part}")));
+        }
+    }
+    lines.push(cur);
+    lines
+        .iter()
+        .map(|l| cut(l, width))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Where a process's resident memory goes, as one line.
@@ -353,6 +472,76 @@ mod tests {
         assert_eq!(back["last_save"], serde_json::Value::Null);
         let again: DiskStatus = serde_json::from_value(back).unwrap();
         assert_eq!(again.store.data_pages, 2);
+    }
+
+    #[test]
+    fn a_narrow_table_drops_columns_and_never_wraps() {
+        let full = table(&[sample()]);
+        let head = |t: &str| -> Vec<String> {
+            t.lines()
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(head(&full), HEAD, "no width: every column");
+        assert_eq!(fitted(&[sample()], &[], Some(10_000)), full);
+        for width in [120, 80, 60, 40, 24, 8] {
+            let t = fitted(&[sample()], &[], Some(width));
+            for l in t.lines() {
+                assert!(l.chars().count() <= width, "{width}: {l:?} in\n{t}");
+            }
+            let row = t.lines().nth(1).unwrap();
+            assert!(row.starts_with("ram0 "), "{width}: one line per disk:\n{t}");
+            if width < 40 {
+                continue;
+            }
+            let h = head(&t);
+            // Dropped in DROP_ORDER: whatever is missing went first.
+            let mut dropped: Vec<&str> = HEAD
+                .iter()
+                .filter(|c| !h.iter().any(|x| x == *c))
+                .copied()
+                .collect();
+            let mut first = DROP_ORDER[..dropped.len()].to_vec();
+            dropped.sort();
+            first.sort();
+            assert_eq!(dropped, first, "{width}:\n{t}");
+            for c in ["NAME", "SIZE", "USED", "TOTAL", "WHERE"] {
+                assert!(h.iter().any(|x| x == c), "{width}: no {c}:\n{t}");
+            }
+            assert!(row.contains("nbd+unix:///"), "{width}:\n{t}");
+        }
+        // The process line breaks between its parts instead.
+        let t = fitted(&[sample()], &[], Some(40));
+        let lines: Vec<&str> = t.lines().skip(2).collect();
+        assert_eq!(
+            lines,
+            [
+                "process 1: resident 0B = pages 0B +",
+                "  warm 0B + heap 0B + heap free 0B +",
+                "  program 0B + other 0B"
+            ],
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn one_process_line_per_process() {
+        // A `ramd up` (pid 7) with disks a and c, and a `ramd serve` (pid
+        // 9) with b, listed in name order.
+        let disks: Vec<DiskStatus> = [("a", 7), ("b", 9), ("c", 7)]
+            .map(|(name, pid)| DiskStatus {
+                name: name.into(),
+                pid,
+                ..sample()
+            })
+            .to_vec();
+        let t = table(&disks);
+        let procs: Vec<&str> = t.lines().filter(|l| l.starts_with("process ")).collect();
+        assert_eq!(procs.len(), 2, "{t}");
+        assert!(procs[0].starts_with("process 7:") && procs[1].starts_with("process 9:"));
     }
 
     #[test]

@@ -73,9 +73,10 @@ pub fn serve(target: &Arc<Target>, stream: TcpStream, portal: SocketAddr) {
 
 #[derive(Debug, thiserror::Error)]
 enum ConnError {
-    #[error("{0}")]
+    // transparent: the inner message once, not once more as a source.
+    #[error(transparent)]
     Pdu(#[from] PduError),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     #[error("protocol error: {0}")]
     Protocol(String),

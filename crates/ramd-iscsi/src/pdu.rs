@@ -63,7 +63,8 @@ pub struct Limits {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PduError {
-    #[error("{0}")]
+    // transparent: the io::Error's message once, not once more as a source.
+    #[error(transparent)]
     Io(#[from] io::Error),
     /// The header cannot be trusted: the connection must go (§7.8 at ERL 0).
     #[error("header digest mismatch")]

@@ -50,11 +50,15 @@ pub enum Error {
     },
 
     /// Reading or writing a file failed.
-    #[error("{}: {source}", path.display())]
+    ///
+    /// The io::Error is part of the message and deliberately not the
+    /// error's `source()`: a chain printer (anyhow's `{:#}`) prints each
+    /// source after the message, which said it twice ("...: No space left
+    /// on device (os error 28): No space left on device (os error 28)").
+    #[error("{}: {err}", path.display())]
     File {
         path: std::path::PathBuf,
-        #[source]
-        source: io::Error,
+        err: io::Error,
     },
 
     /// What was being done when `inner` happened (loading an image...),
@@ -71,13 +75,10 @@ pub enum Error {
     #[error("{0}")]
     Unusable(String),
 
-    /// The operating system refused a resource (mmap, madvise...).
-    #[error("{what}: {source}")]
-    Os {
-        what: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// The operating system refused a resource (mmap, madvise...); `err`
+    /// is in the message, not a `source()`, as for `File`.
+    #[error("{what}: {err}")]
+    Os { what: &'static str, err: io::Error },
 }
 
 impl Error {
@@ -92,17 +93,17 @@ impl Error {
             Error::Context { inner, .. } => inner.errno(),
             Error::ReadOnly => Errno::EPERM,
             Error::Corrupt(_) | Error::Image { .. } => Errno::EIO,
-            Error::Os { source, .. } | Error::File { source, .. } => {
-                source.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+            Error::Os { err, .. } | Error::File { err, .. } => {
+                err.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
             }
         }
     }
 
     /// `source` happened on `path`.
-    pub fn file(path: impl Into<std::path::PathBuf>, source: io::Error) -> Error {
+    pub fn file(path: impl Into<std::path::PathBuf>, err: io::Error) -> Error {
         Error::File {
             path: path.into(),
-            source,
+            err,
         }
     }
 
@@ -119,7 +120,7 @@ impl Error {
     pub(crate) fn os(what: &'static str) -> Error {
         Error::Os {
             what,
-            source: io::Error::last_os_error(),
+            err: io::Error::last_os_error(),
         }
     }
 }
@@ -231,5 +232,35 @@ mod tests {
         assert_eq!(Errno::from_raw(0), Errno::EIO);
         assert_eq!(Errno::from_raw(-5), Errno::EIO);
         assert_eq!(Errno::from_raw(libc::ENOENT).get(), libc::ENOENT);
+    }
+
+    /// What a chain printer (anyhow's `{:#}`, `ramd: error: ...`) shows:
+    /// the message, then every `source()`'s.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(s) = next {
+            out += &format!(": {s}");
+            next = s.source();
+        }
+        out
+    }
+
+    #[test]
+    fn an_os_error_is_said_once_in_a_chain() {
+        let full = || io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = Error::file("/img/seg-00000002.tmp", full());
+        assert_eq!(
+            chain(&e),
+            "/img/seg-00000002.tmp: No space left on device (os error 28)"
+        );
+        assert_eq!(e.errno(), Errno::ENOSPC);
+        let e = Error::context("saving".into(), e, ": the image keeps its last save");
+        assert_eq!(chain(&e).matches("os error 28").count(), 1, "{e}");
+        let e = Error::Os {
+            what: "mmap",
+            err: full(),
+        };
+        assert_eq!(chain(&e), "mmap: No space left on device (os error 28)");
     }
 }

@@ -304,9 +304,9 @@ impl Placement {
     /// `mbind` in a container, a node it will not use) fails here, at start.
     pub fn probe(&self) -> Result<()> {
         let p = crate::pool::map_anonymous(PAGE_SIZE, 0)
-            .map_err(|source| Error::Os {
+            .map_err(|err| Error::Os {
                 what: "mmap of a NUMA probe page",
-                source,
+                err,
             })?
             .as_ptr()
             .cast::<libc::c_void>();

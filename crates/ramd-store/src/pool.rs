@@ -514,9 +514,9 @@ fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
     );
     let len = if huge { 2 * ARENA_BYTES } else { ARENA_BYTES };
     let m = map_anonymous(len, libc::MAP_NORESERVE)
-        .map_err(|source| Error::Os {
+        .map_err(|err| Error::Os {
             what: "mmap of page arena",
-            source,
+            err,
         })?
         .as_ptr()
         .cast::<libc::c_void>();
@@ -556,7 +556,7 @@ fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
             unsafe { libc::munmap(p, ARENA_BYTES) };
             return Err(Error::Os {
                 what: "mbind of page arena (--numa-nodes)",
-                source: e,
+                err: e,
             });
         }
     }

@@ -73,7 +73,8 @@ pub enum Command {
     /// file that does not parse changes nothing.
     Reload(ReloadArgs),
     /// Show every running disk: size, use, memory, pages, last save
-    /// (`--watch`: refreshed until Ctrl-C).
+    /// (`--watch`: refreshed until Ctrl-C). On a terminal the table fits
+    /// its width (or COLUMNS); a pipe or a file gets every column.
     Status(StatusArgs),
     /// Save a running disk to its image now (needs `serve --image`).
     Snapshot(SnapshotArgs),

@@ -38,13 +38,44 @@ fn daemons(run_dir: &Path) -> Result<Vec<DaemonStatus>> {
 
 /// `ramd status`: every disk of every daemon in `run_dir`.
 pub fn status(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
-    print!("{}", status_text(run_dir, name, as_json)?);
+    print!("{}", status_text(run_dir, name, as_json, terminal_width())?);
     Ok(())
 }
 
-/// What `ramd status` prints: the table and the daemons' lines, or one
-/// line of JSON.
-fn status_text(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<String> {
+/// The width of the terminal stdout is, if it is one: `COLUMNS` if set (as
+/// for ls and ps), else the terminal's own. `None` on a pipe or a file,
+/// which get the whole table: scripts read it.
+fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    if let Some(n) = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return Some(n);
+    }
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ on stdout's fd fills the winsize we pass.
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(ws.ws_col as usize)
+}
+
+/// What `ramd status` prints: the table and the daemons' lines (in `width`
+/// columns, if given), or one line of JSON.
+fn status_text(
+    run_dir: &Path,
+    name: Option<&str>,
+    as_json: bool,
+    width: Option<usize>,
+) -> Result<String> {
     let mut disks = disks(run_dir)?;
     let daemons = daemons(run_dir)?;
     if let Some(name) = name {
@@ -61,9 +92,7 @@ fn status_text(run_dir: &Path, name: Option<&str>, as_json: bool) -> Result<Stri
         };
         Ok(format!("{v}\n"))
     } else {
-        Ok(status::table(&disks)
-            + &status::daemon_lines(&daemons)
-            + &status::trouble_lines(&disks, &daemons))
+        Ok(status::fitted(&disks, &daemons, width) + &status::trouble_lines(&disks, &daemons))
     }
 }
 
@@ -84,7 +113,16 @@ pub fn watch(run_dir: &Path, name: Option<&str>, as_json: bool, interval: Durati
     let terminal = out.is_terminal() && !as_json;
     let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        let body = status_text(run_dir, name, as_json).unwrap_or_else(|e| format!("ramd: {e:#}\n"));
+        // Read again each time: the terminal may be resized. One column
+        // spare: a line that fills the last column leaves the cursor on
+        // it, where the erase that follows would take its last character.
+        let width = if terminal {
+            terminal_width().map(|w| w.saturating_sub(1).max(1))
+        } else {
+            None
+        };
+        let body =
+            status_text(run_dir, name, as_json, width).unwrap_or_else(|e| format!("ramd: {e:#}\n"));
         let frame = if terminal {
             // Home, each line erased to its end, the rest of the screen
             // erased: no flicker, no leftovers from a longer table.
@@ -96,7 +134,11 @@ pub fn watch(run_dir: &Path, name: Option<&str>, as_json: bool, interval: Durati
             );
             let lines: String = (head + &body)
                 .lines()
-                .map(|l| format!("{l}\x1b[K\n"))
+                .map(|l| {
+                    // The header too: never wrapped.
+                    let l: String = l.chars().take(width.unwrap_or(usize::MAX)).collect();
+                    format!("{l}\x1b[K\n")
+                })
                 .collect();
             format!("{}\x1b[H{lines}\x1b[J", if first { "\x1b[2J" } else { "" })
         } else if as_json || first {

@@ -15,7 +15,9 @@
 //!   flags (`ro`, `nosuid`...) with `MS_REMOUNT`.
 //! - `umount.fuse.ramd DIR`: unmounts, then waits until the daemon has
 //!   saved (if the disk has an image) and stopped, so the image is whole
-//!   when umount returns, and a save that failed is umount's failure.
+//!   when umount returns, and a save that failed is umount's failure. It
+//!   finds the daemon in the run directory the mount recorded in
+//!   libmount's utab (`x-ramd.run_dir=`), as remount does.
 
 use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
@@ -53,7 +55,12 @@ pub fn run_if_helper() -> Option<i32> {
     Some(match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("{name}: {e:#}");
+            // Shared code (the daemon's checks above all) names flags; the
+            // user wrote mount options.
+            eprintln!(
+                "{name}: {}",
+                mount_opts::as_mount_options(&format!("{e:#}"))
+            );
             EX_FAIL
         }
     })
@@ -129,10 +136,19 @@ fn mount(argv: &[OsString]) -> Result<i32> {
     if fake {
         return Ok(0);
     }
-    let run_dir = run_dir(&req);
     if req.remount {
+        // The mount's own run directory unless the options name one.
+        let run_dir = match &req.run_dir {
+            Some(d) => d.clone(),
+            None => recorded_run_dir(Path::new(dir)).unwrap_or_else(env_run_dir),
+        };
         return remount(Path::new(dir), &options, &req, &run_dir);
     }
+    // Absolute: the daemon leaves for `/`, and umount must find it from
+    // anywhere.
+    let run_dir = req.run_dir.clone().unwrap_or_else(env_run_dir);
+    let run_dir = std::path::absolute(&run_dir)
+        .with_context(|| format!("run directory {}", run_dir.display()))?;
     start(req, &run_dir)?;
     Ok(0)
 }
@@ -145,12 +161,43 @@ fn usage(msg: &str) -> Result<i32> {
     Ok(EX_USAGE)
 }
 
-/// `run_dir=` if given, else `ramd`'s own default.
-fn run_dir(req: &MountRequest) -> PathBuf {
-    req.run_dir
-        .clone()
-        .or_else(|| std::env::var_os("RAMD_RUN_DIR").map(PathBuf::from))
+/// `RAMD_RUN_DIR`, else `ramd`'s own default.
+fn env_run_dir() -> PathBuf {
+    std::env::var_os("RAMD_RUN_DIR")
+        .map(PathBuf::from)
         .unwrap_or_else(crate::default_run_dir)
+}
+
+/// libmount's userspace option that records a mount's run directory
+/// beside the `helper=` marker (`x-` options are kept in utab, for umount
+/// and other tools, and never passed to mount(2)).
+const RUN_DIR_OPTION: &str = "x-ramd.run_dir";
+
+/// The run directory the mount at `dir` was made with, as its utab entry
+/// records it (`findmnt --mtab` merges utab into the kernel's table).
+/// `None` for a mount without one (made before ramd recorded it, or
+/// whose utab entry is lost): the caller falls back to the default.
+fn recorded_run_dir(dir: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new("findmnt")
+        .args([
+            "--mtab",
+            "--noheadings",
+            "--output",
+            "OPTIONS",
+            "--mountpoint",
+        ])
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    // The topmost mount at `dir` is listed last.
+    let line = text.lines().last()?;
+    line.split(',').find_map(|o| {
+        let v = o.strip_prefix(RUN_DIR_OPTION)?.strip_prefix('=')?;
+        Some(PathBuf::from(v))
+    })
 }
 
 /// Starts the daemon of a new mount and waits until it serves.
@@ -225,7 +272,7 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
         }
     }
     set_vfs_flags(&dir, &flags)?;
-    register_umount_helper(&source, &dir);
+    register_umount_helper(&source, &dir, run_dir);
     Ok(())
 }
 
@@ -233,19 +280,28 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
 /// userspace option in libmount's utab, umount only asks statfs(2) for
 /// the type, which says `fuse`, and never looks for a helper; a
 /// `helper=fuse.ramd` marker (umount(8), EXTERNAL HELPERS) sends every
-/// umount of the mount point to ours. `mount --fake` writes the marker
-/// the way libmount keeps it; umount removes it. Failing only costs the
+/// umount of the mount point to ours. Beside it, the run directory
+/// (`x-ramd.run_dir=`), where umount and remount find the disk's control
+/// socket whatever their own environment says. `mount --fake` writes both
+/// the way libmount keeps them; umount removes them. Failing only costs the
 /// wait for the save at umount, so it is a warning.
-fn register_umount_helper(source: &str, dir: &Path) {
+fn register_umount_helper(source: &str, dir: &Path, run_dir: &Path) {
+    let mut options = "helper=fuse.ramd".to_string();
+    // A comma, quote or blank would split or end the option: such a
+    // directory is left unrecorded (RAMD_RUN_DIR still finds it).
+    match run_dir.to_str() {
+        Some(d) if !d.contains(|c: char| c == ',' || c == '"' || c.is_whitespace()) => {
+            options += &format!(",{RUN_DIR_OPTION}={d}");
+        }
+        _ => eprintln!(
+            "mount.fuse.ramd: warning: run directory {} cannot be recorded for umount: \
+             umount will look in RAMD_RUN_DIR or the default",
+            run_dir.display()
+        ),
+    }
     let out = std::process::Command::new("mount")
-        .args([
-            "--fake",
-            "--internal-only",
-            "-t",
-            "fuse.ramd",
-            "-o",
-            "helper=fuse.ramd",
-        ])
+        .args(["--fake", "--internal-only", "-t", "fuse.ramd", "-o"])
+        .arg(&options)
         .arg(source)
         .arg(dir)
         .stdin(std::process::Stdio::null())
@@ -522,9 +578,9 @@ fn umount(argv: &[OsString]) -> Result<i32> {
         eprintln!("umount.fuse.ramd: usage: umount.fuse.ramd DIR [-nlfv]");
         return Ok(EX_USAGE);
     };
-    let run_dir = std::env::var_os("RAMD_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(crate::default_run_dir);
+    // Where the mount helper recorded the disk's control socket: with
+    // `run_dir=` that is not where this process would look by default.
+    let run_dir = recorded_run_dir(&dir).unwrap_or_else(env_run_dir);
     // Asked before unmounting: afterwards the disk may be gone already.
     // A lazy unmount waits for nobody.
     let waiting = match disk_at(&dir, &run_dir)? {

@@ -80,6 +80,15 @@ fn bad_sizes_are_rejected_naming_the_value() {
 #[test]
 fn missing_size_is_an_error() {
     rejects(&["serve"], "--size");
+    // Said once: the disk's name is the context, not part of the message.
+    let out = ramd(&["serve", "--name", "u"]).failed();
+    assert!(
+        out.stderr
+            .contains("ramd: error: disk \"u\": a new disk needs a size: give --size SIZE"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.matches("\"u\"").count(), 1, "{}", out.stderr);
 }
 
 #[test]

@@ -392,6 +392,132 @@ fn bad_configs_are_refused_before_anything_starts() {
     assert!(!rd.path().join("a.sock").exists(), "{err}");
 }
 
+/// A file with several mistakes: one run of `ramd up` (and of `ramd serve
+/// --config`) names every unknown key, in the order of the file, each with
+/// its file and line, then the valid keys once.
+#[test]
+fn every_unknown_key_of_a_file_is_reported_at_once_in_file_order() {
+    let tmp = scratch();
+    let rd = run_dir();
+    let config = write_config(
+        tmp.path(),
+        "colour = \"red\"\n\n\
+         [disk.zeta]\nsize = \"8M\"\nsise = \"16M\"\n\n\
+         [daemon]\nmemory = \"1G\"\n\n\
+         [disk.alpha]\nsize = \"8M\"\nwarm = \"1M\"\ncompress = \"lzo\"\nbogus = true\n",
+    );
+    let c = config.to_str().unwrap();
+    let err = ramd_fails(rd.path(), &["up", "-c", c]);
+    assert!(
+        control_sockets(rd.path()).is_empty(),
+        "something started: {err}"
+    );
+    let at = |line: &str| {
+        err.find(&format!("{c}:{line}"))
+            .unwrap_or_else(|| panic!("nothing about {c}:{line} in:\n{err}"))
+    };
+    let order = [
+        at("1: colour: unknown key"),
+        at("5: disk.zeta.sise: unknown key (did you mean size?)"),
+        at("8: daemon.memory: unknown key"),
+        at("12: disk.alpha.warm: unknown key"),
+        at("13: disk.alpha.compress: unknown codec"),
+        at("14: disk.alpha.bogus: unknown key"),
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "not in file order:\n{err}"
+    );
+    assert!(err.contains("valid keys of [disk.NAME]: "), "{err}");
+    assert!(err.contains("max_memory, metrics, run_dir"), "{err}");
+    // Each list of valid keys once, not once per mistake.
+    assert_eq!(err.matches("warm_pool").count(), 1, "{err}");
+
+    // `serve --config` checks the one table it reads, and the top level.
+    let err = ramd_fails(rd.path(), &["serve", "--config", c, "--disk", "alpha"]);
+    let order = [
+        at_in(&err, &format!("{c}:1: colour: unknown key")),
+        at_in(&err, &format!("{c}:12: disk.alpha.warm: unknown key")),
+        at_in(&err, &format!("{c}:14: disk.alpha.bogus: unknown key")),
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "not in file order:\n{err}"
+    );
+    assert!(!err.contains("sise"), "serve read another table:\n{err}");
+    assert!(control_sockets(rd.path()).is_empty(), "{err}");
+}
+
+fn at_in(text: &str, what: &str) -> usize {
+    text.find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in:\n{text}"))
+}
+
+/// A `ramd up` (disks a and c, one a filesystem) and a `ramd serve` (b)
+/// in one run directory: `ramd status` has one process line for each
+/// process, and each process's memory is split into parts that add up to
+/// its VmRSS, none negative.
+#[test]
+fn status_shows_each_process_once_and_its_memory_adds_up() {
+    let tmp = scratch();
+    let rd = run_dir();
+    let mnt = tmp.path().join("c");
+    fs::create_dir(&mnt).unwrap();
+    let config = write_config(
+        tmp.path(),
+        &format!(
+            "[disk.a]\nsize = \"16M\"\n\n[disk.c]\nkind = \"fs\"\nsize = \"64M\"\nmount = \"{}\"\n",
+            mnt.display()
+        ),
+    );
+    let up = Up::start(rd.path(), &config);
+    let serve = Ramd::start_in(rd.path(), &["--size", "16M", "--name", "b"]);
+    random_file(&mnt.join("f"), 8 * MIB);
+    let table = ramd_cmd(rd.path(), &["status"]).ok();
+    let procs: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("process "))
+        .collect();
+    assert_eq!(procs.len(), 2, "one line per process:\n{table}");
+    for pid in [up.pid(), serve.pid()] {
+        let n = procs
+            .iter()
+            .filter(|l| l.starts_with(&format!("process {pid}:")))
+            .count();
+        assert_eq!(n, 1, "process {pid}:\n{table}");
+    }
+    for l in &procs {
+        assert!(!l.contains(" -"), "a negative part: {l}");
+    }
+    let status = status_json(rd.path());
+    for d in status["disks"].as_array().unwrap() {
+        let p = &d["process"];
+        let parts: i64 = [
+            "pages_bytes",
+            "warm_bytes",
+            "heap_bytes",
+            "heap_free_bytes",
+            "program_bytes",
+            "other_bytes",
+        ]
+        .iter()
+        .map(|k| {
+            let v = p[k].as_i64().unwrap_or_else(|| panic!("no {k}: {p}"));
+            assert!(v >= 0, "{k} is negative: {p}");
+            v
+        })
+        .sum();
+        assert_eq!(parts, p["resident_bytes"].as_i64().unwrap(), "{d}");
+        // The figure the host has, read a moment apart.
+        let host = vm_rss(field(d, "pid") as u32);
+        assert!(
+            field(p, "resident_bytes").abs_diff(host) <= 4 * MIB,
+            "status says {p}, /proc says {host}"
+        );
+        assert!(field(p, "heap_bytes") < field(p, "resident_bytes"), "{p}");
+    }
+}
+
 #[test]
 fn a_second_daemon_in_one_run_dir_is_refused() {
     let tmp = scratch();

@@ -1626,6 +1626,13 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
         out.stderr.contains("ramd: error") && out.stderr.contains("No space left"),
         "the failed snapshot does not say why: {out:?}"
     );
+    // Said once, not once more for every error in the chain.
+    assert_eq!(
+        out.stderr.matches("No space left").count(),
+        1,
+        "{}",
+        out.stderr
+    );
     let s = d.stats();
     assert_eq!(
         field(&s["last_save"], "seq"),
@@ -1635,7 +1642,7 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
     let err = s["last_save_error"]
         .as_str()
         .unwrap_or_else(|| panic!("last_save_error not set after a failed save: {s}"));
-    assert!(err.contains("No space left"), "{s}");
+    assert_eq!(err.matches("No space left").count(), 1, "{s}");
     assert!(
         ramd_cmd(d.run_dir(), &["status"]).ok().contains("SAVED"),
         "no SAVED column"
@@ -1687,6 +1694,9 @@ fn save_on_a_full_filesystem_fails_and_the_last_image_stays_good() {
         out.stderr.contains("WITHOUT saving") && out.stderr.contains(&format!("save {good_seq}")),
         "{out:?}"
     );
+    for line in d.stderr().lines() {
+        assert!(line.matches("No space left").count() <= 1, "{line}");
+    }
     let status = d.wait_exit(STOP_DEADLINE);
     assert_eq!(status.code(), Some(1), "stderr:\n{}", d.stderr());
 
@@ -1901,6 +1911,68 @@ fn flush_persist_without_image_is_refused() {
         err.contains("--flush") && err.contains("--image"),
         "the refusal does not name --flush and --image:\n{err}"
     );
+}
+
+/// `--image DIR` on a directory of someone's files is refused before
+/// anything is written there, naming the directory and what is in it; the
+/// directories an image may be made in (missing, empty, one whose first
+/// save was killed half-way, with a fresh filesystem's lost+found) serve.
+#[test]
+fn a_non_empty_directory_that_is_not_an_image_is_refused() {
+    let tmp = scratch();
+    let data = tmp.path().join("data");
+    fs::create_dir_all(data.join("photos")).unwrap();
+    for f in ["notes.txt", "b.txt", "z.tmp", "seg-notes"] {
+        fs::write(data.join(f), f).unwrap();
+    }
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let before = listing(&data);
+    for extra in [&[][..], &["--mount", p(&mnt)][..]] {
+        let mut args = vec!["--size", "16M", "--image", p(&data)];
+        args.extend(extra);
+        let (code, err) = serve_refused(&args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!("image directory {} is not empty", p(&data))),
+            "{err}"
+        );
+        // The first few entries, in order, and how many more.
+        assert!(
+            err.contains("it has b.txt, notes.txt, photos/ and 2 more"),
+            "{err}"
+        );
+        assert!(err.contains("new or empty directory"), "{err}");
+        assert_eq!(listing(&data), before, "ramd changed the directory");
+    }
+
+    // A first save killed after its segment was renamed, before any
+    // MANIFEST: its debris is no one else's, and a new disk starts there.
+    let img = tmp.path().join("img");
+    fs::create_dir_all(img.join("lost+found")).unwrap();
+    let run_dir = scratch();
+    let mut d = Ramd::try_start_in_with(
+        run_dir.path(),
+        &["--size", "16M", "--image", p(&img)],
+        &[("RAMD_TEST_CRASH", "segment-renamed")],
+        None,
+    )
+    .unwrap_or_else(|(s, e)| panic!("ramd did not start ({s}):\n{e}"));
+    io(d.uri(), &["write-random", "0", "1M", "lost"]);
+    let _ = ramd_cmd(run_dir.path(), &["snapshot", "ram0"]);
+    let status = d.wait_exit(STOP_DEADLINE);
+    assert_sigkilled(status, "RAMD_TEST_CRASH=segment-renamed", &d.stderr());
+    assert!(
+        img.join("seg-00000001").exists() && !img.join("MANIFEST").exists(),
+        "no debris of the first save: {}",
+        listing(&img)
+    );
+    let mut d = Ramd::start(&["--size", "16M", "--image", p(&img)]);
+    io(d.uri(), &["write-random", "0", "1M", "kept"]);
+    d.stop();
+    let d = Ramd::start(&["--image", p(&img)]);
+    io(d.uri(), &["verify-random", "0", "1M", "kept"]);
+    assert!(img.join("lost+found").is_dir(), "{}", listing(&img));
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! `ramd status --watch`: on a terminal (a tmux pane) the table is redrawn
-//! in place and follows the disk; on a pipe each refresh is printed after
-//! the last; Ctrl-C / SIGINT ends it with exit 0.
+//! `ramd status` on a terminal (a tmux pane): the table fits the pane's
+//! width (or `COLUMNS`), a pipe gets every column; `--watch` redraws it in
+//! place and follows the disk; on a pipe each refresh is printed after the
+//! last; Ctrl-C / SIGINT ends it with exit 0.
 
 mod common;
 
@@ -42,7 +43,11 @@ impl Tmux {
             &height.to_string(),
             command,
         ]);
-        c.env_remove("TMUX").env("TERM", "xterm-256color");
+        // The pane's own size, not the caller's terminal's.
+        c.env_remove("TMUX")
+            .env_remove("COLUMNS")
+            .env_remove("LINES")
+            .env("TERM", "xterm-256color");
         run_ok(&mut c);
         t
     }
@@ -56,6 +61,11 @@ impl Tmux {
     /// What the pane shows now.
     fn screen(&self) -> String {
         self.tmux(&["capture-pane", "-p", "-t", self.session])
+    }
+
+    /// What the pane shows now, a line the terminal wrapped joined again.
+    fn screen_joined(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-J", "-t", self.session])
     }
 }
 
@@ -132,6 +142,115 @@ fn watch_in_a_terminal_redraws_the_table_in_place_until_ctrl_c() {
     });
     let how = std::fs::read_to_string(&ended).unwrap();
     assert_eq!(how.trim(), "exit 0", "after Ctrl-C:\n{}", tmux.screen());
+}
+
+const EVERY_COLUMN: [&str; 18] = [
+    "NAME",
+    "KIND",
+    "SIZE",
+    "USED",
+    "DATA",
+    "COMPR",
+    "ALGORITHM",
+    "TOTAL",
+    "WARM",
+    "RATIO",
+    "MAX-MEM",
+    "SAME",
+    "IDLE",
+    "INODES",
+    "CONNS",
+    "NODES",
+    "SAVED",
+    "WHERE",
+];
+
+/// `ramd status` in panes of 80 and 40 columns, and with COLUMNS=60 in a
+/// wide one: every line fits (no row wrapped by the terminal), the disk
+/// is one row with its name, size, use and where to reach it. Its output
+/// to a file in the same pane has every column, for scripts.
+#[test]
+fn status_fits_the_terminal_and_a_file_gets_every_column() {
+    let tmp = scratch();
+    let rd = tmp.path().join("run");
+    let _ramd = Ramd::start_in(&rd, &["--size", "64M", "--name", "narrow"]);
+    for (pane, columns) in [(80, None), (40, None), (200, Some(60))] {
+        let dir = tmp.path().join(format!("pane-{pane}"));
+        std::fs::create_dir(&dir).unwrap();
+        let (file, done) = (dir.join("file"), dir.join("done"));
+        let env = columns.map_or(String::new(), |c| format!("COLUMNS={c} "));
+        let status = format!(
+            "{env}{} --run-dir {} status",
+            quote(Path::new(ramd_bin())),
+            quote(&rd)
+        );
+        // The pane's command stays (cat reads the terminal) until the
+        // server is killed: tmux 3.3 loses the top line of a dead pane.
+        let line = format!(
+            "{status}; {status} > {}; echo done > {}; exec cat",
+            quote(&file),
+            quote(&done)
+        );
+        let tmux = Tmux::start(&dir, &line, pane, 40);
+        wait_until(START_DEADLINE, "ramd status in the pane", || {
+            std::fs::read_to_string(&done).is_ok_and(|s| s.ends_with('\n'))
+        });
+        let width = columns.unwrap_or(pane as usize);
+        let screen = tmux.screen_joined();
+        for l in screen.lines() {
+            assert!(
+                l.chars().count() <= width,
+                "{pane} columns, COLUMNS {columns:?}: a line of {} characters, {l:?}:\n{screen}",
+                l.chars().count()
+            );
+        }
+        for col in ["NAME", "SIZE", "USED", "TOTAL", "WHERE"] {
+            assert!(
+                cell(&screen, "narrow", col).is_some(),
+                "{pane}/{columns:?}: no {col} for the disk:\n{screen}"
+            );
+        }
+        assert_eq!(cell(&screen, "narrow", "USED").as_deref(), Some("0B"));
+        let row = screen.lines().find(|l| l.starts_with("narrow ")).unwrap();
+        assert!(row.contains("nbd+unix:///"), "{row}");
+        assert!(
+            screen.lines().any(|l| l.starts_with("process ")),
+            "{screen}"
+        );
+        let head: Vec<String> = std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        assert_eq!(head, EVERY_COLUMN, "ramd status to a file");
+    }
+}
+
+/// `--watch` in a pane of 50 columns: each refresh fits it too.
+#[test]
+fn watch_in_a_narrow_terminal_fits_it() {
+    let tmp = scratch();
+    let rd = tmp.path().join("run");
+    let ramd = Ramd::start_in(&rd, &["--size", "64M", "--name", "slim"]);
+    let line = format!(
+        "{} --run-dir {} status --watch --interval 200ms",
+        quote(Path::new(ramd_bin())),
+        quote(&rd)
+    );
+    let tmux = Tmux::start(tmp.path(), &line, 50, 30);
+    qemu_io(ramd.uri(), &["write -P 0x5a 0 4M".into()]);
+    let mut screen = String::new();
+    wait_until(STATS_DEADLINE, "the table to show the 4M write", || {
+        screen = tmux.screen_joined();
+        cell(&screen, "slim", "USED").as_deref() == Some("4M")
+    });
+    for l in screen.lines() {
+        assert!(l.chars().count() < 50, "{l:?}:\n{screen}");
+    }
+    assert!(screen.contains("Every 200ms"), "{screen}");
 }
 
 /// Lines a `ramd status --watch …` prints on a pipe until it has printed

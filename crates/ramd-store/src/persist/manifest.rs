@@ -175,7 +175,8 @@ pub struct ImageDir {
 impl ImageDir {
     /// Opens the image at `path`, creating the directory (0700) if
     /// missing; removes debris of interrupted saves. A MANIFEST that is
-    /// present must be valid.
+    /// present must be valid; without one, the directory must hold nothing
+    /// but such debris (a new image), never someone's files.
     pub fn open(path: &Path) -> Result<ImageDir> {
         if !path.exists() {
             fs::DirBuilder::new()
@@ -185,6 +186,9 @@ impl ImageDir {
                 .map_err(|e| Error::file(path, e))?;
         }
         let manifest = read_manifest(path)?;
+        if manifest.is_none() {
+            refuse_foreign(path)?;
+        }
         let last_seq = manifest
             .as_ref()
             .and_then(|m| m.chain.last())
@@ -230,8 +234,9 @@ impl ImageDir {
         self.path.join(format!("seg-{seq:08}"))
     }
 
-    /// Files not named by the MANIFEST: `.tmp` files and segments of
-    /// chains that a later full save replaced.
+    /// Save files not named by the MANIFEST: `.tmp` files and segments of
+    /// chains that a later full save replaced (nothing else: a file of
+    /// another name is not ours to remove).
     pub(super) fn remove_debris(&self) {
         let keep: Vec<PathBuf> = self
             .manifest
@@ -244,9 +249,7 @@ impl ImageDir {
         };
         for e in entries.flatten() {
             let name = e.file_name();
-            let name = name.to_string_lossy();
-            let ours = name.ends_with(".tmp") || name.starts_with("seg-");
-            if ours && !keep.contains(&e.path()) {
+            if save_file(&name.to_string_lossy()) && !keep.contains(&e.path()) {
                 if let Err(err) = fs::remove_file(e.path()) {
                     log::warn!("removing {}: {err}", e.path().display());
                 }
@@ -290,6 +293,50 @@ impl ImageDir {
         self.remove_debris();
         Ok(())
     }
+}
+
+/// Whether `name` is a file a save writes before its MANIFEST exists:
+/// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`.
+fn save_file(name: &str) -> bool {
+    let seg = name.strip_suffix(".tmp").unwrap_or(name);
+    name == "MANIFEST.tmp"
+        || seg
+            .strip_prefix("seg-")
+            .is_some_and(|n| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Refuses a directory with no MANIFEST that holds anything but an
+/// interrupted first save's files: saves would be written among someone
+/// else's files, and their debris removal could delete one of them.
+/// `lost+found` is a fresh filesystem's own (an image on a dedicated
+/// mount) and is left alone.
+fn refuse_foreign(dir: &Path) -> Result<()> {
+    let mut foreign: Vec<String> = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| Error::file(dir, e))? {
+        let e = e.map_err(|e| Error::file(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if save_file(&name) || (is_dir && name == "lost+found") {
+            continue;
+        }
+        foreign.push(if is_dir { format!("{name}/") } else { name });
+    }
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort();
+    let shown = foreign.len().min(3);
+    let more = match foreign.len() - shown {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Err(Error::Unusable(format!(
+        "image directory {} is not empty and holds no ramd image (no MANIFEST): it has {}{more}; \
+         ramd would write its saves among these: give a new or empty directory for the image, \
+         or move what is in this one elsewhere",
+        dir.display(),
+        foreign[..shown].join(", "),
+    )))
 }
 
 pub(super) fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {

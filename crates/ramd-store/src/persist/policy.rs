@@ -337,9 +337,9 @@ impl Persister {
         let t = std::thread::Builder::new()
             .name("ramd-save".into())
             .spawn(move || me.run())
-            .map_err(|source| Error::Os {
+            .map_err(|err| Error::Os {
                 what: "starting the save thread",
-                source,
+                err,
             })?;
         Ok(Some(t))
     }
@@ -525,10 +525,11 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         .map_err(|e| {
             let hint = match e {
                 Error::NoSpace { .. } => {
-                    ": the image holds more than --max-memory allows; give a larger --max-memory"
+                    ": the image holds more than the disk's memory cap allows: give a larger \
+                     --max-memory SIZE"
                 }
                 Error::DiskFull { .. } => {
-                    ": the image holds more than --size allows; give a larger --size"
+                    ": the image holds more than the disk's size allows: give a larger --size SIZE"
                 }
                 _ => "",
             };
@@ -576,30 +577,35 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// size to use (the image's when `size` is None) and the image, loaded or
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir)
-        .map_err(|e| Error::context(format!("image {}", dir.display()), e, ""))?;
+    let image = ImageDir::open(dir).map_err(|e| match e {
+        // Says which directory itself.
+        e @ Error::Unusable(_) => e,
+        e => Error::context(format!("image {}", dir.display()), e, ""),
+    })?;
     let Some(m) = image.manifest() else {
         let size = size.ok_or_else(|| {
             Error::Unusable(format!(
-                "image {} is empty (a new image): give --size for the new disk",
+                "image {} is empty (a new image): give --size SIZE for the new disk",
                 dir.display()
             ))
         })?;
         return Ok((image, size));
     };
     if m.kind != kind {
-        return Err(Error::Unusable(format!(
-            "image {} holds a {} disk, not a{} {} disk: {}",
-            dir.display(),
-            m.kind.name(),
-            if kind == DiskKind::Fs { "n" } else { "" },
-            kind.name(),
-            if kind == DiskKind::Fs {
-                "serve it without --mount"
-            } else {
-                "serve it with --mount DIR"
-            }
-        )));
+        // Commands in backquotes: the mount helper, which rewrites flags
+        // as mount options, leaves those alone.
+        let d = dir.display();
+        return Err(Error::Unusable(match kind {
+            DiskKind::Fs => format!(
+                "image {d} holds a block disk, not a filesystem: serve it as a block disk \
+                 (`ramd serve --image {d}`)"
+            ),
+            DiskKind::Block => format!(
+                "image {d} holds a filesystem, not a block disk: mount it \
+                 (`ramd serve --image {d} --mount DIR`, or `mount -t fuse.ramd -o image={d} \
+                 NAME DIR`)"
+            ),
+        }));
     }
     // A filesystem disk may be mounted with another size (tmpfs's way: the
     // mount's size= rules); loading then checks that the data fits.
