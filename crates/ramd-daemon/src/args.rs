@@ -26,11 +26,17 @@ pub struct DiskArgs {
     pub name: String,
 
     /// Where NBD clients connect: unix:PATH, or tcp:[HOST:]PORT (HOST
-    /// defaults to 127.0.0.1; give 0.0.0.0 or an address to listen beyond
-    /// loopback). Repeat it to serve the disk on several sockets at once.
-    /// Default: unix:RUN_DIR/NAME.sock.
+    /// defaults to 127.0.0.1; an address beyond loopback, such as 0.0.0.0,
+    /// needs --insecure). Repeat it to serve the disk on several sockets at
+    /// once. Default: unix:RUN_DIR/NAME.sock.
     #[arg(long, value_parser = parse_listen, value_name = "ADDR", conflicts_with = "mount")]
     pub listen: Vec<Listen>,
+
+    /// Let --listen tcp: on an address beyond loopback serve NBD without
+    /// authentication or encryption: anyone who can reach it can read and
+    /// write the disk.
+    #[arg(long, conflicts_with = "mount")]
+    pub insecure: bool,
 
     /// Serve the block disk as a LUN of the daemon's iSCSI target on this
     /// portal: [HOST:]PORT (HOST defaults to 127.0.0.1; an address beyond
@@ -288,6 +294,7 @@ impl DiskArgs {
             "size" => format!("{:?}", self.size),
             "name" => format!("{:?}", self.name),
             "listen" => format!("{:?}", self.listen),
+            "insecure" => self.insecure.to_string(),
             "mount" => format!("{:?}", self.mount),
             "nr_inodes" => format!("{:?}", self.nr_inodes),
             "mode" => format!("{:o}", self.mode),
@@ -378,6 +385,26 @@ pub enum DiskSize {
 pub enum Listen {
     Unix(PathBuf),
     Tcp(SocketAddr),
+}
+
+impl Listen {
+    /// A TCP address other than loopback (127.0.0.0/8, ::1, and
+    /// ::ffff:127.x.x.x): other hosts may reach it.
+    pub fn beyond_loopback(&self) -> bool {
+        match self {
+            Listen::Unix(_) => false,
+            Listen::Tcp(a) => !a.ip().to_canonical().is_loopback(),
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+            Listen::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
 }
 
 pub fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
@@ -547,6 +574,15 @@ mod tests {
             parse_listen("unix:/x.sock"),
             Ok(Listen::Unix("/x.sock".into()))
         );
+        let beyond = |s: &str| parse_listen(s).unwrap().beyond_loopback();
+        assert!(beyond("tcp:0.0.0.0:1"));
+        assert!(beyond("tcp:[::]:1"));
+        assert!(beyond("tcp:192.0.2.7:1"));
+        assert!(!beyond("tcp:1"));
+        assert!(!beyond("tcp:127.3.4.5:1"));
+        assert!(!beyond("tcp:[::1]:1"));
+        assert!(!beyond("tcp:[::ffff:127.0.0.1]:1"));
+        assert!(!beyond("unix:/x.sock"));
         assert!(parse_listen("tcp:host").is_err());
         assert!(parse_listen("unix:").is_err());
         assert!(parse_listen("/x.sock").is_err());

@@ -476,6 +476,27 @@ mod tests {
     }
 
     #[test]
+    fn insecure_is_a_key() {
+        let f = flags_of(
+            "[disk.a]\nsize = \"1G\"\nlisten = \"tcp:0.0.0.0:10809\"\ninsecure = true\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            [
+                "--name",
+                "a",
+                "--insecure",
+                "--listen",
+                "tcp:0.0.0.0:10809",
+                "--size",
+                "1G"
+            ]
+        );
+    }
+
+    #[test]
     fn false_turns_off_what_is_on_by_default() {
         let f = |v: &str| {
             flags_of(

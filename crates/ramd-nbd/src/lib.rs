@@ -214,18 +214,52 @@ impl Listener {
         }
     }
 
-    /// The NBD URI a client uses to reach `export` here.
+    /// The address a TCP listener is bound to (with the port the kernel
+    /// chose for port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Listener::Unix(..) => None,
+            Listener::Tcp(l) => l.local_addr().ok(),
+        }
+    }
+
+    /// The NBD URI a client uses to reach `export` here. A wildcard bind
+    /// (0.0.0.0, ::) is named by the host's name: `nbd://0.0.0.0:…` is no
+    /// address a remote client can connect to.
     pub fn uri(&self, export: &str) -> String {
         match self {
             Listener::Unix(_, file) => {
                 format!("nbd+unix:///{export}?socket={}", file.path().display())
             }
             Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) if a.ip().is_unspecified() => {
+                    format!("nbd://{}:{}/{export}", host_name(), a.port())
+                }
                 Ok(SocketAddr::V6(a)) => format!("nbd://[{}]:{}/{export}", a.ip(), a.port()),
                 Ok(a) => format!("nbd://{a}/{export}"),
                 Err(_) => "nbd://?".into(),
             },
         }
+    }
+}
+
+/// This host's name (gethostname(2)), for URIs of wildcard binds;
+/// `localhost` if it has none a URI can carry.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = std::str::from_utf8(&buf[..len]).unwrap_or_default();
+    let usable = rc == 0
+        && !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if usable {
+        name.to_string()
+    } else {
+        "localhost".into()
     }
 }
 
@@ -383,5 +417,20 @@ impl Server {
         }
         let _ = stream.shutdown();
         log::info!("{peer}: disconnected");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_of_a_wildcard_bind_names_the_host() {
+        let l = Listener::bind_tcp("0.0.0.0:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(l.uri("d"), format!("nbd://{}:{port}/d", host_name()));
+        let l = Listener::bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(l.uri("d"), format!("nbd://127.0.0.1:{port}/d"));
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
 use ramd_store::persist::DiskKind;
 
@@ -37,8 +37,18 @@ impl FrontendFactory for Nbd {
         if args.kind() != DiskKind::Block {
             return Ok(Vec::new());
         }
+        let listens = listens(args, run_dir);
+        if let Some(l) = listens.iter().find(|l| l.beyond_loopback()) {
+            if !args.insecure {
+                bail!(
+                    "--listen {l}: would serve NBD beyond loopback without \
+                     authentication or encryption: listen on loopback (tcp:PORT) or a \
+                     unix socket, or give --insecure to allow it"
+                );
+            }
+        }
         // Port 0 asks the kernel for a free port: it never collides.
-        Ok(listens(args, run_dir)
+        Ok(listens
             .iter()
             .filter_map(|l| match l {
                 Listen::Unix(p) => Some(Claim(format!("socket {}", unix_claim(p).display()))),
@@ -57,11 +67,28 @@ impl FrontendFactory for Nbd {
         let metrics = disk.metrics.frontend("nbd");
         let mut out: Vec<Arc<dyn Frontend>> = Vec::new();
         for l in listens(args, disk.run_dir) {
-            let listener = match l {
-                Listen::Unix(p) => Listener::bind_unix(p),
-                Listen::Tcp(a) => Listener::bind_tcp(a),
+            let listener = match &l {
+                Listen::Unix(p) => Listener::bind_unix(p.clone()),
+                Listen::Tcp(a) => Listener::bind_tcp(*a),
             }
             .context("NBD listen socket")?;
+            let uri = listener.uri(&args.name);
+            if let Some(bound) = listener.local_addr() {
+                if bound.ip().is_unspecified() {
+                    // The URI names the host; the log says what was bound.
+                    log::info!(
+                        "disk {}: NBD on tcp:{bound} (every address of this host): {uri}",
+                        args.name
+                    );
+                }
+                if l.beyond_loopback() {
+                    log::warn!(
+                        "disk {}: NBD on tcp:{bound} beyond loopback without TLS (--insecure): \
+                         anyone who can reach it can read and write the disk",
+                        args.name
+                    );
+                }
+            }
             let server = Server::new(
                 Exports::new(vec![Export {
                     name: args.name.clone(),
@@ -77,7 +104,7 @@ impl FrontendFactory for Nbd {
                 },
             );
             out.push(Arc::new(NbdFrontend {
-                uri: listener.uri(&args.name),
+                uri,
                 listener,
                 server,
             }));
