@@ -27,16 +27,35 @@ pub struct DiskArgs {
 
     /// Where NBD clients connect: unix:PATH, or tcp:[HOST:]PORT (HOST
     /// defaults to 127.0.0.1; an address beyond loopback, such as 0.0.0.0,
-    /// needs --insecure). Repeat it to serve the disk on several sockets at
-    /// once. Default: unix:RUN_DIR/NAME.sock.
+    /// needs --tls require or --insecure). Repeat it to serve the disk on
+    /// several sockets at once. Default: unix:RUN_DIR/NAME.sock.
     #[arg(long, value_parser = parse_listen, value_name = "ADDR", conflicts_with = "mount")]
     pub listen: Vec<Listen>,
 
-    /// Let --listen tcp: on an address beyond loopback serve NBD without
-    /// authentication or encryption: anyone who can reach it can read and
-    /// write the disk.
+    /// Let --listen tcp: on an address beyond loopback serve NBD to
+    /// clients without TLS: anyone who can reach it can read and write the
+    /// disk.
     #[arg(long, conflicts_with = "mount")]
     pub insecure: bool,
+
+    /// NBD over TLS (the protocol's STARTTLS, as nbdkit and qemu speak it):
+    /// off; on (offered, a client may decline it and go on in plaintext);
+    /// require (every option but STARTTLS is refused before TLS: the disk
+    /// is never served in plaintext). Default: on with --tls-certificates,
+    /// else off. The printed URI is nbds:// (nbds+unix://) when TLS is on.
+    #[arg(long, value_parser = parse_tls, value_name = "MODE", conflicts_with = "mount")]
+    pub tls: Option<TlsMode>,
+
+    /// NBD TLS credentials: a directory holding server-cert.pem and
+    /// server-key.pem (PEM), ca-cert.pem for --tls-verify-peer, and
+    /// optionally ca-crl.pem: the layout nbdkit and qemu use.
+    #[arg(long, value_name = "DIR", conflicts_with = "mount")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// NBD TLS: a client must present a certificate signed by the CA of
+    /// ca-cert.pem in --tls-certificates (and not revoked in ca-crl.pem).
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
 
     /// Serve the block disk as a LUN of the daemon's iSCSI target on this
     /// portal: [HOST:]PORT (HOST defaults to 127.0.0.1; an address beyond
@@ -266,6 +285,14 @@ impl DiskArgs {
         }
     }
 
+    /// `--tls`, or its default: on with certificates, else off.
+    pub fn tls_mode(&self) -> TlsMode {
+        self.tls.unwrap_or(match self.tls_certificates {
+            Some(_) => TlsMode::On,
+            None => TlsMode::Off,
+        })
+    }
+
     /// Whether a filesystem disk uses the kernel's write-back cache.
     pub fn writeback_cache(&self) -> bool {
         !self.no_writeback_cache
@@ -295,6 +322,9 @@ impl DiskArgs {
             "name" => format!("{:?}", self.name),
             "listen" => format!("{:?}", self.listen),
             "insecure" => self.insecure.to_string(),
+            "tls" => format!("{:?}", self.tls),
+            "tls_certificates" => format!("{:?}", self.tls_certificates),
+            "tls_verify_peer" => self.tls_verify_peer.to_string(),
             "mount" => format!("{:?}", self.mount),
             "nr_inodes" => format!("{:?}", self.nr_inodes),
             "mode" => format!("{:o}", self.mode),
@@ -343,6 +373,33 @@ impl DiskArgs {
     /// tell a changed disk from an unchanged one.
     pub fn fingerprint(&self) -> String {
         format!("{self:?}")
+    }
+}
+
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+impl std::fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        })
+    }
+}
+
+fn parse_tls(s: &str) -> Result<TlsMode, String> {
+    match s {
+        "off" => Ok(TlsMode::Off),
+        "on" => Ok(TlsMode::On),
+        "require" => Ok(TlsMode::Require),
+        _ => Err(format!("invalid TLS mode {s:?}: use off, on or require")),
     }
 }
 

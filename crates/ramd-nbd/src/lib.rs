@@ -1,7 +1,7 @@
 //! ramd's NBD server, written from the protocol document
 //! (NetworkBlockDevice/nbd `doc/proto.md`): fixed newstyle negotiation,
-//! structured replies, `base:allocation` block status, and many requests
-//! in flight per connection over Unix or TCP sockets.
+//! STARTTLS (rustls), structured replies, `base:allocation` block status,
+//! and many requests in flight per connection over Unix or TCP sockets.
 //!
 //! The server translates; the [`ramd_store::Store`] behind each [`Export`]
 //! holds all storage logic.
@@ -11,7 +11,10 @@ pub mod client;
 pub mod fuzz;
 mod handshake;
 pub mod proto;
+mod tls;
 mod transmission;
+
+pub use tls::Tls;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -99,9 +102,20 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes through a shared reference, as the std sockets allow (a TLS
+/// session writes to the socket it holds under its own lock).
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+            Stream::Tcp(s) => (&*s).write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -223,21 +237,25 @@ impl Listener {
         }
     }
 
-    /// The NBD URI a client uses to reach `export` here. A wildcard bind
-    /// (0.0.0.0, ::) is named by the host's name: `nbd://0.0.0.0:…` is no
-    /// address a remote client can connect to.
-    pub fn uri(&self, export: &str) -> String {
+    /// The NBD URI a client uses to reach `export` here: `nbds` when the
+    /// server offers TLS. A wildcard bind (0.0.0.0, ::) is named by the
+    /// host's name: `nbd://0.0.0.0:…` is no address a remote client can
+    /// connect to (and no name a server certificate carries).
+    pub fn uri(&self, export: &str, tls: bool) -> String {
+        let scheme = if tls { "nbds" } else { "nbd" };
         match self {
             Listener::Unix(_, file) => {
-                format!("nbd+unix:///{export}?socket={}", file.path().display())
+                format!("{scheme}+unix:///{export}?socket={}", file.path().display())
             }
             Listener::Tcp(l) => match l.local_addr() {
                 Ok(a) if a.ip().is_unspecified() => {
-                    format!("nbd://{}:{}/{export}", host_name(), a.port())
+                    format!("{scheme}://{}:{}/{export}", host_name(), a.port())
                 }
-                Ok(SocketAddr::V6(a)) => format!("nbd://[{}]:{}/{export}", a.ip(), a.port()),
-                Ok(a) => format!("nbd://{a}/{export}"),
-                Err(_) => "nbd://?".into(),
+                Ok(SocketAddr::V6(a)) => {
+                    format!("{scheme}://[{}]:{}/{export}", a.ip(), a.port())
+                }
+                Ok(a) => format!("{scheme}://{a}/{export}"),
+                Err(_) => format!("{scheme}://?"),
             },
         }
     }
@@ -269,8 +287,11 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Further clients are turned away while this many are connected.
     pub max_connections: usize,
-    /// A client must finish negotiating within this time.
+    /// A client must finish negotiating (TLS handshake included) within
+    /// this time.
     pub handshake_timeout: Duration,
+    /// TLS offered (or required) through STARTTLS; `None`: NOTLS.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Default for ServerConfig {
@@ -279,6 +300,7 @@ impl Default for ServerConfig {
             threads: 8,
             max_connections: 64,
             handshake_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -390,26 +412,31 @@ impl Server {
 
     fn connection(&self, stream: Stream, peer: &str) {
         log::info!("{peer}: connected");
-        let session = stream
+        let negotiated = stream
             .set_read_timeout(Some(self.cfg.handshake_timeout))
-            .and_then(|()| handshake::negotiate(&mut stream.try_clone()?, &self.exports, peer))
+            .and_then(|()| self.negotiate(&stream, peer))
             .and_then(|outcome| {
                 stream.set_read_timeout(None)?;
                 Ok(outcome)
             });
-        match session {
-            Ok(handshake::Outcome::Transmit(session)) => {
+        match negotiated {
+            Ok(Some((session, channel))) => {
                 log::info!(
-                    "{peer}: export {:?}, structured replies {}, block status {}",
+                    "{peer}: export {:?}, structured replies {}, block status {}{}",
                     session.export.name,
                     session.structured,
-                    session.block_status
+                    session.block_status,
+                    match channel {
+                        transmission::Channel::Plain => ", no TLS",
+                        transmission::Channel::Tls(_) => ", TLS",
+                    }
                 );
-                if let Err(e) = transmission::run(&stream, &session, self.cfg.threads, peer) {
+                let threads = self.cfg.threads;
+                if let Err(e) = transmission::run(&stream, channel, &session, threads, peer) {
                     log::warn!("{peer}: {e}");
                 }
             }
-            Ok(handshake::Outcome::Closed) => {}
+            Ok(None) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 log::info!("{peer}: hung up during negotiation");
             }
@@ -417,6 +444,43 @@ impl Server {
         }
         let _ = stream.shutdown();
         log::info!("{peer}: disconnected");
+    }
+
+    /// Option negotiation, through STARTTLS and the TLS handshake if the
+    /// client asks for it; `None` if the client leaves or is turned away.
+    fn negotiate(
+        &self,
+        stream: &Stream,
+        peer: &str,
+    ) -> io::Result<Option<(handshake::Session, transmission::Channel)>> {
+        use handshake::{Outcome, TlsPolicy};
+        let policy = match &self.cfg.tls {
+            None => TlsPolicy::Off,
+            Some(t) if t.require => TlsPolicy::Require,
+            Some(_) => TlsPolicy::On,
+        };
+        let outcome = handshake::negotiate(&mut stream.try_clone()?, &self.exports, peer, policy)?;
+        let no_zeroes = match outcome {
+            Outcome::Transmit(s) => return Ok(Some((s, transmission::Channel::Plain))),
+            Outcome::Closed => return Ok(None),
+            Outcome::StartTls { no_zeroes } => no_zeroes,
+        };
+        let tls = self
+            .cfg
+            .tls
+            .as_ref()
+            .expect("STARTTLS is acknowledged only with TLS");
+        let mut channel = tls::TlsChannel::accept(tls, stream)
+            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+        log::info!("{peer}: TLS {}", channel.describe());
+        match handshake::negotiate_secure(&mut channel, &self.exports, peer, no_zeroes)? {
+            Outcome::Transmit(s) => Ok(Some((s, transmission::Channel::Tls(channel)))),
+            Outcome::Closed => {
+                channel.session.close();
+                Ok(None)
+            }
+            Outcome::StartTls { .. } => unreachable!("a second STARTTLS is refused"),
+        }
     }
 }
 
@@ -428,9 +492,9 @@ mod tests {
     fn uri_of_a_wildcard_bind_names_the_host() {
         let l = Listener::bind_tcp("0.0.0.0:0".parse().unwrap()).unwrap();
         let port = l.local_addr().unwrap().port();
-        assert_eq!(l.uri("d"), format!("nbd://{}:{port}/d", host_name()));
+        assert_eq!(l.uri("d", false), format!("nbd://{}:{port}/d", host_name()));
         let l = Listener::bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let port = l.local_addr().unwrap().port();
-        assert_eq!(l.uri("d"), format!("nbd://127.0.0.1:{port}/d"));
+        assert_eq!(l.uri("d", true), format!("nbds://127.0.0.1:{port}/d"));
     }
 }
