@@ -470,8 +470,15 @@ impl Server {
             .tls
             .as_ref()
             .expect("STARTTLS is acknowledged only with TLS");
-        let mut channel = tls::TlsChannel::accept(tls, stream)
-            .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+        let mut channel = tls::TlsChannel::accept(tls, stream).map_err(|e| match e.kind() {
+            // Not a plain hang-up: GnuTLS clients that reject the server's
+            // certificate (or want PSK) just close.
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "TLS handshake: the client hung up before finishing it",
+            ),
+            kind => io::Error::new(kind, format!("TLS handshake: {e}")),
+        })?;
         log::info!("{peer}: TLS {}", channel.describe());
         match handshake::negotiate_secure(&mut channel, &self.exports, peer, no_zeroes)? {
             Outcome::Transmit(s) => Ok(Some((s, transmission::Channel::Tls(channel)))),

@@ -409,6 +409,9 @@ fn tls_from_a_wrong_ca_fails() {
     .failed();
     assert!(out.stderr.contains("certificate"), "{out:?}");
     assert!(!out.stdout.contains("export-size"), "{out:?}");
+    wait_until(CMD_TIMEOUT, "the failed handshake in the log", || {
+        d.stderr().contains("TLS handshake")
+    });
 }
 
 #[test]
@@ -491,4 +494,35 @@ fn tls_settings_that_cannot_work_are_refused_naming_flag_and_file() {
     assert!(out.stderr.contains(&ca.display().to_string()), "{out:?}");
     let out = serve(&["--tls-verify-peer"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn a_psk_client_is_refused_and_others_go_on() {
+    // rustls cannot serve TLS PSK (ARCHITECTURE.md, "NBD over TLS"): a
+    // libnbd client with tls-psk-file must fail cleanly, not hang or
+    // reach the disk, and certificate clients go on.
+    require_tool("nbdinfo");
+    let pki = Pki::new();
+    let server = pki.server_dir();
+    let client = pki.client_dir("client", false);
+    let d = Ramd::start(&[
+        "--size",
+        "16M",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        server.to_str().unwrap(),
+    ]);
+    let keys = pki.path("keys.psk");
+    write_file(&keys, format!("alice:{}\n", "5a".repeat(32)).as_bytes());
+    let psk_uri = d.uri().replacen("nbds+unix:///", "nbds+unix://alice@/", 1);
+    let psk_uri = format!("{psk_uri}&tls-psk-file={}", keys.display());
+    let out = run(&mut cmd("nbdinfo", [&psk_uri]), CMD_TIMEOUT).failed();
+    assert!(!out.stdout.contains("export-size"), "{out:?}");
+    let out = run_ok(&mut cmd(
+        "nbdinfo",
+        ["--size".into(), with_certs(d.uri(), &client)],
+    ));
+    assert_eq!(out.trim(), (16 * MIB).to_string());
+    assert!(d.stderr().contains("TLS handshake"), "{}", d.stderr());
 }
