@@ -26,11 +26,36 @@ pub struct DiskArgs {
     pub name: String,
 
     /// Where NBD clients connect: unix:PATH, or tcp:[HOST:]PORT (HOST
-    /// defaults to 127.0.0.1; give 0.0.0.0 or an address to listen beyond
-    /// loopback). Repeat it to serve the disk on several sockets at once.
-    /// Default: unix:RUN_DIR/NAME.sock.
+    /// defaults to 127.0.0.1; an address beyond loopback, such as 0.0.0.0,
+    /// needs --tls require or --insecure). Repeat it to serve the disk on
+    /// several sockets at once. Default: unix:RUN_DIR/NAME.sock.
     #[arg(long, value_parser = parse_listen, value_name = "ADDR", conflicts_with = "mount")]
     pub listen: Vec<Listen>,
+
+    /// Let --listen tcp: on an address beyond loopback serve NBD to
+    /// clients without TLS: anyone who can reach it can read and write the
+    /// disk.
+    #[arg(long, conflicts_with = "mount")]
+    pub insecure: bool,
+
+    /// NBD over TLS (the protocol's STARTTLS, as nbdkit and qemu speak it):
+    /// off; on (offered, a client may decline it and go on in plaintext);
+    /// require (every option but STARTTLS is refused before TLS: the disk
+    /// is never served in plaintext). Default: on with --tls-certificates,
+    /// else off. The printed URI is nbds:// (nbds+unix://) when TLS is on.
+    #[arg(long, value_parser = parse_tls, value_name = "MODE", conflicts_with = "mount")]
+    pub tls: Option<TlsMode>,
+
+    /// NBD TLS credentials: a directory holding server-cert.pem and
+    /// server-key.pem (PEM), ca-cert.pem for --tls-verify-peer, and
+    /// optionally ca-crl.pem: the layout nbdkit and qemu use.
+    #[arg(long, value_name = "DIR", conflicts_with = "mount")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// NBD TLS: a client must present a certificate signed by the CA of
+    /// ca-cert.pem in --tls-certificates (and not revoked in ca-crl.pem).
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
 
     /// Serve the block disk as a LUN of the daemon's iSCSI target on this
     /// portal: [HOST:]PORT (HOST defaults to 127.0.0.1; an address beyond
@@ -261,6 +286,14 @@ impl DiskArgs {
         }
     }
 
+    /// `--tls`, or its default: on with certificates, else off.
+    pub fn tls_mode(&self) -> TlsMode {
+        self.tls.unwrap_or(match self.tls_certificates {
+            Some(_) => TlsMode::On,
+            None => TlsMode::Off,
+        })
+    }
+
     /// Whether a filesystem disk uses the kernel's write-back cache.
     pub fn writeback_cache(&self) -> bool {
         !self.no_writeback_cache
@@ -289,6 +322,10 @@ impl DiskArgs {
             "size" => format!("{:?}", self.size),
             "name" => format!("{:?}", self.name),
             "listen" => format!("{:?}", self.listen),
+            "insecure" => self.insecure.to_string(),
+            "tls" => format!("{:?}", self.tls),
+            "tls_certificates" => format!("{:?}", self.tls_certificates),
+            "tls_verify_peer" => self.tls_verify_peer.to_string(),
             "mount" => format!("{:?}", self.mount),
             "nr_inodes" => format!("{:?}", self.nr_inodes),
             "mode" => format!("{:o}", self.mode),
@@ -340,6 +377,33 @@ impl DiskArgs {
     }
 }
 
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+impl std::fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::On => "on",
+            TlsMode::Require => "require",
+        })
+    }
+}
+
+fn parse_tls(s: &str) -> Result<TlsMode, String> {
+    match s {
+        "off" => Ok(TlsMode::Off),
+        "on" => Ok(TlsMode::On),
+        "require" => Ok(TlsMode::Require),
+        _ => Err(format!("invalid TLS mode {s:?}: use off, on or require")),
+    }
+}
+
 /// `--fuse-transport`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FuseTransport {
@@ -379,6 +443,26 @@ pub enum DiskSize {
 pub enum Listen {
     Unix(PathBuf),
     Tcp(SocketAddr),
+}
+
+impl Listen {
+    /// A TCP address other than loopback (127.0.0.0/8, ::1, and
+    /// ::ffff:127.x.x.x): other hosts may reach it.
+    pub fn beyond_loopback(&self) -> bool {
+        match self {
+            Listen::Unix(_) => false,
+            Listen::Tcp(a) => !a.ip().to_canonical().is_loopback(),
+        }
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+            Listen::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
 }
 
 pub fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
@@ -548,6 +632,15 @@ mod tests {
             parse_listen("unix:/x.sock"),
             Ok(Listen::Unix("/x.sock".into()))
         );
+        let beyond = |s: &str| parse_listen(s).unwrap().beyond_loopback();
+        assert!(beyond("tcp:0.0.0.0:1"));
+        assert!(beyond("tcp:[::]:1"));
+        assert!(beyond("tcp:192.0.2.7:1"));
+        assert!(!beyond("tcp:1"));
+        assert!(!beyond("tcp:127.3.4.5:1"));
+        assert!(!beyond("tcp:[::1]:1"));
+        assert!(!beyond("tcp:[::ffff:127.0.0.1]:1"));
+        assert!(!beyond("unix:/x.sock"));
         assert!(parse_listen("tcp:host").is_err());
         assert!(parse_listen("unix:").is_err());
         assert!(parse_listen("/x.sock").is_err());

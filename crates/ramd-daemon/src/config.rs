@@ -601,6 +601,55 @@ mod tests {
     }
 
     #[test]
+    fn insecure_is_a_key() {
+        let f = flags_of(
+            "[disk.a]\nsize = \"1G\"\nlisten = \"tcp:0.0.0.0:10809\"\ninsecure = true\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            [
+                "--name",
+                "a",
+                "--insecure",
+                "--listen",
+                "tcp:0.0.0.0:10809",
+                "--size",
+                "1G"
+            ]
+        );
+    }
+
+    #[test]
+    fn tls_keys() {
+        let f = flags_of(
+            "[disk.a]\nsize = \"1G\"\ntls = \"require\"\ntls_certificates = \"/etc/ramd/tls\"\n\
+             tls_verify_peer = true\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            [
+                "--name",
+                "a",
+                "--size",
+                "1G",
+                "--tls",
+                "require",
+                "--tls-certificates",
+                "/etc/ramd/tls",
+                "--tls-verify-peer"
+            ]
+        );
+        let e = flags_of("[disk.a]\ntls = \"yes\"\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("F:2: disk.a.tls: invalid TLS mode"), "{e}");
+    }
+
+    #[test]
     fn false_turns_off_what_is_on_by_default() {
         let f = |v: &str| {
             flags_of(

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use ramd_store::{Store, StoreConfig};
 
-use crate::handshake::{self, Outcome, Session};
+use crate::handshake::{self, Outcome, Session, TlsPolicy};
 use crate::{transmission, Export, Exports, Stream};
 
 /// Size of the fuzzed disks: small, so that most ranges are in reach.
@@ -69,12 +69,21 @@ pub fn handshake(data: &[u8]) -> Vec<u8> {
         input: Cursor::new(data.to_vec()),
         output: Vec::new(),
     };
-    if let Ok(Outcome::Transmit(session)) = handshake::negotiate(&mut s, exports(), "fuzz") {
+    let outcome = handshake::negotiate(&mut s, exports(), "fuzz", TlsPolicy::Off);
+    if let Ok(Outcome::Transmit(session)) = outcome {
         assert_ne!(session.flags & crate::proto::TF_HAS_FLAGS, 0);
         let ro = session.export.read_only;
         assert_eq!(session.flags & crate::proto::TF_READ_ONLY != 0, ro);
         assert!(!session.block_status || session.structured);
     }
+    // The same bytes against a server that requires TLS: no export may be
+    // reached without it (the handshake itself is rustls's to fuzz).
+    let mut required = Script {
+        input: Cursor::new(data.to_vec()),
+        output: Vec::new(),
+    };
+    let outcome = handshake::negotiate(&mut required, exports(), "fuzz", TlsPolicy::Require);
+    assert!(!matches!(outcome, Ok(Outcome::Transmit(_))));
     s.output
 }
 
@@ -130,7 +139,8 @@ pub fn transmission(data: &[u8]) -> Vec<u8> {
         });
         let server = Stream::Unix(server);
         // Errors are the client's fault here, and logged by `run`.
-        let _ = transmission::run(&server, &session, threads, "fuzz");
+        let channel = transmission::Channel::Plain;
+        let _ = transmission::run(&server, channel, &session, threads, "fuzz");
         // Closes the last server end: the reader above sees EOF.
         drop(server);
         replies.join().expect("reply reader")

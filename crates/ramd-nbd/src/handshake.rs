@@ -30,6 +30,25 @@ pub(crate) enum Outcome {
     Transmit(Session),
     /// The client aborted, went away, or broke the framing (logged).
     Closed,
+    /// STARTTLS was acknowledged: the TLS handshake comes next, then
+    /// [`negotiate_secure`] with the client's NO_ZEROES flag.
+    StartTls {
+        no_zeroes: bool,
+    },
+}
+
+/// TLS during option negotiation (proto.md, "TLS support").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlsPolicy {
+    /// NOTLS: STARTTLS is refused (ERR_POLICY).
+    Off,
+    /// SELECTIVETLS with no TLS-only export: the client may upgrade.
+    On,
+    /// FORCEDTLS: every option but STARTTLS and ABORT gets ERR_TLS_REQD
+    /// until TLS is up; EXPORT_NAME, which has no error reply, disconnects.
+    Require,
+    /// The negotiation already runs over TLS.
+    Active,
 }
 
 /// Transmission flags: what the export can do, truthfully.
@@ -59,12 +78,16 @@ struct Negotiation<'a, S> {
     structured: bool,
     /// Export for which base:allocation was last selected.
     meta_for: Option<Arc<Export>>,
+    tls: TlsPolicy,
 }
 
+/// The greeting, the client's flags, then options until the client picks
+/// an export, leaves, or (with `tls` On or Require) upgrades to TLS.
 pub(crate) fn negotiate<S: Read + Write>(
     s: &mut S,
     exports: &Exports,
     peer: &str,
+    tls: TlsPolicy,
 ) -> io::Result<Outcome> {
     write_greeting(s)?;
     s.flush()?;
@@ -76,13 +99,37 @@ pub(crate) fn negotiate<S: Read + Write>(
         return Ok(Outcome::Closed);
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let fixed = client_flags & FLAG_C_FIXED_NEWSTYLE != 0;
+    options(s, exports, peer, fixed, no_zeroes, tls)
+}
+
+/// Options over TLS, after STARTTLS and the handshake. Nothing negotiated
+/// before carries over (proto.md, `NBD_OPT_STARTTLS`): a fresh state.
+pub(crate) fn negotiate_secure<S: Read + Write>(
+    s: &mut S,
+    exports: &Exports,
+    peer: &str,
+    no_zeroes: bool,
+) -> io::Result<Outcome> {
+    options(s, exports, peer, true, no_zeroes, TlsPolicy::Active)
+}
+
+fn options<S: Read + Write>(
+    s: &mut S,
+    exports: &Exports,
+    peer: &str,
+    fixed: bool,
+    no_zeroes: bool,
+    tls: TlsPolicy,
+) -> io::Result<Outcome> {
     let mut n = Negotiation {
         s,
         exports,
         peer,
-        fixed: client_flags & FLAG_C_FIXED_NEWSTYLE != 0,
+        fixed,
         structured: false,
         meta_for: None,
+        tls,
     };
     loop {
         if let Some(outcome) = n.one_option(no_zeroes)? {
@@ -117,11 +164,27 @@ impl<S: Read + Write> Negotiation<'_, S> {
         self.s.read_exact(&mut data)?;
         let data = &data[..];
 
+        let required = self.tls == TlsPolicy::Require;
+        if required && Opt::from(opt) == Opt::ExportName {
+            // No error reply exists, and the export is not for plaintext.
+            log::warn!(
+                "{}: EXPORT_NAME without TLS, which is required; disconnecting",
+                self.peer
+            );
+            return Ok(Some(Outcome::Closed));
+        }
         if !self.fixed && Opt::from(opt) != Opt::ExportName {
             return self.reply(
                 opt,
                 REP_ERR_INVALID,
                 b"only EXPORT_NAME without fixed newstyle",
+            );
+        }
+        if required && !matches!(Opt::from(opt), Opt::StartTls | Opt::Abort) {
+            return self.reply(
+                opt,
+                REP_ERR_TLS_REQD,
+                b"TLS is required: send STARTTLS first",
             );
         }
         match Opt::from(opt) {
@@ -143,7 +206,18 @@ impl<S: Read + Write> Negotiation<'_, S> {
                 }
                 self.reply(opt, REP_ACK, &[])
             }
-            Opt::StartTls => self.reply(opt, REP_ERR_UNSUP, b"TLS is not supported yet"),
+            Opt::StartTls if !data.is_empty() => {
+                self.reply(opt, REP_ERR_INVALID, b"STARTTLS takes no data")
+            }
+            Opt::StartTls => match self.tls {
+                TlsPolicy::Off => self.reply(opt, REP_ERR_POLICY, b"TLS is off on this server"),
+                TlsPolicy::Active => self.reply(opt, REP_ERR_INVALID, b"TLS is already active"),
+                TlsPolicy::On | TlsPolicy::Require => {
+                    self.send(opt, REP_ACK, &[])?;
+                    self.s.flush()?;
+                    Ok(Some(Outcome::StartTls { no_zeroes }))
+                }
+            },
             Opt::Info | Opt::Go => self.info_or_go(opt, data),
             Opt::StructuredReply if !data.is_empty() => {
                 self.reply(opt, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data")
@@ -338,12 +412,23 @@ mod tests {
     type OptReply = (u32, u32, Vec<u8>);
 
     fn run(client: Vec<u8>, ex: &Exports) -> (io::Result<Outcome>, Vec<OptReply>) {
+        run_tls(client, ex, TlsPolicy::Off)
+    }
+
+    fn run_tls(
+        client: Vec<u8>,
+        ex: &Exports,
+        tls: TlsPolicy,
+    ) -> (io::Result<Outcome>, Vec<OptReply>) {
         let mut s = Script {
             input: Cursor::new(client),
             output: Vec::new(),
         };
-        let outcome = negotiate(&mut s, ex, "test");
-        let mut out = &s.output[18..];
+        let outcome = negotiate(&mut s, ex, "test", tls);
+        (outcome, parse_replies(&s.output[18..]))
+    }
+
+    fn parse_replies(mut out: &[u8]) -> Vec<OptReply> {
         let mut replies = Vec::new();
         while out.len() >= 20 && out[..8] == OPTION_REPLY_MAGIC.to_be_bytes() {
             let opt = u32::from_be_bytes(out[8..12].try_into().unwrap());
@@ -352,7 +437,7 @@ mod tests {
             replies.push((opt, kind, out[20..20 + len].to_vec()));
             out = &out[20 + len..];
         }
-        (outcome, replies)
+        replies
     }
 
     const FLAGS: [u8; 4] = [0, 0, 0, 3]; // FIXED_NEWSTYLE | NO_ZEROES
@@ -456,7 +541,7 @@ mod tests {
             input: Cursor::new(c),
             output: Vec::new(),
         };
-        let outcome = negotiate(&mut s, &exports(false), "test").unwrap();
+        let outcome = negotiate(&mut s, &exports(false), "test", TlsPolicy::Off).unwrap();
         assert!(matches!(outcome, Outcome::Transmit(_)));
         let out = &s.output[18..];
         assert_eq!(out[..16], option_reply(3, REP_ERR_INVALID, &[])[..16]);
@@ -466,6 +551,95 @@ mod tests {
         assert_eq!(export.len(), 8 + 2 + 124);
         assert_eq!(export[..8], (1u64 << 20).to_be_bytes());
         assert!(export[10..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn tls_required_refuses_every_option_but_starttls_and_abort() {
+        let mut c = FLAGS.to_vec();
+        c.extend(option(3, &[])); // LIST
+        let mut go = string("disk");
+        go.extend_from_slice(&[0, 0]);
+        c.extend(option(7, &go)); // GO
+        c.extend(option(6, &go)); // INFO
+        c.extend(option(8, &[])); // STRUCTURED_REPLY
+        c.extend(option(99, &[])); // unknown
+        c.extend(option(5, b"x")); // STARTTLS with data
+        c.extend(option(5, &[])); // STARTTLS
+        let (outcome, replies) = run_tls(c, &exports(false), TlsPolicy::Require);
+        assert!(matches!(
+            outcome.unwrap(),
+            Outcome::StartTls { no_zeroes: true }
+        ));
+        let kinds: Vec<(u32, u32)> = replies.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (3, REP_ERR_TLS_REQD),
+                (7, REP_ERR_TLS_REQD),
+                (6, REP_ERR_TLS_REQD),
+                (8, REP_ERR_TLS_REQD),
+                (99, REP_ERR_TLS_REQD),
+                (5, REP_ERR_INVALID),
+                (5, REP_ACK)
+            ]
+        );
+        // ABORT is still answered.
+        let mut c = FLAGS.to_vec();
+        c.extend(option(2, &[]));
+        let (outcome, replies) = run_tls(c, &exports(false), TlsPolicy::Require);
+        assert!(matches!(outcome.unwrap(), Outcome::Closed));
+        assert_eq!(replies[0].1, REP_ACK);
+    }
+
+    #[test]
+    fn tls_required_export_name_disconnects_without_serving() {
+        for flags in [FLAGS, [0, 0, 0, 0]] {
+            let mut c = flags.to_vec();
+            c.extend(option(1, b"disk"));
+            let mut s = Script {
+                input: Cursor::new(c),
+                output: Vec::new(),
+            };
+            let outcome = negotiate(&mut s, &exports(false), "test", TlsPolicy::Require);
+            assert!(matches!(outcome.unwrap(), Outcome::Closed));
+            assert_eq!(s.output.len(), 18, "nothing after the greeting");
+        }
+    }
+
+    #[test]
+    fn starttls_offered_refused_or_already_active() {
+        // On: options go on in plaintext until the client upgrades.
+        let mut c = FLAGS.to_vec();
+        c.extend(option(8, &[]));
+        c.extend(option(5, &[]));
+        let (outcome, replies) = run_tls(c, &exports(false), TlsPolicy::On);
+        assert!(matches!(outcome.unwrap(), Outcome::StartTls { .. }));
+        assert_eq!(replies[0].1, REP_ACK);
+        assert_eq!(replies[1], (5, REP_ACK, Vec::new()));
+        // Off: a policy refusal, and negotiation goes on.
+        let mut c = FLAGS.to_vec();
+        c.extend(option(5, &[]));
+        c.extend(option(2, &[]));
+        let (_, replies) = run_tls(c, &exports(false), TlsPolicy::Off);
+        assert_eq!(replies[0].1, REP_ERR_POLICY);
+        assert_eq!(replies[1].1, REP_ACK);
+        // Over TLS: a second STARTTLS is invalid; state starts afresh, so
+        // block status needs STRUCTURED_REPLY again.
+        let mut c = option(5, &[]);
+        let mut go = string("disk");
+        go.extend_from_slice(&[0, 0]);
+        c.extend(option(7, &go));
+        let mut s = Script {
+            input: Cursor::new(c),
+            output: Vec::new(),
+        };
+        let outcome = negotiate_secure(&mut s, &exports(false), "test", true).unwrap();
+        let Outcome::Transmit(session) = outcome else {
+            panic!("expected transmission")
+        };
+        assert!(!session.structured && !session.block_status);
+        let kinds: Vec<u32> = parse_replies(&s.output).iter().map(|r| r.1).collect();
+        assert_eq!(kinds, [REP_ERR_INVALID, REP_INFO, REP_INFO, REP_ACK]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! ramd's NBD server, written from the protocol document
 //! (NetworkBlockDevice/nbd `doc/proto.md`): fixed newstyle negotiation,
-//! structured replies, `base:allocation` block status, and many requests
-//! in flight per connection over Unix or TCP sockets.
+//! STARTTLS (rustls), structured replies, `base:allocation` block status,
+//! and many requests in flight per connection over Unix or TCP sockets.
 //!
 //! The server translates; the [`ramd_store::Store`] behind each [`Export`]
 //! holds all storage logic.
@@ -11,7 +11,10 @@ pub mod client;
 pub mod fuzz;
 mod handshake;
 pub mod proto;
+mod tls;
 mod transmission;
+
+pub use tls::Tls;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -99,9 +102,20 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes through a shared reference, as the std sockets allow (a TLS
+/// session writes to the socket it holds under its own lock).
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+            Stream::Tcp(s) => (&*s).write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -214,18 +228,56 @@ impl Listener {
         }
     }
 
-    /// The NBD URI a client uses to reach `export` here.
-    pub fn uri(&self, export: &str) -> String {
+    /// The address a TCP listener is bound to (with the port the kernel
+    /// chose for port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Listener::Unix(..) => None,
+            Listener::Tcp(l) => l.local_addr().ok(),
+        }
+    }
+
+    /// The NBD URI a client uses to reach `export` here: `nbds` when the
+    /// server offers TLS. A wildcard bind (0.0.0.0, ::) is named by the
+    /// host's name: `nbd://0.0.0.0:…` is no address a remote client can
+    /// connect to (and no name a server certificate carries).
+    pub fn uri(&self, export: &str, tls: bool) -> String {
+        let scheme = if tls { "nbds" } else { "nbd" };
         match self {
             Listener::Unix(_, file) => {
-                format!("nbd+unix:///{export}?socket={}", file.path().display())
+                format!("{scheme}+unix:///{export}?socket={}", file.path().display())
             }
             Listener::Tcp(l) => match l.local_addr() {
-                Ok(SocketAddr::V6(a)) => format!("nbd://[{}]:{}/{export}", a.ip(), a.port()),
-                Ok(a) => format!("nbd://{a}/{export}"),
-                Err(_) => "nbd://?".into(),
+                Ok(a) if a.ip().is_unspecified() => {
+                    format!("{scheme}://{}:{}/{export}", host_name(), a.port())
+                }
+                Ok(SocketAddr::V6(a)) => {
+                    format!("{scheme}://[{}]:{}/{export}", a.ip(), a.port())
+                }
+                Ok(a) => format!("{scheme}://{a}/{export}"),
+                Err(_) => format!("{scheme}://?"),
             },
         }
+    }
+}
+
+/// This host's name (gethostname(2)), for URIs of wildcard binds;
+/// `localhost` if it has none a URI can carry.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = std::str::from_utf8(&buf[..len]).unwrap_or_default();
+    let usable = rc == 0
+        && !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if usable {
+        name.to_string()
+    } else {
+        "localhost".into()
     }
 }
 
@@ -235,8 +287,11 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Further clients are turned away while this many are connected.
     pub max_connections: usize,
-    /// A client must finish negotiating within this time.
+    /// A client must finish negotiating (TLS handshake included) within
+    /// this time.
     pub handshake_timeout: Duration,
+    /// TLS offered (or required) through STARTTLS; `None`: NOTLS.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Default for ServerConfig {
@@ -245,6 +300,7 @@ impl Default for ServerConfig {
             threads: 8,
             max_connections: 64,
             handshake_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -356,26 +412,31 @@ impl Server {
 
     fn connection(&self, stream: Stream, peer: &str) {
         log::info!("{peer}: connected");
-        let session = stream
+        let negotiated = stream
             .set_read_timeout(Some(self.cfg.handshake_timeout))
-            .and_then(|()| handshake::negotiate(&mut stream.try_clone()?, &self.exports, peer))
+            .and_then(|()| self.negotiate(&stream, peer))
             .and_then(|outcome| {
                 stream.set_read_timeout(None)?;
                 Ok(outcome)
             });
-        match session {
-            Ok(handshake::Outcome::Transmit(session)) => {
+        match negotiated {
+            Ok(Some((session, channel))) => {
                 log::info!(
-                    "{peer}: export {:?}, structured replies {}, block status {}",
+                    "{peer}: export {:?}, structured replies {}, block status {}{}",
                     session.export.name,
                     session.structured,
-                    session.block_status
+                    session.block_status,
+                    match channel {
+                        transmission::Channel::Plain => ", no TLS",
+                        transmission::Channel::Tls(_) => ", TLS",
+                    }
                 );
-                if let Err(e) = transmission::run(&stream, &session, self.cfg.threads, peer) {
+                let threads = self.cfg.threads;
+                if let Err(e) = transmission::run(&stream, channel, &session, threads, peer) {
                     log::warn!("{peer}: {e}");
                 }
             }
-            Ok(handshake::Outcome::Closed) => {}
+            Ok(None) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 log::info!("{peer}: hung up during negotiation");
             }
@@ -383,5 +444,64 @@ impl Server {
         }
         let _ = stream.shutdown();
         log::info!("{peer}: disconnected");
+    }
+
+    /// Option negotiation, through STARTTLS and the TLS handshake if the
+    /// client asks for it; `None` if the client leaves or is turned away.
+    fn negotiate(
+        &self,
+        stream: &Stream,
+        peer: &str,
+    ) -> io::Result<Option<(handshake::Session, transmission::Channel)>> {
+        use handshake::{Outcome, TlsPolicy};
+        let policy = match &self.cfg.tls {
+            None => TlsPolicy::Off,
+            Some(t) if t.require => TlsPolicy::Require,
+            Some(_) => TlsPolicy::On,
+        };
+        let outcome = handshake::negotiate(&mut stream.try_clone()?, &self.exports, peer, policy)?;
+        let no_zeroes = match outcome {
+            Outcome::Transmit(s) => return Ok(Some((s, transmission::Channel::Plain))),
+            Outcome::Closed => return Ok(None),
+            Outcome::StartTls { no_zeroes } => no_zeroes,
+        };
+        let tls = self
+            .cfg
+            .tls
+            .as_ref()
+            .expect("STARTTLS is acknowledged only with TLS");
+        let mut channel = tls::TlsChannel::accept(tls, stream).map_err(|e| match e.kind() {
+            // Not a plain hang-up: GnuTLS clients that reject the server's
+            // certificate (or want PSK) just close.
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "TLS handshake: the client hung up before finishing it",
+            ),
+            kind => io::Error::new(kind, format!("TLS handshake: {e}")),
+        })?;
+        log::info!("{peer}: TLS {}", channel.describe());
+        match handshake::negotiate_secure(&mut channel, &self.exports, peer, no_zeroes)? {
+            Outcome::Transmit(s) => Ok(Some((s, transmission::Channel::Tls(channel)))),
+            Outcome::Closed => {
+                channel.session.close();
+                Ok(None)
+            }
+            Outcome::StartTls { .. } => unreachable!("a second STARTTLS is refused"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_of_a_wildcard_bind_names_the_host() {
+        let l = Listener::bind_tcp("0.0.0.0:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(l.uri("d", false), format!("nbd://{}:{port}/d", host_name()));
+        let l = Listener::bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(l.uri("d", true), format!("nbds://127.0.0.1:{port}/d"));
     }
 }

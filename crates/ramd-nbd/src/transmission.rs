@@ -11,10 +11,14 @@
 //! connection, which reply on their own, out of order, so a 32 MiB read
 //! never holds up the small requests behind it.
 //!
+//! Over TLS the same loop runs on the session's plaintext: the reader
+//! decrypts, and every reply is encrypted and sent whole under the
+//! session's lock (see `tls.rs`).
+//!
 //! Requests are validated here, once; the store only asserts.
 
 use std::io::{self, BufReader, Read, Write};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -23,6 +27,7 @@ use ramd_store::Errno;
 
 use crate::handshake::Session;
 use crate::proto::*;
+use crate::tls::{TlsChannel, TlsSession};
 use crate::Stream;
 
 /// Most descriptors one BLOCK_STATUS reply carries (8 bytes each): the
@@ -36,8 +41,20 @@ const INLINE_MAX: u32 = 64 << 10;
 /// Batched replies are sent once they reach this size.
 const FLUSH_AT: usize = 256 << 10;
 
+/// Where replies go: the socket, or the TLS session in front of it.
+enum Writer {
+    Plain(Mutex<Stream>),
+    Tls(Arc<TlsSession>),
+}
+
+/// How a negotiated connection's bytes travel.
+pub(crate) enum Channel {
+    Plain,
+    Tls(TlsChannel),
+}
+
 struct Conn<'a> {
-    writer: Mutex<Stream>,
+    writer: Writer,
     stream: &'a Stream,
     session: &'a Session,
     peer: &'a str,
@@ -82,18 +99,45 @@ fn nbd_error(e: Errno) -> u32 {
 
 pub(crate) fn run(
     stream: &Stream,
+    channel: Channel,
     session: &Session,
     threads: usize,
     peer: &str,
 ) -> io::Result<()> {
+    match channel {
+        Channel::Plain => {
+            let writer = Writer::Plain(Mutex::new(stream.try_clone()?));
+            let reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
+            serve_connection(stream, writer, reader, session, threads, peer);
+        }
+        Channel::Tls(TlsChannel {
+            session: tls,
+            reader,
+        }) => {
+            let writer = Writer::Tls(tls.clone());
+            let reader = BufReader::with_capacity(256 << 10, reader);
+            serve_connection(stream, writer, reader, session, threads, peer);
+            tls.close();
+        }
+    }
+    Ok(())
+}
+
+fn serve_connection<R: Read + Send>(
+    stream: &Stream,
+    writer: Writer,
+    mut reader: BufReader<R>,
+    session: &Session,
+    threads: usize,
+    peer: &str,
+) {
     let conn = Conn {
-        writer: Mutex::new(stream.try_clone()?),
+        writer,
         stream,
         session,
         peer,
         spare: Mutex::new(Vec::new()),
     };
-    let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
     let (tx, rx) = mpsc::sync_channel::<Job>(threads.max(1));
     let rx = Mutex::new(rx);
     std::thread::scope(|s| {
@@ -108,13 +152,12 @@ pub(crate) fn run(
         // `tx` is gone: workers finish what they took, then return; DISC
         // is answered only after every request before it.
     });
-    Ok(())
 }
 
 impl Conn<'_> {
     /// The connection thread: reads requests until DISC, EOF or a broken
     /// framing; serves the small ones inline with batched replies.
-    fn serve(&self, r: &mut BufReader<Stream>, tx: mpsc::SyncSender<Job>) -> io::Result<()> {
+    fn serve<R: Read>(&self, r: &mut BufReader<R>, tx: mpsc::SyncSender<Job>) -> io::Result<()> {
         let mut out = Vec::with_capacity(FLUSH_AT + READ_HEADROOM + INLINE_MAX as usize);
         let mut payload = vec![0; INLINE_MAX as usize];
         loop {
@@ -429,9 +472,14 @@ impl Conn<'_> {
     }
 
     fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let mut w = self.writer.lock();
-        w.write_all(bytes)?;
-        w.flush()
+        match &self.writer {
+            Writer::Plain(w) => {
+                let mut w = w.lock();
+                w.write_all(bytes)?;
+                w.flush()
+            }
+            Writer::Tls(t) => t.send(bytes),
+        }
     }
 }
 
@@ -451,7 +499,7 @@ fn complete_request_buffered(buf: &[u8]) -> bool {
 
 /// Reads one request header; `None` when the client hung up between
 /// requests (a hang-up inside one is an error).
-fn read_header(r: &mut BufReader<Stream>) -> io::Result<Option<Request>> {
+fn read_header<R: Read>(r: &mut BufReader<R>) -> io::Result<Option<Request>> {
     let mut hdr = [0u8; REQUEST_LEN];
     if r.read(&mut hdr[..1])? == 0 {
         return Ok(None);

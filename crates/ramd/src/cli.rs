@@ -20,6 +20,8 @@ use ramd_store::Codec;
         ramd serve --size 1G                       # disk ram0 on /run/ramd/ram0.sock\n  \
         nbdinfo 'nbd+unix:///ram0?socket=/run/ramd/ram0.sock'\n  \
         ramd serve --size 4G --listen tcp:10809    # TCP on 127.0.0.1:10809\n  \
+        ramd serve --size 4G --listen tcp:0.0.0.0:10809 --tls require --tls-certificates DIR\n  \
+        ramd serve --size 4G --listen tcp:0.0.0.0:10809 --insecure   # every address, no TLS\n  \
         ramd serve --size 1G --mount /mnt/ram      # a tmpfs-like directory\n  \
         ramd serve --size 8G --max-memory 2G --compress lz4   # zram-like\n  \
         ramd serve --size 4G --image /var/lib/ramd/db --autosave 5m   # persistent\n  \

@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
-use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig};
+use anyhow::{bail, Context};
+use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig, Tls};
 use ramd_store::persist::DiskKind;
 
-use crate::args::{DiskArgs, Listen};
+use crate::args::{DiskArgs, Listen, TlsMode};
 use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
 
 pub struct Nbd;
@@ -37,8 +37,22 @@ impl FrontendFactory for Nbd {
         if args.kind() != DiskKind::Block {
             return Ok(Vec::new());
         }
+        let tls = args.tls_mode();
+        if tls != TlsMode::Off && args.tls_certificates.is_none() {
+            bail!("--tls {tls}: needs --tls-certificates DIR (server-cert.pem, server-key.pem)");
+        }
+        let listens = listens(args, run_dir);
+        if let Some(l) = listens.iter().find(|l| l.beyond_loopback()) {
+            if tls != TlsMode::Require && !args.insecure {
+                bail!(
+                    "--listen {l}: would serve NBD beyond loopback to clients without TLS \
+                     (--tls {tls}): give --tls require with --tls-certificates DIR, or \
+                     --insecure to allow it"
+                );
+            }
+        }
         // Port 0 asks the kernel for a free port: it never collides.
-        Ok(listens(args, run_dir)
+        Ok(listens
             .iter()
             .filter_map(|l| match l {
                 Listen::Unix(p) => Some(Claim(format!("socket {}", unix_claim(p).display()))),
@@ -55,13 +69,43 @@ impl FrontendFactory for Nbd {
         let args = disk.args;
         // One set of counters for all of the disk's NBD sockets.
         let metrics = disk.metrics.frontend("nbd");
+        let mode = args.tls_mode();
+        let tls = match (mode, &args.tls_certificates) {
+            (TlsMode::Off, _) | (_, None) => None,
+            (_, Some(dir)) => Some(Arc::new(
+                Tls::load(dir, mode == TlsMode::Require, args.tls_verify_peer)
+                    .map_err(|e| anyhow::anyhow!("--tls-certificates {}: {e}", dir.display()))?,
+            )),
+        };
         let mut out: Vec<Arc<dyn Frontend>> = Vec::new();
         for l in listens(args, disk.run_dir) {
-            let listener = match l {
-                Listen::Unix(p) => Listener::bind_unix(p),
-                Listen::Tcp(a) => Listener::bind_tcp(a),
+            let listener = match &l {
+                Listen::Unix(p) => Listener::bind_unix(p.clone()),
+                Listen::Tcp(a) => Listener::bind_tcp(*a),
             }
             .context("NBD listen socket")?;
+            let uri = listener.uri(&args.name, tls.is_some());
+            if let Some(bound) = listener.local_addr() {
+                if bound.ip().is_unspecified() {
+                    // The URI names the host; the log says what was bound.
+                    log::info!(
+                        "disk {}: NBD on tcp:{bound} (every address of this host): {uri}",
+                        args.name
+                    );
+                }
+                let plaintext = match mode {
+                    TlsMode::Off => "without TLS",
+                    TlsMode::On => "with TLS optional (--tls on)",
+                    TlsMode::Require => "",
+                };
+                if l.beyond_loopback() && !plaintext.is_empty() {
+                    log::warn!(
+                        "disk {}: NBD on tcp:{bound} beyond loopback {plaintext} (--insecure): \
+                         a client without TLS can read and write the disk",
+                        args.name
+                    );
+                }
+            }
             let server = Server::new(
                 Exports::new(vec![Export {
                     name: args.name.clone(),
@@ -73,11 +117,12 @@ impl FrontendFactory for Nbd {
                 ServerConfig {
                     threads: args.threads as usize,
                     max_connections: args.max_connections as usize,
+                    tls: tls.clone(),
                     ..ServerConfig::default()
                 },
             );
             out.push(Arc::new(NbdFrontend {
-                uri: listener.uri(&args.name),
+                uri,
                 listener,
                 server,
             }));
