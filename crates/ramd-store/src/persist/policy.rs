@@ -157,7 +157,11 @@ impl Persister {
             Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large"),
             Some(_) => (false, ""),
         };
-        let result = self.save_locked(image, full);
+        // A chain grown long is replaced by a full save only when there is
+        // something to save: a stop's second save, after the one made while
+        // serving, finds nothing and must not rewrite the whole disk.
+        let compacting = matches!(reason, "chain is long" | "chain is large");
+        let result = self.save_locked(image, full, compacting);
         let mut st = self.state.lock();
         st.finished = ticket;
         match &result {
@@ -196,7 +200,12 @@ impl Persister {
         result
     }
 
-    fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
+    fn save_locked(
+        &self,
+        image: &mut ImageDir,
+        full: bool,
+        compacting: bool,
+    ) -> Result<SaveReport> {
         let t0 = Instant::now();
         let seq = image.next_seq();
         let (session, meta) = self
@@ -204,8 +213,9 @@ impl Persister {
             .begin_save(full, || self.meta.as_ref().map(|f| f()));
         let plan = session.plan();
         let meta_sum = meta.as_deref().map(crc32c::crc32c);
-        let unchanged =
-            !full && plan.pages == 0 && plan.gone.is_empty() && meta_sum == *self.meta_sum.lock();
+        let unchanged = (!full && plan.pages == 0 && plan.gone.is_empty()
+            || compacting && !plan.changed)
+            && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
             session.finish();
