@@ -344,7 +344,9 @@ impl Daemon {
                 d.stop(false);
             }
             for d in opened {
-                // Just loaded, so nothing new to save: no hold.
+                // No client has seen it: nothing of it can be lost, so a
+                // save that fails must not hold the start up.
+                d.force();
                 if let Err(e) = d.finish(&|why| log::error!("{why}")) {
                     log::error!("{e:#}");
                 }
