@@ -542,6 +542,7 @@ impl Daemon {
             return;
         }
         r.finishing = true;
+        r.disk.set_leaving(true);
         let (disk, tx, name) = (r.disk.clone(), self.tx.clone(), name.to_string());
         let spawned = std::thread::Builder::new()
             .name(format!("finish-{name}"))
@@ -587,6 +588,7 @@ impl Daemon {
             return;
         };
         r.finishing = false;
+        r.disk.set_leaving(false);
         for req in r.waiting.drain(..) {
             req.answer(Err(error.clone()));
         }

@@ -103,6 +103,8 @@ pub struct Disk {
     held: Condvar,
     /// `ramd down --force`: stop even if the save fails.
     forced: AtomicBool,
+    /// Asked to stop (and not refused since): status calls it stopping.
+    leaving: AtomicBool,
     /// What its frontends took (sockets, mount points), for `reload`.
     claims: Vec<Claim>,
     /// Its NUMA nodes and policy (--numa-nodes, --numa-policy).
@@ -225,6 +227,7 @@ impl Disk {
             blocked: Mutex::new(None),
             held: Condvar::new(),
             forced: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             claims: claimed,
             placement,
         });
@@ -365,6 +368,12 @@ impl Disk {
     pub fn wake(&self) {
         let _g = self.blocked.lock();
         self.held.notify_all();
+    }
+
+    /// The daemon has asked it to stop (`true`), or its stop was refused
+    /// and it serves on (`false`).
+    pub fn set_leaving(&self, on: bool) {
+        self.leaving.store(on, Ordering::SeqCst);
     }
 
     /// Whether its frontends were told to stop.
@@ -652,6 +661,7 @@ impl Disk {
                 .map(|p| ramd_store::numa::list_text(&p.nodes)),
             process: ramd_store::ProcessMemory::now(),
             blocked: self.blocked(),
+            stopping: self.leaving.load(Ordering::SeqCst) || self.stopped(),
         }
     }
 }

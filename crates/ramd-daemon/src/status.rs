@@ -78,6 +78,9 @@ pub struct DiskStatus {
     /// (it serves on, or holds its data until a save succeeds).
     #[serde(default)]
     pub blocked: Option<String>,
+    /// Its frontends were told to stop: it is saving and going away.
+    #[serde(default)]
+    pub stopping: bool,
 }
 
 /// A daemon started by `ramd up`: what its disks share.

@@ -92,6 +92,10 @@ fn status_text(
         };
         Ok(format!("{v}\n"))
     } else {
+        // A disk on its way out (`ramd down`, a reload that removed it) is
+        // gone for the table, unless its save failed: then it needs a
+        // person. `--json` keeps it, with `stopping`.
+        disks.retain(|d| !d.stopping || d.blocked.is_some());
         Ok(status::fitted(&disks, &daemons, width) + &status::trouble_lines(&disks, &daemons))
     }
 }

@@ -563,3 +563,36 @@ fn ctrl_c_during_a_load_stops_it_and_leaves_the_image_alone() {
     nbdcopy_ok(&[d.uri(), p(&back)]);
     assert_same_file(&src, &back);
 }
+
+/// A disk that a reload removes leaves `ramd status`'s table at once, even
+/// while it still saves; `--json` shows it as stopping until it is gone.
+#[test]
+fn a_disk_removed_by_reload_leaves_the_table_at_once() {
+    let tmp = scratch();
+    let rd = tmp.path().join("run");
+    let img = tmp.path().join("img");
+    let config = tmp.path().join("ramd.toml");
+    let both = format!(
+        "[disk.kept]\nsize = \"64M\"\n\n[disk.gone]\nsize = \"256M\"\nimage = \"{}\"\n",
+        img.display()
+    );
+    fs::write(&config, &both).unwrap();
+    let up = Up::start(&rd, &config);
+    let src = tmp.path().join("src");
+    random_file(&src, 192 * MIB);
+    nbdcopy_ok(&[p(&src), &up.uri("gone")]);
+    fs::write(&config, "[disk.kept]\nsize = \"64M\"\n").unwrap();
+    ramd_cmd(&rd, &["reload"]).ok();
+    let table = ramd_cmd(&rd, &["status"]).ok();
+    assert!(
+        table.contains("kept") && !table.contains("gone"),
+        "a removed disk is still listed:\n{table}"
+    );
+    wait_until(
+        STOP_DEADLINE,
+        "the removed disk to be saved and gone",
+        || disk_entry(&status_json(&rd), "gone").is_none(),
+    );
+    assert!(img.join("MANIFEST").exists());
+    drop(up);
+}
