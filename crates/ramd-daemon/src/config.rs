@@ -609,14 +609,15 @@ mod tests {
         .unwrap();
         assert_eq!(
             f,
+            // In file order.
             [
                 "--name",
                 "a",
-                "--insecure",
+                "--size",
+                "1G",
                 "--listen",
                 "tcp:0.0.0.0:10809",
-                "--size",
-                "1G"
+                "--insecure"
             ]
         );
     }
