@@ -461,6 +461,17 @@ fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
     list(dir);
     assert_eq!(atime(dir), old, "nodiratime: listing moved the dir's atime");
     assert!(f.read_moves_atime(file));
+    // An atime equal to ctime still moves (relatime compares with <=):
+    // read once the coarse clock has passed the ctime `set` gave.
+    let ctime = f.getattr(file).unwrap().ctime;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::fs::now() <= ctime {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock stood still"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     f.read(file, 0, &mut buf).unwrap();
     assert!(atime(file) > old);
     assert!(!f.read_moves_atime(file), "moved once, it stays (relatime)");

@@ -683,3 +683,83 @@ fn statx_reports_birth_time_as_on_tmpfs() {
         "f: born now\nd: born now\nl: born now\nf: birth kept\nf: mtime moved\n"
     );
 }
+
+/// The disks every cache-dependent check runs on: the default (write-back
+/// cache, io_uring where the kernel offers it) and writes sent as they
+/// happen.
+const CACHE_MODES: [&[&str]; 2] = [
+    &["--size", "64M"],
+    &["--size", "64M", "--no-writeback-cache"],
+];
+
+/// `echo aaa > f` as the shell does it, then the order of its times: birth
+/// and atime no later than mtime (so relatime moves atime on the first
+/// read). Then, once the kernel's coarse clock (the one `current_time()`
+/// reads) has passed every time of the file, polled with a deadline, one
+/// read: it must move atime.
+const CLOCKS_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long ns(long long s, long long n) { return s * 1000000000LL + n; }
+static long long ts(struct statx_timestamp t) { return ns(t.tv_sec, t.tv_nsec); }
+
+static struct statx get(const char *p) {
+    struct statx s;
+    if (statx(AT_FDCWD, p, 0, STATX_BASIC_STATS | STATX_BTIME, &s) != 0) { perror("statx"); exit(2); }
+    if (!(s.stx_mask & STATX_BTIME)) { printf("no birth time\n"); exit(1); }
+    return s;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    int fd = open("f", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, "aaa\n", 4) != 4) { perror("write"); return 2; }
+    close(fd);
+    struct statx s = get("f");
+    long long a = ts(s.stx_atime), m = ts(s.stx_mtime), c = ts(s.stx_ctime), b = ts(s.stx_btime);
+    printf("birth <= mtime: %s\n", b <= m ? "yes" : "no");
+    printf("atime <= mtime: %s\n", a <= m ? "yes" : "no");
+    printf("mtime <= ctime: %s\n", m <= c ? "yes" : "no");
+    long long last = a > m ? a : m;
+    last = last > c ? last : c;
+    last = last > b ? last : b;
+    struct timespec t, start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        clock_gettime(CLOCK_REALTIME_COARSE, &t);
+        if (ns(t.tv_sec, t.tv_nsec) > last) break;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec > 10) { printf("the coarse clock stayed behind the file's times\n"); return 1; }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    char buf[8];
+    fd = open("f", O_RDONLY);
+    if (fd < 0 || read(fd, buf, sizeof buf) != 4) { perror("read"); return 2; }
+    close(fd);
+    struct statx r = get("f");
+    printf("first read moved atime: %s\n", ts(r.stx_atime) > a ? "yes" : "no");
+    return 0;
+}
+"#;
+
+#[test]
+fn timestamps_come_from_the_kernels_clock_as_on_tmpfs() {
+    let prog = c_program("clocks", CLOCKS_C);
+    let script = format!("{} \"$1\"", prog.path.display());
+    for args in CACHE_MODES {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "clocks", &script);
+        assert_eq!(
+            out,
+            "birth <= mtime: yes\natime <= mtime: yes\nmtime <= ctime: yes\nfirst read moved atime: yes\n",
+            "{args:?}"
+        );
+    }
+}
