@@ -224,6 +224,11 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<SystemTime>,
+    /// The caller sets times other than both to now (utimensat with
+    /// times, or one of them left alone), which an append-only file
+    /// refuses; not for the kernel's write-back of the times it keeps
+    /// under the write-back cache.
+    pub times_given: bool,
 }
 
 /// One directory entry as readdir returns it.
@@ -736,9 +741,15 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.check_mutable()?;
-        // Append-only: times may still move (the kernel's writeback sends
-        // them), nothing else.
-        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+        // Append-only: times may still move both to now (utime(NULL)),
+        // and the kernel write back its own, nothing else (the VFS's
+        // rule in notify_change, which FUSE inodes never reach).
+        if set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.size.is_some()
+            || set.times_given
+        {
             inode.check_fixed()?;
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -1088,11 +1099,12 @@ impl Fs {
         let c = self.store.change();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
+        // EPERM before the kind, as the VFS's may_delete.
+        st.get(parent)?.check_fixed()?;
+        st.get(ino)?.check_fixed()?;
         if st.get(ino)?.kind == Kind::Dir {
             return err(Errno::EISDIR);
         }
-        st.get(parent)?.check_fixed()?;
-        st.get(ino)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -1107,12 +1119,15 @@ impl Fs {
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
+        // The VFS's may_delete checks the parent's and the victim's
+        // immutable and append-only flags (EPERM) before the kind, and
+        // the filesystem's emptiness (ENOTEMPTY) comes after both.
+        st.get(parent)?.check_fixed()?;
         let d = st.get(ino)?;
+        d.check_fixed()?;
         if !d.entries()?.is_empty() {
             return err(Errno::ENOTEMPTY);
         }
-        d.check_fixed()?;
-        st.get(parent)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }

@@ -295,6 +295,25 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     w.u32(major).u32(minor).u32(0).u32(0).zeros(14 * 8);
 }
 
+/// Whether a SETATTR sets times other than "both to now" (utime(NULL)),
+/// which is all an append-only file allows (the VFS's ATTR_TIMES_SET).
+/// Under the write-back cache the kernel sends its own "now" as an
+/// explicit mtime with ctime, the same instant (the VFS sets ctime to now
+/// on every change), and it writes back the times it keeps as mtime and
+/// ctime, never atime, with the handle of the open it writes through (at
+/// every close of a written file, so one without a handle would be
+/// a file dirtied with no writer open, which append-only leaves none of).
+fn times_given(s: &abi::SetattrIn) -> bool {
+    let on = |bit: u32| s.valid & bit != 0;
+    if !on(fattr::ATIME) && !on(fattr::MTIME) || on(fattr::FH) && !on(fattr::ATIME) {
+        return false;
+    }
+    let atime_now = on(fattr::ATIME) && on(fattr::ATIME_NOW);
+    let mtime_now =
+        on(fattr::MTIME) && (on(fattr::MTIME_NOW) || on(fattr::CTIME) && s.mtime == s.ctime);
+    !(atime_now && mtime_now)
+}
+
 fn caller(req: &Request<'_>) -> Caller {
     Caller {
         uid: req.header.uid,
@@ -482,6 +501,7 @@ impl FuseFs {
                     } else {
                         None
                     },
+                    times_given: times_given(&s),
                 };
                 attr_out(buf, fs.setattr(caller(req), ino, set))
             }

@@ -763,3 +763,51 @@ fn timestamps_come_from_the_kernels_clock_as_on_tmpfs() {
         );
     }
 }
+
+/// Removing from an immutable or append-only directory, or a directory
+/// that is itself such, is refused (EPERM) before emptiness or kind is
+/// looked at (the VFS's may_delete; `unlink DIR` is not compared: the
+/// kernel answers EISDIR for a FUSE inode, which never carries the flags,
+/// before ramd is asked); an append-only file keeps its times against any
+/// but both set to now (utime(NULL), touch).
+const FIXED_SCRIPT: &str = r#"
+cd "$1"
+try() { if "$@" 2>err; then echo "ok: $*"; else echo "refused: $* ($(sed 's/.*: //' err))"; fi; }
+mkdir -p imm/sub/x imm/empty app/sub/x app/empty self/full/x self/empty
+chattr +i imm; chattr +a app; chattr +i self/full self/empty
+for d in imm/sub imm/empty app/sub app/empty self/full self/empty; do
+  try rmdir $d
+done
+chattr -i imm self/full self/empty; chattr -a app
+echo a > af; chattr +a af
+try touch -d 2001-01-01 af
+try touch -a -d 2001-01-01 af
+try touch -m -d 2001-01-01 af
+try touch af
+try touch -a af
+try touch -m af
+try python3 -c 'import os, sys; os.utime(sys.argv[1], (0, 0))' af
+try python3 -c 'import os, sys; os.utime(sys.argv[1], None)' af
+chattr -a af
+rm -f err
+"#;
+
+#[test]
+fn immutable_and_append_only_refuse_as_on_tmpfs() {
+    for t in ["chattr", "touch", "unlink", "rmdir"] {
+        require_tool(t);
+    }
+    for args in CACHE_MODES {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "fixed", FIXED_SCRIPT);
+        assert!(
+            out.contains("refused: rmdir imm/sub (Operation not permitted)\n"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            out.contains("refused: touch -m -d 2001-01-01 af (Operation not permitted)\n"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("ok: touch af\n"), "{args:?}: {out}");
+    }
+}
