@@ -1722,7 +1722,18 @@ impl Fs {
         )
     }
 
-    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    /// Sets an xattr. An access ACL also sets the mode's permission bits,
+    /// and drops setgid when the kernel says its caller may not keep it
+    /// (`kill_sgid`: outside the file's group, without CAP_FSETID), as
+    /// posix_acl_update_mode does.
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        kill_sgid: bool,
+    ) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
@@ -1736,6 +1747,9 @@ impl Fs {
             // than the mode is not kept (the kernel leaves both to us).
             let (mode, extended) = acl::mode_of(value).ok_or(Errno::EINVAL)?;
             inode.perm = (inode.perm & !0o777) | mode as u16;
+            if kill_sgid {
+                inode.perm &= !(libc::S_ISGID as u16);
+            }
             inode.ctime = now();
             if !extended {
                 if let Some(v) = inode.xattrs.remove(name) {

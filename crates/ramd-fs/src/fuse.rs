@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -73,6 +74,8 @@ pub struct FuseFs {
     notifier: Arc<OnceLock<Notifier>>,
     /// The ioctl commands already logged as unsupported (each once).
     unknown_ioctls: Mutex<HashSet<u32>>,
+    /// INIT granted FUSE_SETXATTR_EXT: SETXATTR's argument is the longer one.
+    setxattr_ext: AtomicBool,
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
@@ -95,6 +98,7 @@ impl FuseFs {
             opts,
             notifier,
             unknown_ioctls: Mutex::new(HashSet::new()),
+            setxattr_ext: AtomicBool::new(false),
         }
     }
 
@@ -127,7 +131,11 @@ impl FuseFs {
             // Idmapped mounts: the kernel maps the ids of requests made
             // through one before they come here (it needs default_permissions).
             | init::ALLOW_IDMAP
-            | init::CACHE_SYMLINKS;
+            | init::CACHE_SYMLINKS
+            // The kernel says when an ACL change must drop setgid (its
+            // caller outside the group, without CAP_FSETID), as
+            // posix_acl_update_mode does on tmpfs.
+            | init::SETXATTR_EXT;
         // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
         // after an asynchronous direct write, so a buffered read racing one
         // would stay cached with the old data. Dropping the range ourselves
@@ -159,6 +167,8 @@ impl FuseFs {
 
     /// Told what INIT settled: says what was asked for and not granted.
     pub fn initialized(&self, n: &Negotiated) {
+        self.setxattr_ext
+            .store(n.flags & init::SETXATTR_EXT != 0, Relaxed);
         self.fs
             .set_kernel_times(n.flags & init::WRITEBACK_CACHE != 0);
         if self.opts.writeback_cache && n.flags & init::WRITEBACK_CACHE == 0 {
@@ -415,6 +425,9 @@ fn open_flags(fs: &Fs, ino: Ino) -> u32 {
 
 impl Dispatch for FuseFs {
     fn arg0_len(&self, opcode: u32) -> usize {
+        if opcode == op::SETXATTR && self.setxattr_ext.load(Relaxed) {
+            return abi::SETXATTR_EXT_IN_LEN;
+        }
         abi::arg0_len(opcode)
     }
 
@@ -463,7 +476,7 @@ impl FuseFs {
         let fs = &*self.fs;
         // Every fixed argument whole (INIT's is shorter on old kernels,
         // and answered by the session anyway).
-        if h.opcode != op::INIT && req.arg0.len() < abi::arg0_len(h.opcode) {
+        if h.opcode != op::INIT && req.arg0.len() < self.arg0_len(h.opcode) {
             return Err(libc::EINVAL);
         }
         match h.opcode {
@@ -612,11 +625,14 @@ impl FuseFs {
             op::SETXATTR => {
                 let mut r = Rd(req.arg0);
                 let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
+                let kill_sgid = self.setxattr_ext.load(Relaxed)
+                    && arg(r.u32())? & abi::SETXATTR_ACL_KILL_SGID != 0;
                 let (n, value) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
                 if value.len() != size as usize {
                     return Err(libc::EINVAL);
                 }
-                empty(fs.setxattr(ino, OsStr::from_bytes(n), value, flags as i32))
+                let n = OsStr::from_bytes(n);
+                empty(fs.setxattr(ino, n, value, flags as i32, kill_sgid))
             }
             op::GETXATTR | op::LISTXATTR => {
                 let size = arg(Rd(req.arg0).u32())?;

@@ -811,3 +811,38 @@ fn immutable_and_append_only_refuse_as_on_tmpfs() {
         assert!(out.contains("ok: touch af\n"), "{args:?}: {out}");
     }
 }
+
+/// An access ACL set on a setgid file by its owner: outside the file's
+/// group and without CAP_FSETID the setgid bit goes (posix_acl_update_mode),
+/// in the group or as root it stays; a default ACL on a setgid directory
+/// leaves the mode alone.
+const SGID_ACL_SCRIPT: &str = r#"
+cd "$1"
+other='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
+member='setpriv --reuid=65534 --regid=0 --clear-groups --inh-caps=-all'
+for who in other member root; do
+  eval "as=\${$who:-}"
+  echo s > $who; chown 65534:0 $who; chmod 2770 $who
+  $as setfacl -m u:1:r $who
+  echo "$who access $(stat -c %a $who)"
+  # An ACL that says no more than the mode (none is kept) counts too.
+  echo s > $who.plain; chown 65534:0 $who.plain; chmod 2750 $who.plain
+  $as setfacl -m u::rwx $who.plain
+  echo "$who.plain access $(stat -c %a $who.plain)"
+  mkdir $who.d; chown 65534:0 $who.d; chmod 2770 $who.d
+  $as setfacl -d -m u:1:r $who.d
+  echo "$who.d default $(stat -c %a $who.d)"
+done
+"#;
+
+#[test]
+fn an_acl_set_outside_the_group_drops_setgid_as_on_tmpfs() {
+    for t in ["setfacl", "setpriv", "stat"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "sgidacl", SGID_ACL_SCRIPT);
+    assert!(out.contains("other access 770\n"), "{out}");
+    assert!(out.contains("member access 2770\n"), "{out}");
+    assert!(out.contains("root access 2770\n"), "{out}");
+}
