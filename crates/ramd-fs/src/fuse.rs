@@ -834,6 +834,8 @@ impl FuseFs {
         // _IOR('X', 31, struct fsxattr): the kernel asks for it before
         // it sets chattr flags, and for a fileattr query.
         const FSGETXATTR: u32 = 0x801c_581f;
+        // _IOW('X', 32, struct fsxattr): xfs_io's chattr, file_setattr(2).
+        const FSSETXATTR: u32 = 0x401c_5820;
         let out = |buf: &mut [u8], data: &[u8]| {
             // fuse_ioctl_out: result 0, no retry, then the data.
             let data = &data[..data.len().min(out_size as usize)];
@@ -848,6 +850,24 @@ impl FuseFs {
             let mut b = [0u8; 28];
             b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
             out(buf, &b)
+        } else if cmd == FSSETXATTR {
+            // struct fsxattr: xflags, extsize, nextents (ignored), projid,
+            // cowextsize. The VFS has checked permissions and cleared
+            // the extent size flags when their sizes are 0; like tmpfs,
+            // any other flag or a size or project is EOPNOTSUPP.
+            let mut r = Rd(in_data);
+            let (xf, extsize, _nextents, projid, cowextsize) = (
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+            );
+            let flags = flags_of_xflags(xf)
+                .filter(|_| extsize == 0 && projid == 0 && cowextsize == 0)
+                .ok_or(libc::EOPNOTSUPP)?;
+            self.fs.set_flags(ino, flags).map_err(ferr)?;
+            out(buf, &[])
         } else if GETFLAGS.contains(&cmd) {
             let f = self.fs.flags(ino).map_err(ferr)?;
             out(buf, &f.to_ne_bytes())
@@ -870,8 +890,8 @@ impl FuseFs {
     }
 }
 
-/// The FS_XFLAG_* spelling of chattr flags (only those `Fs` keeps).
-fn xflags(flags: u32) -> u32 {
+/// The chattr flags `Fs` keeps and their FS_XFLAG_* spelling.
+const XFLAGS: [(u32, u32); 4] = {
     use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
     [
         (FL_IMMUTABLE, 0x8),
@@ -879,9 +899,26 @@ fn xflags(flags: u32) -> u32 {
         (FL_NOATIME, 0x40),
         (FL_NODUMP, 0x80),
     ]
-    .iter()
-    .filter(|(fl, _)| flags & fl != 0)
-    .fold(0, |x, (_, xf)| x | xf)
+};
+
+/// The FS_XFLAG_* spelling of chattr flags.
+fn xflags(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(fl, _)| flags & fl != 0)
+        .fold(0, |x, (_, xf)| x | xf)
+}
+
+/// The chattr flags FS_XFLAG_* flags stand for; `None` if any is one
+/// `Fs` does not keep.
+fn flags_of_xflags(xf: u32) -> Option<u32> {
+    let known = XFLAGS.iter().fold(0, |k, (_, x)| k | x);
+    (xf & !known == 0).then(|| {
+        XFLAGS
+            .iter()
+            .filter(|(_, x)| xf & x != 0)
+            .fold(0, |f, (fl, _)| f | fl)
+    })
 }
 
 /// Whether `path` is already a mount point (listed in /proc/self/mountinfo).

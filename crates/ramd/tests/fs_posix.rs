@@ -846,3 +846,39 @@ fn an_acl_set_outside_the_group_drops_setgid_as_on_tmpfs() {
     assert!(out.contains("member access 2770\n"), "{out}");
     assert!(out.contains("root access 2770\n"), "{out}");
 }
+
+/// xfs_io's chattr and lsattr (FS_IOC_FSSETXATTR / FSGETXATTR): the flags
+/// tmpfs keeps set, shown (also by e2fsprogs' lsattr) and enforced; the
+/// others, a project id and extent sizes refused as tmpfs refuses them.
+const XFS_IO_SCRIPT: &str = r#"
+cd "$1"
+x() { xfs_io -r -c "$1" "$2" 2>&1 | sed 's/^xfs_io: //'; }
+echo x > f; mkdir d
+for c in "chattr +i" "lsattr" "chattr -i" "chattr +a" "chattr +d" "chattr +A" "lsattr" \
+         "chattr -a -d -A" "lsattr" "chattr +s" "chattr +S" "chattr +t" "chattr +e" "chattr +x" \
+         "chattr +P" "chattr +E" "chattr +f" "chattr +n" "chattr +C" "lsattr" "chproj 5"; do
+  echo "== $c"; x "$c" f
+done
+x "chattr +t" d; x "chattr +P" d; x "chattr +i" d; x "lsattr" d
+if touch d/new 2>/dev/null; then echo "created in +i dir"; else echo "refused in +i dir"; fi
+x "chattr -i" d
+x "chattr +i" f
+if sh -c 'echo y >> f' 2>/dev/null; then echo "appended to +i"; else echo "refused append to +i"; fi
+lsattr f | cut -d' ' -f1
+x "chattr -i" f
+"#;
+
+#[test]
+fn xfs_io_chattr_and_lsattr_work_as_on_tmpfs() {
+    for t in ["xfs_io", "lsattr", "touch"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "xfsio", XFS_IO_SCRIPT);
+    assert!(out.contains("== lsattr\n---a-Ad---------- f \n"), "{out}");
+    assert!(out.contains("refused append to +i\n"), "{out}");
+    assert!(
+        out.contains("== chattr +s\ncannot set flags on f: Operation not supported\n"),
+        "{out}"
+    );
+}
