@@ -2,9 +2,11 @@
 //! checked on ramd and, where the kernel's tmpfs is the oracle, on a kernel
 //! tmpfs in the same test: privilege bits dropped on writes by another user,
 //! no stale data after asynchronous direct writes, rewinddir, file handles
-//! that outlive the kernel's inode cache, and unsupported ioctls logged once.
-//! The clients are coreutils, util-linux (setpriv, fallocate), fio and small
-//! C programs compiled here with gcc.
+//! that outlive the kernel's inode cache, unsupported ioctls logged once,
+//! timestamps from the kernel's clock, immutable and append-only refusing
+//! first, setgid dropped by an ACL change, and xfs_io's chattr/lsattr.
+//! The clients are coreutils, util-linux (setpriv, fallocate), acl,
+//! e2fsprogs, xfsprogs, fio and small C programs compiled here with gcc.
 
 mod common;
 mod fs_common;
