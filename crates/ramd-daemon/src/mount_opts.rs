@@ -34,6 +34,9 @@ pub struct MountRequest {
     /// (it has no cache that could make a write late).
     pub sync: bool,
     pub dirsync: bool,
+    /// `lazytime`: a VFS flag too (timestamps-only inode updates are
+    /// written back late; sync, fsync and the unmount's syncfs write them).
+    pub lazytime: bool,
     /// Whether any atime word was given (`noatime`, `relatime`,
     /// `strictatime`, `nodiratime` or their opposites). A remount without
     /// one keeps the mount's atime rule, as mount(2) does; with one, the
@@ -95,6 +98,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
     let mut remount = false;
     let mut sync = false;
     let mut dirsync = false;
+    let mut lazytime = false;
     let mut run_dir = None;
     // Each key once: a later value replaces an earlier one.
     let mut keyed: Vec<(String, Vec<OsString>)> = Vec::new();
@@ -128,6 +132,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
             "sync" => word(&mut sync, true)?,
             "async" => word(&mut sync, false)?,
             "dirsync" => word(&mut dirsync, true)?,
+            "lazytime" | "nolazytime" => word(&mut lazytime, key == "lazytime")?,
             "atime" | "relatime" | "norelatime" | "nostrictatime" | "noatime" => {
                 word(&mut noatime, key == "noatime")?;
                 strictatime = false;
@@ -164,6 +169,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
                                 "relatime",
                                 "strictatime",
                                 "nodiratime",
+                                "lazytime",
                                 "remount",
                                 "run_dir",
                             ]
@@ -227,6 +233,7 @@ pub fn parse(source: &str, dir: &Path, options: &str) -> Result<MountRequest> {
         given,
         sync,
         dirsync,
+        lazytime,
         atime_given,
     })
 }
@@ -403,6 +410,7 @@ mod tests {
         assert!(r.remount && r.disk.writeback_cache && !r.sync);
         assert_eq!(r.run_dir.as_deref(), Some(Path::new("/tmp/r")));
         assert!(ok("sync,dirsync").sync && !ok("sync,async").sync && ok("dirsync").dirsync);
+        assert!(ok("lazytime").lazytime && !ok("lazytime,nolazytime").lazytime);
         assert!(!ok("remount,size=1G").atime_given);
         let r = ok("remount,size=1G,nodiratime");
         assert!(r.atime_given && r.disk.nodiratime && !r.disk.noatime);

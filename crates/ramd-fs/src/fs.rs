@@ -224,6 +224,11 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<SystemTime>,
+    /// The caller sets times other than both to now (utimensat with
+    /// times, or one of them left alone), which an append-only file
+    /// refuses; not for the kernel's write-back of the times it keeps
+    /// under the write-back cache.
+    pub times_given: bool,
 }
 
 /// One directory entry as readdir returns it.
@@ -539,6 +544,25 @@ impl State {
     }
 }
 
+/// The time every timestamp is taken from: CLOCK_REALTIME_COARSE, the
+/// clock of the kernel's `current_time()`, which sets mtime and ctime
+/// itself under the write-back cache. One clock for all keeps their order
+/// (birth <= mtime, atime <= mtime right after a write, so relatime moves
+/// atime on the first read), as on tmpfs; the kernel's granularity is 1 ns
+/// (`time_gran` at INIT), so nothing is truncated.
+pub(crate) fn now() -> SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if r != 0 || ts.tv_sec < 0 {
+        return SystemTime::now();
+    }
+    SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// The VFS's atime rules (`relatime_need_update` and friends).
 fn atime_moves(a: Atime, i: &Inode, now: SystemTime) -> bool {
     if a.nodiratime && i.kind == Kind::Dir {
@@ -559,7 +583,7 @@ fn atime_moves(a: Atime, i: &Inode, now: SystemTime) -> bool {
 
 impl Fs {
     pub fn new(store: Arc<Store>, cfg: FsConfig) -> Result<Fs> {
-        let now = SystemTime::now();
+        let now = now();
         // The kernel holds the root without a lookup: its count of 1 is
         // never forgotten.
         let root = Inode::new(
@@ -663,7 +687,7 @@ impl Fs {
     /// send the read here rather than serve it from its page cache.
     pub fn read_moves_atime(&self, ino: Ino) -> bool {
         let a = self.atime();
-        let now = SystemTime::now();
+        let now = now();
         self.state
             .read()
             .get(ino)
@@ -713,13 +737,19 @@ impl Fs {
     /// CAP_FSETID, drop setuid, setgid and file capabilities.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.check_mutable()?;
-        // Append-only: times may still move (the kernel's writeback sends
-        // them), nothing else.
-        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some() {
+        // Append-only: times may still move both to now (utime(NULL)),
+        // and the kernel write back its own, nothing else (the VFS's
+        // rule in notify_change, which FUSE inodes never reach).
+        if set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.size.is_some()
+            || set.times_given
+        {
             inode.check_fixed()?;
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -848,7 +878,7 @@ impl Fs {
         if a.mode == AtimeMode::Never {
             return;
         }
-        let now = SystemTime::now();
+        let now = now();
         if self
             .state
             .read()
@@ -938,7 +968,7 @@ impl Fs {
         if let Some(name) = name {
             check_name(name)?;
         }
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         let p = match name {
             Some(name) => st.check_new_entry(parent, name)?,
@@ -1039,7 +1069,7 @@ impl Fs {
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
         let _change = self.store.change();
         check_name(newname)?;
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         st.check_new_entry(newparent, newname)?.check_mutable()?;
         let inode = st.get(ino)?;
@@ -1069,11 +1099,12 @@ impl Fs {
         let c = self.store.change();
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
+        // EPERM before the kind, as the VFS's may_delete.
+        st.get(parent)?.check_fixed()?;
+        st.get(ino)?.check_fixed()?;
         if st.get(ino)?.kind == Kind::Dir {
             return err(Errno::EISDIR);
         }
-        st.get(parent)?.check_fixed()?;
-        st.get(ino)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -1088,12 +1119,15 @@ impl Fs {
         }
         let mut st = self.state.write();
         let ino = st.child(parent, name)?;
+        // The VFS's may_delete checks the parent's and the victim's
+        // immutable and append-only flags (EPERM) before the kind, and
+        // the filesystem's emptiness (ENOTEMPTY) comes after both.
+        st.get(parent)?.check_fixed()?;
         let d = st.get(ino)?;
+        d.check_fixed()?;
         if !d.entries()?.is_empty() {
             return err(Errno::ENOTEMPTY);
         }
-        d.check_fixed()?;
-        st.get(parent)?.check_fixed()?;
         self.remove_entry(&c, &mut st, parent, name, ino);
         Ok(())
     }
@@ -1101,7 +1135,7 @@ impl Fs {
     /// Drops the entry `name` → `ino` from `parent`, with link counts, times
     /// and memory.
     fn remove_entry(&self, c: &Change<'_>, st: &mut State, parent: Ino, name: &OsStr, ino: Ino) {
-        let now = SystemTime::now();
+        let now = now();
         let p = st.inodes.get_mut(&parent).expect("parent exists");
         p.entries_mut().expect("parent is a dir").remove(name);
         p.touch_mc(now);
@@ -1181,7 +1215,7 @@ impl Fs {
             return err(Errno::EINVAL);
         }
         check_name(newname)?;
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         let src = st.child(parent, name)?;
         let dst = match st.child(newparent, newname) {
@@ -1422,7 +1456,7 @@ impl Fs {
             Err(_) if short_ok && done > 0 => (off + done as u64, Ok(())),
             r => (end, r),
         };
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         let size = inode.size;
@@ -1510,7 +1544,7 @@ impl Fs {
         } else {
             c.allocate(base + off, len, &mut delta)
         };
-        let now = SystemTime::now();
+        let now = now();
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if let Data::File {
@@ -1652,7 +1686,7 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.flags = flags;
-        inode.ctime = SystemTime::now();
+        inode.ctime = now();
         drop(st);
         // The kernel does not know an ioctl moved ctime.
         self.attr_changed(ino);
@@ -1688,7 +1722,18 @@ impl Fs {
         )
     }
 
-    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    /// Sets an xattr. An access ACL also sets the mode's permission bits,
+    /// and drops setgid when the kernel says its caller may not keep it
+    /// (`kill_sgid`: outside the file's group, without CAP_FSETID), as
+    /// posix_acl_update_mode does.
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        kill_sgid: bool,
+    ) -> Result<()> {
         let _change = self.store.change();
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
@@ -1702,7 +1747,10 @@ impl Fs {
             // than the mode is not kept (the kernel leaves both to us).
             let (mode, extended) = acl::mode_of(value).ok_or(Errno::EINVAL)?;
             inode.perm = (inode.perm & !0o777) | mode as u16;
-            inode.ctime = SystemTime::now();
+            if kill_sgid {
+                inode.perm &= !(libc::S_ISGID as u16);
+            }
+            inode.ctime = now();
             if !extended {
                 if let Some(v) = inode.xattrs.remove(name) {
                     self.store.uncharge(xattr_cost(name, &v));
@@ -1725,7 +1773,7 @@ impl Fs {
             self.store.uncharge(old_cost - new_cost);
         }
         inode.xattrs.insert(name.to_owned(), value.to_vec());
-        inode.ctime = SystemTime::now();
+        inode.ctime = now();
         Ok(())
     }
 
@@ -1754,7 +1802,7 @@ impl Fs {
         inode.check_fixed()?;
         let v = inode.xattrs.remove(name).ok_or(Errno::ENODATA)?;
         self.store.uncharge(xattr_cost(name, &v));
-        inode.ctime = SystemTime::now();
+        inode.ctime = now();
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -73,6 +74,8 @@ pub struct FuseFs {
     notifier: Arc<OnceLock<Notifier>>,
     /// The ioctl commands already logged as unsupported (each once).
     unknown_ioctls: Mutex<HashSet<u32>>,
+    /// INIT granted FUSE_SETXATTR_EXT: SETXATTR's argument is the longer one.
+    setxattr_ext: AtomicBool,
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
@@ -95,6 +98,7 @@ impl FuseFs {
             opts,
             notifier,
             unknown_ioctls: Mutex::new(HashSet::new()),
+            setxattr_ext: AtomicBool::new(false),
         }
     }
 
@@ -127,7 +131,11 @@ impl FuseFs {
             // Idmapped mounts: the kernel maps the ids of requests made
             // through one before they come here (it needs default_permissions).
             | init::ALLOW_IDMAP
-            | init::CACHE_SYMLINKS;
+            | init::CACHE_SYMLINKS
+            // The kernel says when an ACL change must drop setgid (its
+            // caller outside the group, without CAP_FSETID), as
+            // posix_acl_update_mode does on tmpfs.
+            | init::SETXATTR_EXT;
         // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
         // after an asynchronous direct write, so a buffered read racing one
         // would stay cached with the old data. Dropping the range ourselves
@@ -159,6 +167,8 @@ impl FuseFs {
 
     /// Told what INIT settled: says what was asked for and not granted.
     pub fn initialized(&self, n: &Negotiated) {
+        self.setxattr_ext
+            .store(n.flags & init::SETXATTR_EXT != 0, Relaxed);
         self.fs
             .set_kernel_times(n.flags & init::WRITEBACK_CACHE != 0);
         if self.opts.writeback_cache && n.flags & init::WRITEBACK_CACHE == 0 {
@@ -295,6 +305,25 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     w.u32(major).u32(minor).u32(0).u32(0).zeros(14 * 8);
 }
 
+/// Whether a SETATTR sets times other than "both to now" (utime(NULL)),
+/// which is all an append-only file allows (the VFS's ATTR_TIMES_SET).
+/// Under the write-back cache the kernel sends its own "now" as an
+/// explicit mtime with ctime, the same instant (the VFS sets ctime to now
+/// on every change), and it writes back the times it keeps as mtime and
+/// ctime, never atime, with the handle of the open it writes through (at
+/// every close of a written file, so one without a handle would be
+/// a file dirtied with no writer open, which append-only leaves none of).
+fn times_given(s: &abi::SetattrIn) -> bool {
+    let on = |bit: u32| s.valid & bit != 0;
+    if !on(fattr::ATIME) && !on(fattr::MTIME) || on(fattr::FH) && !on(fattr::ATIME) {
+        return false;
+    }
+    let atime_now = on(fattr::ATIME) && on(fattr::ATIME_NOW);
+    let mtime_now =
+        on(fattr::MTIME) && (on(fattr::MTIME_NOW) || on(fattr::CTIME) && s.mtime == s.ctime);
+    !(atime_now && mtime_now)
+}
+
 fn caller(req: &Request<'_>) -> Caller {
     Caller {
         uid: req.header.uid,
@@ -396,6 +425,9 @@ fn open_flags(fs: &Fs, ino: Ino) -> u32 {
 
 impl Dispatch for FuseFs {
     fn arg0_len(&self, opcode: u32) -> usize {
+        if opcode == op::SETXATTR && self.setxattr_ext.load(Relaxed) {
+            return abi::SETXATTR_EXT_IN_LEN;
+        }
         abi::arg0_len(opcode)
     }
 
@@ -444,7 +476,7 @@ impl FuseFs {
         let fs = &*self.fs;
         // Every fixed argument whole (INIT's is shorter on old kernels,
         // and answered by the session anyway).
-        if h.opcode != op::INIT && req.arg0.len() < abi::arg0_len(h.opcode) {
+        if h.opcode != op::INIT && req.arg0.len() < self.arg0_len(h.opcode) {
             return Err(libc::EINVAL);
         }
         match h.opcode {
@@ -482,6 +514,7 @@ impl FuseFs {
                     } else {
                         None
                     },
+                    times_given: times_given(&s),
                 };
                 attr_out(buf, fs.setattr(caller(req), ino, set))
             }
@@ -592,11 +625,14 @@ impl FuseFs {
             op::SETXATTR => {
                 let mut r = Rd(req.arg0);
                 let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
+                let kill_sgid = self.setxattr_ext.load(Relaxed)
+                    && arg(r.u32())? & abi::SETXATTR_ACL_KILL_SGID != 0;
                 let (n, value) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
                 if value.len() != size as usize {
                     return Err(libc::EINVAL);
                 }
-                empty(fs.setxattr(ino, OsStr::from_bytes(n), value, flags as i32))
+                let n = OsStr::from_bytes(n);
+                empty(fs.setxattr(ino, n, value, flags as i32, kill_sgid))
             }
             op::GETXATTR | op::LISTXATTR => {
                 let size = arg(Rd(req.arg0).u32())?;
@@ -798,6 +834,8 @@ impl FuseFs {
         // _IOR('X', 31, struct fsxattr): the kernel asks for it before
         // it sets chattr flags, and for a fileattr query.
         const FSGETXATTR: u32 = 0x801c_581f;
+        // _IOW('X', 32, struct fsxattr): xfs_io's chattr, file_setattr(2).
+        const FSSETXATTR: u32 = 0x401c_5820;
         let out = |buf: &mut [u8], data: &[u8]| {
             // fuse_ioctl_out: result 0, no retry, then the data.
             let data = &data[..data.len().min(out_size as usize)];
@@ -812,6 +850,24 @@ impl FuseFs {
             let mut b = [0u8; 28];
             b[..4].copy_from_slice(&xflags(f).to_ne_bytes());
             out(buf, &b)
+        } else if cmd == FSSETXATTR {
+            // struct fsxattr: xflags, extsize, nextents (ignored), projid,
+            // cowextsize. The VFS has checked permissions and cleared
+            // the extent size flags when their sizes are 0; like tmpfs,
+            // any other flag or a size or project is EOPNOTSUPP.
+            let mut r = Rd(in_data);
+            let (xf, extsize, _nextents, projid, cowextsize) = (
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+                arg(r.u32())?,
+            );
+            let flags = flags_of_xflags(xf)
+                .filter(|_| extsize == 0 && projid == 0 && cowextsize == 0)
+                .ok_or(libc::EOPNOTSUPP)?;
+            self.fs.set_flags(ino, flags).map_err(ferr)?;
+            out(buf, &[])
         } else if GETFLAGS.contains(&cmd) {
             let f = self.fs.flags(ino).map_err(ferr)?;
             out(buf, &f.to_ne_bytes())
@@ -834,8 +890,8 @@ impl FuseFs {
     }
 }
 
-/// The FS_XFLAG_* spelling of chattr flags (only those `Fs` keeps).
-fn xflags(flags: u32) -> u32 {
+/// The chattr flags `Fs` keeps and their FS_XFLAG_* spelling.
+const XFLAGS: [(u32, u32); 4] = {
     use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NOATIME, FL_NODUMP};
     [
         (FL_IMMUTABLE, 0x8),
@@ -843,9 +899,26 @@ fn xflags(flags: u32) -> u32 {
         (FL_NOATIME, 0x40),
         (FL_NODUMP, 0x80),
     ]
-    .iter()
-    .filter(|(fl, _)| flags & fl != 0)
-    .fold(0, |x, (_, xf)| x | xf)
+};
+
+/// The FS_XFLAG_* spelling of chattr flags.
+fn xflags(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(fl, _)| flags & fl != 0)
+        .fold(0, |x, (_, xf)| x | xf)
+}
+
+/// The chattr flags FS_XFLAG_* flags stand for; `None` if any is one
+/// `Fs` does not keep.
+fn flags_of_xflags(xf: u32) -> Option<u32> {
+    let known = XFLAGS.iter().fold(0, |k, (_, x)| k | x);
+    (xf & !known == 0).then(|| {
+        XFLAGS
+            .iter()
+            .filter(|(_, x)| xf & x != 0)
+            .fold(0, |f, (fl, _)| f | fl)
+    })
 }
 
 /// Whether `path` is already a mount point (listed in /proc/self/mountinfo).

@@ -266,23 +266,23 @@ fn fallocate_modes_and_seek() {
 fn xattrs() {
     let f = fs();
     let a = f.create(ME, ROOT_INO, n("a"), REG).unwrap();
-    f.setxattr(a.ino, n("user.x"), b"1", 0).unwrap();
+    f.setxattr(a.ino, n("user.x"), b"1", 0, false).unwrap();
     assert_eq!(
-        f.setxattr(a.ino, n("user.x"), b"2", libc::XATTR_CREATE),
+        f.setxattr(a.ino, n("user.x"), b"2", libc::XATTR_CREATE, false),
         Err(Errno::EEXIST)
     );
     assert_eq!(
-        f.setxattr(a.ino, n("user.y"), b"2", libc::XATTR_REPLACE),
+        f.setxattr(a.ino, n("user.y"), b"2", libc::XATTR_REPLACE, false),
         Err(Errno::ENODATA)
     );
-    f.setxattr(a.ino, n("trusted.t"), b"", 0).unwrap();
+    f.setxattr(a.ino, n("trusted.t"), b"", 0, false).unwrap();
     assert_eq!(f.getxattr(a.ino, n("user.x")).unwrap(), b"1");
     assert_eq!(f.listxattr(a.ino).unwrap(), b"trusted.t\0user.x\0");
     f.removexattr(a.ino, n("user.x")).unwrap();
     assert_eq!(f.getxattr(a.ino, n("user.x")), Err(Errno::ENODATA));
     // ACLs are the only system.* names (the kernel checks their format).
     assert_eq!(
-        f.setxattr(a.ino, n("system.other"), b"", 0),
+        f.setxattr(a.ino, n("system.other"), b"", 0, false),
         Err(Errno::EOPNOTSUPP)
     );
 }
@@ -293,7 +293,7 @@ fn metadata_is_charged_and_returned() {
     let before = f.store().stats().memory_used;
     let d = f.mkdir(ME, ROOT_INO, n("dir"), 0o755).unwrap();
     let a = f.create(ME, d.ino, n("file"), REG).unwrap();
-    f.setxattr(a.ino, n("user.k"), &[0; 100], 0).unwrap();
+    f.setxattr(a.ino, n("user.k"), &[0; 100], 0, false).unwrap();
     f.symlink(ME, d.ino, n("ln"), n("file")).unwrap();
     assert!(f.store().stats().memory_used > before);
     f.release(a.ino);
@@ -461,6 +461,17 @@ fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
     list(dir);
     assert_eq!(atime(dir), old, "nodiratime: listing moved the dir's atime");
     assert!(f.read_moves_atime(file));
+    // An atime equal to ctime still moves (relatime compares with <=):
+    // read once the coarse clock has passed the ctime `set` gave.
+    let ctime = f.getattr(file).unwrap().ctime;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::fs::now() <= ctime {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock stood still"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     f.read(file, 0, &mut buf).unwrap();
     assert!(atime(file) > old);
     assert!(!f.read_moves_atime(file), "moved once, it stays (relatime)");
@@ -475,7 +486,7 @@ fn chown_write_and_truncate_drop_setuid_like_the_vfs() {
     let a = f
         .create(ME, ROOT_INO, n("a"), libc::S_IFREG | 0o6755)
         .unwrap();
-    f.setxattr(a.ino, n("security.capability"), b"cap", 0)
+    f.setxattr(a.ino, n("security.capability"), b"cap", 0, false)
         .unwrap();
     // A write the kernel flags (writer without CAP_FSETID).
     f.write(&f.change(), a.ino, 0, b"x", true, ME, true)
@@ -561,7 +572,7 @@ fn a_default_acl_replaces_the_umask_and_is_inherited() {
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     // user::rwx user:42:rwx group::r-x mask::rwx other::---
     let default = acl(&[(1, 7, 0), (2, 7, 42), (4, 5, 0), (0x10, 7, 0), (0x20, 0, 0)]);
-    f.setxattr(d, n("system.posix_acl_default"), &default, 0)
+    f.setxattr(d, n("system.posix_acl_default"), &default, 0, false)
         .unwrap();
     let masked = Caller { umask: 0o077, ..ME };
     let a = f.create(masked, d, n("a"), libc::S_IFREG | 0o664).unwrap();
@@ -581,6 +592,38 @@ fn a_default_acl_replaces_the_umask_and_is_inherited() {
         .create(masked, ROOT_INO, n("b"), libc::S_IFREG | 0o666)
         .unwrap();
     assert_eq!(b.perm, 0o600);
+}
+
+#[test]
+fn an_access_acl_drops_setgid_only_when_the_kernel_says_so() {
+    let f = fs();
+    // user::rwx user:42:r-- group::rwx mask::rwx other::---
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 7u16, 0u32),
+        (2, 4, 42),
+        (4, 7, 0),
+        (0x10, 7, 0),
+        (0x20, 0, 0),
+    ] {
+        acl.extend(tag.to_le_bytes());
+        acl.extend(perm.to_le_bytes());
+        acl.extend(id.to_le_bytes());
+    }
+    let access = n("system.posix_acl_access");
+    let a = f
+        .create(ME, ROOT_INO, n("a"), libc::S_IFREG | 0o2770)
+        .unwrap()
+        .ino;
+    f.setxattr(a, access, &acl, 0, false).unwrap();
+    assert_eq!(f.getattr(a).unwrap().perm, 0o2770, "caller may keep it");
+    f.setxattr(a, access, &acl, 0, true).unwrap();
+    assert_eq!(f.getattr(a).unwrap().perm, 0o770, "posix_acl_update_mode");
+    // Only an access ACL moves the mode.
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o2770).unwrap().ino;
+    f.setxattr(d, n("system.posix_acl_default"), &acl, 0, true)
+        .unwrap();
+    assert_eq!(f.getattr(d).unwrap().perm, 0o2770);
 }
 
 // ---- Saving and loading the tree (`save_meta`, `Fs::load`) ----
@@ -812,14 +855,17 @@ fn build_tree(f: &Fs) -> Built {
     let mv = f.mkdir(ME, ROOT_INO, n("mvdir"), 0o755).unwrap().ino;
     f.rename(ME, ROOT_INO, n("mvdir"), docs, n("mvdir"), 0)
         .unwrap();
-    f.setxattr(a, n("user.bin"), &[0, 1, 2, 255, 0], 0).unwrap();
-    f.setxattr(a, n("user.big"), &pattern(60_000, 5), 0)
+    f.setxattr(a, n("user.bin"), &[0, 1, 2, 255, 0], 0, false)
         .unwrap();
-    f.setxattr(a, n("user.empty"), b"", 0).unwrap();
-    f.setxattr(docs, n("trusted.x"), b"dir xattr", 0).unwrap();
-    f.setxattr(ROOT_INO, n("security.selinux"), b"root_t", 0)
+    f.setxattr(a, n("user.big"), &pattern(60_000, 5), 0, false)
         .unwrap();
-    f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0).unwrap();
+    f.setxattr(a, n("user.empty"), b"", 0, false).unwrap();
+    f.setxattr(docs, n("trusted.x"), b"dir xattr", 0, false)
+        .unwrap();
+    f.setxattr(ROOT_INO, n("security.selinux"), b"root_t", 0, false)
+        .unwrap();
+    f.setxattr(ln2, n("trusted.l"), b"on a symlink", 0, false)
+        .unwrap();
     // Unlinked but open, with data; and a removed directory still looked up.
     let orphan = f.create(ME, ROOT_INO, n("orphan"), REG).unwrap().ino;
     f.write(
@@ -1064,7 +1110,7 @@ fn small() -> (Fs, Vec<u8>) {
     f.symlink(ME, d, n("l"), n("a")).unwrap();
     f.mknod(ME, ROOT_INO, n("p"), libc::S_IFIFO | 0o644, 0)
         .unwrap();
-    f.setxattr(a, n("user.x"), b"y", 0).unwrap();
+    f.setxattr(a, n("user.x"), b"y", 0, false).unwrap();
     let meta = f.save_meta();
     (f, meta)
 }

@@ -469,6 +469,7 @@ impl VfsFlags {
             (d.nodiratime, libc::MS_NODIRATIME),
             (req.sync, libc::MS_SYNCHRONOUS),
             (req.dirsync, libc::MS_DIRSYNC),
+            (req.lazytime, libc::MS_LAZYTIME),
         ] {
             if on {
                 f |= bit;

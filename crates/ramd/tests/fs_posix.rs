@@ -2,9 +2,11 @@
 //! checked on ramd and, where the kernel's tmpfs is the oracle, on a kernel
 //! tmpfs in the same test: privilege bits dropped on writes by another user,
 //! no stale data after asynchronous direct writes, rewinddir, file handles
-//! that outlive the kernel's inode cache, and unsupported ioctls logged once.
-//! The clients are coreutils, util-linux (setpriv, fallocate), fio and small
-//! C programs compiled here with gcc.
+//! that outlive the kernel's inode cache, unsupported ioctls logged once,
+//! timestamps from the kernel's clock, immutable and append-only refusing
+//! first, setgid dropped by an ACL change, and xfs_io's chattr/lsattr.
+//! The clients are coreutils, util-linux (setpriv, fallocate), acl,
+//! e2fsprogs, xfsprogs, fio and small C programs compiled here with gcc.
 
 mod common;
 mod fs_common;
@@ -681,5 +683,204 @@ fn statx_reports_birth_time_as_on_tmpfs() {
     assert_eq!(
         out,
         "f: born now\nd: born now\nl: born now\nf: birth kept\nf: mtime moved\n"
+    );
+}
+
+/// The disks every cache-dependent check runs on: the default (write-back
+/// cache, io_uring where the kernel offers it) and writes sent as they
+/// happen.
+const CACHE_MODES: [&[&str]; 2] = [
+    &["--size", "64M"],
+    &["--size", "64M", "--no-writeback-cache"],
+];
+
+/// `echo aaa > f` as the shell does it, then the order of its times: birth
+/// and atime no later than mtime (so relatime moves atime on the first
+/// read). Then, once the kernel's coarse clock (the one `current_time()`
+/// reads) has passed every time of the file, polled with a deadline, one
+/// read: it must move atime.
+const CLOCKS_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long ns(long long s, long long n) { return s * 1000000000LL + n; }
+static long long ts(struct statx_timestamp t) { return ns(t.tv_sec, t.tv_nsec); }
+
+static struct statx get(const char *p) {
+    struct statx s;
+    if (statx(AT_FDCWD, p, 0, STATX_BASIC_STATS | STATX_BTIME, &s) != 0) { perror("statx"); exit(2); }
+    if (!(s.stx_mask & STATX_BTIME)) { printf("no birth time\n"); exit(1); }
+    return s;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    int fd = open("f", O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, "aaa\n", 4) != 4) { perror("write"); return 2; }
+    close(fd);
+    struct statx s = get("f");
+    long long a = ts(s.stx_atime), m = ts(s.stx_mtime), c = ts(s.stx_ctime), b = ts(s.stx_btime);
+    printf("birth <= mtime: %s\n", b <= m ? "yes" : "no");
+    printf("atime <= mtime: %s\n", a <= m ? "yes" : "no");
+    printf("mtime <= ctime: %s\n", m <= c ? "yes" : "no");
+    long long last = a > m ? a : m;
+    last = last > c ? last : c;
+    last = last > b ? last : b;
+    struct timespec t, start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        clock_gettime(CLOCK_REALTIME_COARSE, &t);
+        if (ns(t.tv_sec, t.tv_nsec) > last) break;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec > 10) { printf("the coarse clock stayed behind the file's times\n"); return 1; }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    char buf[8];
+    fd = open("f", O_RDONLY);
+    if (fd < 0 || read(fd, buf, sizeof buf) != 4) { perror("read"); return 2; }
+    close(fd);
+    struct statx r = get("f");
+    printf("first read moved atime: %s\n", ts(r.stx_atime) > a ? "yes" : "no");
+    return 0;
+}
+"#;
+
+#[test]
+fn timestamps_come_from_the_kernels_clock_as_on_tmpfs() {
+    let prog = c_program("clocks", CLOCKS_C);
+    let script = format!("{} \"$1\"", prog.path.display());
+    for args in CACHE_MODES {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "clocks", &script);
+        assert_eq!(
+            out,
+            "birth <= mtime: yes\natime <= mtime: yes\nmtime <= ctime: yes\nfirst read moved atime: yes\n",
+            "{args:?}"
+        );
+    }
+}
+
+/// Removing from an immutable or append-only directory, or a directory
+/// that is itself such, is refused (EPERM) before emptiness or kind is
+/// looked at (the VFS's may_delete; `unlink DIR` is not compared: the
+/// kernel answers EISDIR for a FUSE inode, which never carries the flags,
+/// before ramd is asked); an append-only file keeps its times against any
+/// but both set to now (utime(NULL), touch).
+const FIXED_SCRIPT: &str = r#"
+cd "$1"
+try() { if "$@" 2>err; then echo "ok: $*"; else echo "refused: $* ($(sed 's/.*: //' err))"; fi; }
+mkdir -p imm/sub/x imm/empty app/sub/x app/empty self/full/x self/empty
+chattr +i imm; chattr +a app; chattr +i self/full self/empty
+for d in imm/sub imm/empty app/sub app/empty self/full self/empty; do
+  try rmdir $d
+done
+chattr -i imm self/full self/empty; chattr -a app
+echo a > af; chattr +a af
+try touch -d 2001-01-01 af
+try touch -a -d 2001-01-01 af
+try touch -m -d 2001-01-01 af
+try touch af
+try touch -a af
+try touch -m af
+try python3 -c 'import os, sys; os.utime(sys.argv[1], (0, 0))' af
+try python3 -c 'import os, sys; os.utime(sys.argv[1], None)' af
+chattr -a af
+rm -f err
+"#;
+
+#[test]
+fn immutable_and_append_only_refuse_as_on_tmpfs() {
+    for t in ["chattr", "touch", "unlink", "rmdir"] {
+        require_tool(t);
+    }
+    for args in CACHE_MODES {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "fixed", FIXED_SCRIPT);
+        assert!(
+            out.contains("refused: rmdir imm/sub (Operation not permitted)\n"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            out.contains("refused: touch -m -d 2001-01-01 af (Operation not permitted)\n"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("ok: touch af\n"), "{args:?}: {out}");
+    }
+}
+
+/// An access ACL set on a setgid file by its owner: outside the file's
+/// group and without CAP_FSETID the setgid bit goes (posix_acl_update_mode),
+/// in the group or as root it stays; a default ACL on a setgid directory
+/// leaves the mode alone.
+const SGID_ACL_SCRIPT: &str = r#"
+cd "$1"
+other='setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all'
+member='setpriv --reuid=65534 --regid=0 --clear-groups --inh-caps=-all'
+for who in other member root; do
+  eval "as=\${$who:-}"
+  echo s > $who; chown 65534:0 $who; chmod 2770 $who
+  $as setfacl -m u:1:r $who
+  echo "$who access $(stat -c %a $who)"
+  # An ACL that says no more than the mode (none is kept) counts too.
+  echo s > $who.plain; chown 65534:0 $who.plain; chmod 2750 $who.plain
+  $as setfacl -m u::rwx $who.plain
+  echo "$who.plain access $(stat -c %a $who.plain)"
+  mkdir $who.d; chown 65534:0 $who.d; chmod 2770 $who.d
+  $as setfacl -d -m u:1:r $who.d
+  echo "$who.d default $(stat -c %a $who.d)"
+done
+"#;
+
+#[test]
+fn an_acl_set_outside_the_group_drops_setgid_as_on_tmpfs() {
+    for t in ["setfacl", "setpriv", "stat"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "sgidacl", SGID_ACL_SCRIPT);
+    assert!(out.contains("other access 770\n"), "{out}");
+    assert!(out.contains("member access 2770\n"), "{out}");
+    assert!(out.contains("root access 2770\n"), "{out}");
+}
+
+/// xfs_io's chattr and lsattr (FS_IOC_FSSETXATTR / FSGETXATTR): the flags
+/// tmpfs keeps set, shown (also by e2fsprogs' lsattr) and enforced; the
+/// others, a project id and extent sizes refused as tmpfs refuses them.
+const XFS_IO_SCRIPT: &str = r#"
+cd "$1"
+x() { xfs_io -r -c "$1" "$2" 2>&1 | sed 's/^xfs_io: //'; }
+echo x > f; mkdir d
+for c in "chattr +i" "lsattr" "chattr -i" "chattr +a" "chattr +d" "chattr +A" "lsattr" \
+         "chattr -a -d -A" "lsattr" "chattr +s" "chattr +S" "chattr +t" "chattr +e" "chattr +x" \
+         "chattr +P" "chattr +E" "chattr +f" "chattr +n" "chattr +C" "lsattr" "chproj 5"; do
+  echo "== $c"; x "$c" f
+done
+x "chattr +t" d; x "chattr +P" d; x "chattr +i" d; x "lsattr" d
+if touch d/new 2>/dev/null; then echo "created in +i dir"; else echo "refused in +i dir"; fi
+x "chattr -i" d
+x "chattr +i" f
+if sh -c 'echo y >> f' 2>/dev/null; then echo "appended to +i"; else echo "refused append to +i"; fi
+lsattr f | cut -d' ' -f1
+x "chattr -i" f
+"#;
+
+#[test]
+fn xfs_io_chattr_and_lsattr_work_as_on_tmpfs() {
+    for t in ["xfs_io", "lsattr", "touch"] {
+        require_tool(t);
+    }
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "xfsio", XFS_IO_SCRIPT);
+    assert!(out.contains("== lsattr\n---a-Ad---------- f \n"), "{out}");
+    assert!(out.contains("refused append to +i\n"), "{out}");
+    assert!(
+        out.contains("== chattr +s\ncannot set flags on f: Operation not supported\n"),
+        "{out}"
     );
 }

@@ -861,3 +861,50 @@ fn fuse_transport_is_an_option_that_status_reports() {
         }
     });
 }
+
+/// `lazytime` (MS_LAZYTIME), as tmpfs takes it: at mount, dropped by
+/// `remount,nolazytime`, back with `remount,lazytime`, kept by a remount
+/// that does not name it (mount(8) passes the mount's options back); a
+/// file's new mtime is seen at once either way.
+#[test]
+fn lazytime_is_taken_as_tmpfs_takes_it() {
+    let s = Setup::new();
+    struct Tmpfs(PathBuf);
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = run(&mut cmd("umount", [p(&self.0)]), CMD_TIMEOUT);
+        }
+    }
+    let steps = |dir: &Path, remount: &dyn Fn(&str)| {
+        let mut seen = vec![has_option(dir, "lazytime")];
+        for opts in ["nolazytime", "lazytime", "size=48M"] {
+            remount(opts);
+            seen.push(has_option(dir, "lazytime"));
+        }
+        fs::write(dir.join("f"), "x").unwrap();
+        run_ok(&mut cmd(
+            "touch",
+            ["-m", "-d", "2001-01-01", p(&dir.join("f"))],
+        ));
+        let mtime = fs::metadata(dir.join("f")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        (seen, mtime.mtime())
+    };
+    let tdir = s.dir("tmpfs");
+    run_ok(&mut cmd(
+        "mount",
+        ["-t", "tmpfs", "-o", "size=32M,lazytime", "tmpfs", p(&tdir)],
+    ));
+    let _t = Tmpfs(tdir.clone());
+    let want = steps(&tdir, &|o| {
+        run_ok(&mut cmd("mount", ["-o", &format!("remount,{o}"), p(&tdir)]));
+    });
+    assert_eq!(want, (vec![true, false, true, true], 978307200));
+    let dir = s.dir("x");
+    let m = s.mount("ramd-test-lazy", &dir, "size=32M,lazytime");
+    let got = steps(&dir, &|o| {
+        run_ok(&mut s.cmd("mount", &["-o", &format!("remount,{o}"), p(&dir)]));
+    });
+    assert_eq!(got, want);
+    m.unmount();
+}

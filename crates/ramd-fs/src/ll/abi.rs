@@ -162,8 +162,13 @@ pub const CREATE_IN_LEN: usize = 16;
 pub const RELEASE_IN_LEN: usize = 24;
 pub const FLUSH_IN_LEN: usize = 24;
 pub const FSYNC_IN_LEN: usize = 16;
-/// Without FUSE_SETXATTR_EXT (not negotiated): size and flags only.
+/// Without FUSE_SETXATTR_EXT: size and flags only.
 pub const SETXATTR_IN_LEN: usize = 8;
+/// With FUSE_SETXATTR_EXT: then `setxattr_flags` and padding.
+pub const SETXATTR_EXT_IN_LEN: usize = 16;
+/// `fuse_setxattr_in.setxattr_flags`: the kernel found the caller of a
+/// POSIX ACL change outside the file's group and without CAP_FSETID.
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 pub const GETXATTR_IN_LEN: usize = 8;
 pub const GETXATTR_OUT_LEN: usize = 8;
 pub const LK_IN_LEN: usize = 48;
