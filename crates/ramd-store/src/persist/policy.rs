@@ -218,7 +218,13 @@ impl Persister {
             && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
-            session.finish();
+            if full {
+                // A full plan marked every page `saving`: let go of them
+                // (pages changed since the switch are still `dirty`).
+                drop(session);
+            } else {
+                session.finish();
+            }
             return Ok(SaveReport {
                 seq: last.seq,
                 full: false,

@@ -1,5 +1,7 @@
 use super::reader::*;
 use super::*;
+use crate::{Store, StoreConfig};
+use std::sync::Arc;
 
 /// Writes O_DIRECT refuses (a few bytes from unaligned memory at an
 /// unaligned offset) go through the page cache instead, and land.
@@ -138,4 +140,59 @@ fn segments_round_trip_whatever_their_record_sizes() {
         assert!(got == want, "seed {seed}: records differ");
         fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// A chain grown to twice its full save asks for a new full save, but only
+/// when something changed: a save with nothing new writes nothing (a stop's
+/// second save, right after the one made while serving), and leaves no page
+/// marked as being saved, so the next save sees and writes a new change.
+#[test]
+fn a_long_chain_with_nothing_new_writes_nothing() {
+    let dir = std::env::temp_dir().join(format!("ramd-compact-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let store = Arc::new(
+        Store::new(StoreConfig {
+            host_reserve: 0,
+            track_changes: true,
+            ..StoreConfig::new(8 << 20)
+        })
+        .unwrap(),
+    );
+    let p = Persister::new(
+        store.clone(),
+        ImageDir::open(&dir).unwrap(),
+        DiskKind::Block,
+        8 << 20,
+        None,
+        false,
+    );
+    let page = |v: u8| [v | 1; crate::PAGE_SIZE];
+    store.change().write(0, &page(1)).unwrap();
+    assert!(p.save(false).unwrap().full);
+    // An incremental save larger than the full one: the chain is "large".
+    for i in 1..4u64 {
+        store.change().write(i << 20, &page(i as u8)).unwrap();
+    }
+    assert!(!p.save(false).unwrap().full);
+    let before = std::fs::read_dir(&dir).unwrap().count();
+    let r = p.save(false).unwrap();
+    assert_eq!((r.full, r.pages, r.bytes), (false, 0, 0), "{r:?}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), before);
+    // A new change: the compaction save happens, and holds it.
+    store.change().write(7 << 20, &page(9)).unwrap();
+    let r = p.save(false).unwrap();
+    assert!(r.full && r.pages == 5, "{r:?}");
+    p.close();
+    drop(p);
+    let fresh = Store::new(StoreConfig {
+        host_reserve: 0,
+        track_changes: true,
+        ..StoreConfig::new(8 << 20)
+    })
+    .unwrap();
+    load(&ImageDir::open(&dir).unwrap(), &fresh).unwrap();
+    let mut got = [0u8; crate::PAGE_SIZE];
+    fresh.read(7 << 20, &mut got).unwrap();
+    assert_eq!(got, page(9));
+    fs::remove_dir_all(&dir).unwrap();
 }
