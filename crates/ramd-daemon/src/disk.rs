@@ -613,7 +613,11 @@ impl Disk {
         let mut page_limit = None;
         if self.kind == DiskKind::Fs {
             // A filesystem's size is its capacity, not the store's address space.
-            let (used, limit) = self.store.pages_used();
+            // With --data-path kernel, what its tmpfs holds.
+            let (used, limit) = self
+                .fs
+                .as_ref()
+                .map_or(self.store.pages_used(), |f| f.pages_used());
             store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);
