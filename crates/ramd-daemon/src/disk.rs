@@ -544,7 +544,8 @@ impl Disk {
                     Some(n) => format!("resizing to {}", human(n)),
                     None => "resizing to unlimited".to_string(),
                 })?;
-            fs.set_size(size);
+            fs.set_size(size)
+                .context("resizing the file data's tmpfs")?;
             // The kernel's dirty cap and the write reserve follow the size.
             if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
                 fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));

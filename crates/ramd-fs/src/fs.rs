@@ -675,9 +675,14 @@ impl Fs {
     }
 
     /// Records a new capacity, for statfs. The store's page limit, which
-    /// enforces it, is the caller's to change first.
-    pub fn set_size(&self, size: Option<u64>) {
+    /// enforces it, is the caller's to change first. With a hot tier (`--data-path kernel`) its tmpfs is resized too,
+    /// which refuses a size below what it holds.
+    pub fn set_size(&self, size: Option<u64>) -> std::io::Result<()> {
+        if let Some(hot) = self.hot.get() {
+            hot.resize(size)?;
+        }
         self.size.store(size.unwrap_or(UNLIMITED), Relaxed);
+        Ok(())
     }
 
     pub fn atime(&self) -> Atime {
@@ -686,6 +691,11 @@ impl Fs {
 
     pub fn set_atime(&self, a: Atime) {
         self.atime.store(a.bits(), Relaxed);
+        if let Some(hot) = self.hot.get() {
+            if let Err(e) = hot.set_atime(a.mode) {
+                log::warn!("the hot tier's atime rule: {e}");
+            }
+        }
     }
 
     /// Whether reading `ino` now would move its atime: the kernel must then

@@ -44,6 +44,10 @@ pub struct HotTier {
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSCONFIG_CMD_RECONFIGURE: libc::c_uint = 7;
+const FSPICK_CLOEXEC: libc::c_uint = 1;
+const FSPICK_EMPTY_PATH: libc::c_uint = 8;
+const MOUNT_ATTR_ATIME_MASK: u64 = 0x70;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
 const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
@@ -106,51 +110,9 @@ impl HotTier {
         if let Some(m) = &cfg.mpol {
             opts.push(("mpol", m.clone()));
         }
-        for (k, v) in &opts {
-            let (ck, cv) = (cstring(k)?, cstring(v)?);
-            // SAFETY: fsconfig reads two NUL-terminated strings we own.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_fsconfig,
-                    fsfd.as_raw_fd(),
-                    FSCONFIG_SET_STRING,
-                    ck.as_ptr(),
-                    cv.as_ptr(),
-                    0,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                let why = context_log(&fsfd);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("tmpfs option {k}={v}: {e} {why}")
-                        .trim_end()
-                        .to_string(),
-                ));
-            }
-        }
-        // SAFETY: fsconfig with a command takes no strings.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_fsconfig,
-                fsfd.as_raw_fd(),
-                FSCONFIG_CMD_CREATE,
-                std::ptr::null::<libc::c_char>(),
-                std::ptr::null::<libc::c_void>(),
-                0,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            let why = context_log(&fsfd);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("creating the tmpfs: {e} {why}")
-                    .trim_end()
-                    .to_string(),
-            ));
-        }
+        let opts: Vec<(&str, String)> = opts.into_iter().collect();
+        configure(&fsfd, &opts, FSCONFIG_CMD_CREATE)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating the tmpfs: {e}")))?;
         // Nothing is executed or opened as a device from it, whatever
         // the file's mode says: the kernel checks those on the FUSE inode.
         let attrs =
@@ -248,12 +210,107 @@ impl HotTier {
         Ok((sf.f_blocks * scale.max(1), sf.f_bfree * scale.max(1)))
     }
 
+    /// A new capacity (a remount's `size=`): the tmpfs refuses one below
+    /// what it holds.
+    pub fn resize(&self, size: Option<u64>) -> io::Result<()> {
+        let path = cstring("")?;
+        // SAFETY: fspick takes our mount fd and an empty NUL-terminated
+        // path; it returns a new fd or -1.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_fspick,
+                self.mnt.as_raw_fd(),
+                path.as_ptr(),
+                FSPICK_CLOEXEC | FSPICK_EMPTY_PATH,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new fd that nothing else owns.
+        let fsfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let size = size.map_or_else(|| "100%".to_string(), |s| s.to_string());
+        configure(&fsfd, &[("size", size)], FSCONFIG_CMD_RECONFIGURE)
+    }
+
+    /// A new atime rule (a remount's atime word): the backing files'
+    /// atime moves by it.
+    pub fn set_atime(&self, a: AtimeMode) -> io::Result<()> {
+        // struct mount_attr: attr_set, attr_clr, propagation, userns_fd.
+        let attr: [u64; 4] = [atime_attr(a) as u64, MOUNT_ATTR_ATIME_MASK, 0, 0];
+        let path = cstring("")?;
+        // SAFETY: mount_setattr reads an empty NUL-terminated path and
+        // one 32-byte mount_attr (its size given) from pointers we own.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                self.mnt.as_raw_fd(),
+                path.as_ptr(),
+                libc::AT_EMPTY_PATH,
+                attr.as_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Bytes the tmpfs holds now: what the host sees it use.
     pub fn used_bytes(&self) -> u64 {
         self.blocks()
             .map(|(total, free)| total.saturating_sub(free) * 4096)
             .unwrap_or(0)
     }
+}
+
+/// `fsconfig(fd, FSCONFIG_SET_STRING, key, value)`, then `cmd`.
+fn configure(fsfd: &OwnedFd, opts: &[(&str, String)], cmd: libc::c_uint) -> io::Result<()> {
+    for (k, v) in opts {
+        let (ck, cv) = (cstring(k)?, cstring(v)?);
+        // SAFETY: fsconfig reads two NUL-terminated strings we own.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fsfd.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                ck.as_ptr(),
+                cv.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            let why = context_log(fsfd);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("tmpfs option {k}={v}: {e} {why}")
+                    .trim_end()
+                    .to_string(),
+            ));
+        }
+    }
+    // SAFETY: fsconfig with a command takes no strings.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fsfd.as_raw_fd(),
+            cmd,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        let why = context_log(fsfd);
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{e} {why}").trim_end().to_string(),
+        ));
+    }
+    Ok(())
 }
 
 fn atime_attr(a: AtimeMode) -> libc::c_uint {
