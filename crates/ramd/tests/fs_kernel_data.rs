@@ -34,9 +34,26 @@ fn fuse_ops(status: &Value, op: &str) -> u64 {
 
 #[test]
 fn data_io_bypasses_ramd() {
+    bypasses_ramd("io-uring");
+}
+
+/// Passthrough does not depend on how requests travel.
+#[test]
+fn data_io_bypasses_ramd_over_dev_fuse() {
+    bypasses_ramd("dev");
+}
+
+fn bypasses_ramd(transport: &str) {
     require_tool("dd");
     let fio = require_tool("fio");
-    let mut disk = kernel_disk("256M");
+    let mut disk = FsDisk::mount(&[
+        "--size",
+        "256M",
+        "--data-path",
+        "kernel",
+        "--fuse-transport",
+        transport,
+    ]);
     let f = disk.join("data.bin");
     run(
         Command::new("dd")
