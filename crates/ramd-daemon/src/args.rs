@@ -164,6 +164,16 @@ pub struct DiskArgs {
     #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_fuse_transport, value_name = "TRANSPORT")]
     pub fuse_transport: FuseTransport,
 
+    /// Filesystem disk: where regular files' data lives. store (the
+    /// default): ramd's page store, every read and write a FUSE request.
+    /// kernel: a private kernel tmpfs (size, inodes, huge pages and NUMA
+    /// policy from this disk's settings) whose files the kernel reads and
+    /// writes directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps
+    /// names, modes, owners, times and xattrs. Not yet with --image,
+    /// --compress or --recompress, nor the write-back cache.
+    #[arg(long, requires = "mount", default_value = "store", value_parser = parse_data_path, value_name = "PATH")]
+    pub data_path: DataPath,
+
     /// Cap on RAM used for pages, compressed objects and page tables;
     /// writes beyond it get ENOSPC. Default: enough for every page of SIZE
     /// uncompressed (with compression, plus allocator slack).
@@ -341,6 +351,7 @@ impl DiskArgs {
             "writeback_cache" => self.writeback_cache().to_string(),
             "no_writeback_cache" => (!self.writeback_cache()).to_string(),
             "fuse_transport" => self.fuse_transport.to_string(),
+            "data_path" => self.data_path.to_string(),
             "max_memory" => format!("{:?}", self.max_memory),
             "read_only" => self.read_only.to_string(),
             "threads" => self.threads.to_string(),
@@ -430,6 +441,30 @@ fn parse_fuse_transport(s: &str) -> Result<FuseTransport, String> {
         _ => Err(format!(
             "invalid FUSE transport {s:?}: use auto, io-uring or dev"
         )),
+    }
+}
+
+/// `--data-path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPath {
+    Store,
+    Kernel,
+}
+
+impl std::fmt::Display for DataPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataPath::Store => "store",
+            DataPath::Kernel => "kernel",
+        })
+    }
+}
+
+fn parse_data_path(s: &str) -> Result<DataPath, String> {
+    match s {
+        "store" => Ok(DataPath::Store),
+        "kernel" => Ok(DataPath::Kernel),
+        _ => Err(format!("invalid data path {s:?}: use store or kernel")),
     }
 }
 

@@ -544,7 +544,8 @@ impl Disk {
                     Some(n) => format!("resizing to {}", human(n)),
                     None => "resizing to unlimited".to_string(),
                 })?;
-            fs.set_size(size);
+            fs.set_size(size)
+                .context("resizing the file data's tmpfs")?;
             // The kernel's dirty cap and the write reserve follow the size.
             if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
                 fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));
@@ -613,7 +614,11 @@ impl Disk {
         let mut page_limit = None;
         if self.kind == DiskKind::Fs {
             // A filesystem's size is its capacity, not the store's address space.
-            let (used, limit) = self.store.pages_used();
+            // With --data-path kernel, what its tmpfs holds.
+            let (used, limit) = self
+                .fs
+                .as_ref()
+                .map_or(self.store.pages_used(), |f| f.pages_used());
             store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);

@@ -37,6 +37,7 @@ use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
 mod acl;
 mod cache;
+mod kernel;
 pub(crate) mod meta;
 
 pub use cache::OpenCache;
@@ -406,6 +407,9 @@ pub struct Fs {
     /// Writes past a file's end take one of these (by inode), see
     /// [`Fs::write`].
     extending: [parking_lot::Mutex<()>; EXTEND_LOCKS],
+    /// With `--data-path kernel`: where regular files' data lives instead
+    /// of the store (see `fs/kernel.rs`).
+    hot: std::sync::OnceLock<crate::hot::HotTier>,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -626,6 +630,7 @@ impl Fs {
             kernel_times: Default::default(),
             host_sample: Default::default(),
             extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
+            hot: std::sync::OnceLock::new(),
         }
     }
 
@@ -670,9 +675,14 @@ impl Fs {
     }
 
     /// Records a new capacity, for statfs. The store's page limit, which
-    /// enforces it, is the caller's to change first.
-    pub fn set_size(&self, size: Option<u64>) {
+    /// enforces it, is the caller's to change first. With a hot tier (`--data-path kernel`) its tmpfs is resized too,
+    /// which refuses a size below what it holds.
+    pub fn set_size(&self, size: Option<u64>) -> std::io::Result<()> {
+        if let Some(hot) = self.hot.get() {
+            hot.resize(size)?;
+        }
         self.size.store(size.unwrap_or(UNLIMITED), Relaxed);
+        Ok(())
     }
 
     pub fn atime(&self) -> Atime {
@@ -681,6 +691,11 @@ impl Fs {
 
     pub fn set_atime(&self, a: Atime) {
         self.atime.store(a.bits(), Relaxed);
+        if let Some(hot) = self.hot.get() {
+            if let Err(e) = hot.set_atime(a.mode) {
+                log::warn!("the hot tier's atime rule: {e}");
+            }
+        }
     }
 
     /// Whether reading `ino` now would move its atime: the kernel must then
@@ -712,7 +727,7 @@ impl Fs {
         };
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
-        Ok(inode.attr(ino))
+        Ok(self.hot_attr(inode.attr(ino)))
     }
 
     /// The kernel dropped `n` references taken by lookups and creations.
@@ -728,7 +743,7 @@ impl Fs {
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let st = self.state.read();
-        Ok(st.get(ino)?.attr(ino))
+        Ok(self.hot_attr(st.get(ino)?.attr(ino)))
     }
 
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
@@ -758,7 +773,13 @@ impl Fs {
         if set.size.is_some() {
             self.drop_privileges(inode, who, Kill::Modify);
         }
-        if let Some(size) = set.size {
+        if inode.kind == Kind::File && self.hot.get().is_some() {
+            if set.size.is_some_and(|s| s > MAX_FILE_SIZE) {
+                return err(Errno::EFBIG);
+            }
+            let times = (inode.atime, inode.mtime);
+            self.hot_setattr(ino, times, set.size, set.atime, set.mtime)?;
+        } else if let Some(size) = set.size {
             let Data::File {
                 slot,
                 ref mut pages,
@@ -809,7 +830,7 @@ impl Fs {
             inode.mtime = resolve(t);
         }
         inode.ctime = set.ctime.unwrap_or(now);
-        Ok(inode.attr(ino))
+        Ok(self.hot_attr(inode.attr(ino)))
     }
 
     /// Turns `len` bytes of a file's store range at `at` into holes and
@@ -1092,7 +1113,7 @@ impl Fs {
         inode.nlink += 1;
         inode.lookups += 1;
         inode.ctime = now;
-        Ok(inode.attr(ino))
+        Ok(self.hot_attr(inode.attr(ino)))
     }
 
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
@@ -1160,7 +1181,9 @@ impl Fs {
         if inode.nlink > 0 || inode.opens > 0 {
             return;
         }
-        if let Data::File {
+        if inode.kind == Kind::File && self.hot.get().is_some() {
+            self.hot_free(ino);
+        } else if let Data::File {
             slot,
             ref mut pages,
             ref mut alloc_end,
@@ -1405,6 +1428,9 @@ impl Fs {
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (base, size, _) = self.file(ino)?;
+        if self.hot.get().is_some() {
+            return self.hot_read(ino, off, buf);
+        }
         if off >= size {
             return Ok(0);
         }
@@ -1442,6 +1468,22 @@ impl Fs {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_SIZE + 1)
             .ok_or(Errno::EFBIG)?;
+        if self.hot.get().is_some() {
+            let n = self.hot_write(ino, off, data)?;
+            let killed = {
+                let mut st = self.state.write();
+                let why = if kernel_kill {
+                    Kill::KernelSays
+                } else {
+                    Kill::Modify
+                };
+                self.drop_privileges(st.get_mut(ino)?, who, why)
+            };
+            if killed {
+                self.attr_changed(ino);
+            }
+            return Ok(n);
+        }
         // A write past EOF that fails takes back what it put past EOF
         // (below), reading EOF after its copy. Two such writes to one file
         // at once would race: the failing one could take back bytes the
@@ -1530,6 +1572,17 @@ impl Fs {
         if len == 0 {
             return err(Errno::EINVAL);
         }
+        if self.hot.get().is_some() {
+            self.hot_fallocate(ino, off, len, mode)?;
+            let killed = {
+                let mut st = self.state.write();
+                self.drop_privileges(st.get_mut(ino)?, who, Kill::Modify)
+            };
+            if killed {
+                self.attr_changed(ino);
+            }
+            return Ok(());
+        }
         let mut delta = 0;
         let r = if mode & PUNCH != 0 {
             // Only what lies inside the file is punched.
@@ -1579,6 +1632,9 @@ impl Fs {
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
         let (base, size, _) = self.file(ino)?;
+        if self.hot.get().is_some() {
+            return self.hot_seek(ino, off, whence);
+        }
         if off >= size {
             return err(Errno::ENXIO);
         }
@@ -1614,6 +1670,21 @@ impl Fs {
         let (_, size_in, _) = self.file(ino_in)?;
         if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
             return err(Errno::EINVAL);
+        }
+        if self.hot.get().is_some() {
+            let (_, _, flags) = self.file(ino_out)?;
+            if flags & (FL_IMMUTABLE | FL_APPEND) != 0 {
+                return err(Errno::EPERM);
+            }
+            let n = self.hot_copy(ino_in, off_in, ino_out, off_out, len)?;
+            let killed = {
+                let mut st = self.state.write();
+                self.drop_privileges(st.get_mut(ino_out)?, who, Kill::Modify)
+            };
+            if killed {
+                self.attr_changed(ino_out);
+            }
+            return Ok(n);
         }
         let len = len.min(size_in.saturating_sub(off_in));
         let mut buf = vec![0; len.min(1 << 20) as usize];
@@ -1698,7 +1769,7 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
-        Ok(inode.attr(ino))
+        Ok(self.hot_attr(inode.attr(ino)))
     }
 
     pub fn releasedir(&self, fh: Fh) {
@@ -1707,7 +1778,7 @@ impl Fs {
 
     /// (total blocks, free blocks, total inodes, free inodes), 4 KiB blocks.
     pub fn statfs(&self) -> (u64, u64, u64, u64) {
-        let (used, limit) = self.store.pages_used();
+        let (used, limit) = self.pages_used();
         let total = match self.size() {
             Some(_) => limit,
             // ramfs mode: what is used plus what the host could still give.
@@ -1809,11 +1880,14 @@ impl Fs {
     pub fn stats(&self) -> FsStats {
         let st = self.state.read();
         let (mut files, mut dirs, mut bytes) = (0, 0, 0);
-        for i in st.inodes.values() {
+        for (&ino, i) in st.inodes.iter() {
             match i.kind {
                 Kind::File => {
                     files += 1;
-                    bytes += i.size;
+                    bytes += match self.hot.get() {
+                        Some(h) => h.stat(ino).ok().flatten().map_or(0, |s| s.st_size as u64),
+                        None => i.size,
+                    };
                 }
                 Kind::Dir => dirs += 1,
                 _ => {}

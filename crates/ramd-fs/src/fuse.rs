@@ -54,6 +54,11 @@ pub struct FuseOptions {
     /// Ask the kernel for FUSE over io_uring (granted only where the fuse
     /// module's `enable_uring` is Y); see [`crate::ll::dev::Negotiated`].
     pub io_uring: bool,
+    /// Ask for FUSE_PASSTHROUGH: regular files are opened on their backing
+    /// files in the filesystem's hot tier (`--data-path kernel`); the
+    /// kernel refuses it together with the write-back cache, which is
+    /// then not asked for.
+    pub passthrough: bool,
 }
 
 impl std::fmt::Debug for FuseOptions {
@@ -63,6 +68,7 @@ impl std::fmt::Debug for FuseOptions {
             .field("sync", &self.sync.is_some())
             .field("metrics", &self.metrics.is_some())
             .field("io_uring", &self.io_uring)
+            .field("passthrough", &self.passthrough)
             .finish()
     }
 }
@@ -76,6 +82,23 @@ pub struct FuseFs {
     unknown_ioctls: Mutex<HashSet<u32>>,
     /// INIT granted FUSE_SETXATTR_EXT: SETXATTR's argument is the longer one.
     setxattr_ext: AtomicBool,
+    /// Backing files registered for passthrough opens (FUSE_PASSTHROUGH).
+    backings: Backings,
+}
+
+/// The backing ids of open regular files. The kernel refuses a
+/// passthrough open that names another backing file than the inode's
+/// open ones already use (`fuse_inode_uncached_io_start`: EBUSY), so an
+/// inode keeps one id while any open of it exists: registered at its
+/// first open, closed at its last release.
+#[derive(Default)]
+struct Backings {
+    /// The mount's /dev/fuse fd, once mounted.
+    dev: OnceLock<Arc<std::os::fd::OwnedFd>>,
+    /// INIT granted FUSE_PASSTHROUGH.
+    granted: AtomicBool,
+    /// Inode → (backing id, opens answered with it).
+    ids: Mutex<std::collections::HashMap<Ino, (i32, u32)>>,
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
@@ -99,6 +122,64 @@ impl FuseFs {
             notifier,
             unknown_ioctls: Mutex::new(HashSet::new()),
             setxattr_ext: AtomicBool::new(false),
+            backings: Backings::default(),
+        }
+    }
+
+    /// Where [`crate::mount`] puts the mount's /dev/fuse fd.
+    pub(crate) fn set_dev(&self, fd: Arc<std::os::fd::OwnedFd>) {
+        let _ = self.backings.dev.set(fd);
+    }
+
+    /// Whether INIT granted FUSE_PASSTHROUGH.
+    pub fn passthrough(&self) -> bool {
+        self.backings.granted.load(Relaxed)
+    }
+
+    /// The open flags and backing id for an open of `ino` just counted in
+    /// `Fs`: with passthrough, a regular file's backing file (registered
+    /// at its first open, see [`Backings`]); otherwise the page-cache mode
+    /// `Fs` says, no backing.
+    fn open_reply(&self, ino: Ino) -> std::result::Result<(u32, i32), i32> {
+        if !self.passthrough() || self.fs.hot_tier().is_none() {
+            return Ok((open_flags(&self.fs, ino), 0));
+        }
+        let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((id, n)) = ids.get_mut(&ino) {
+            *n += 1;
+            return Ok((abi::FOPEN_PASSTHROUGH, *id));
+        }
+        let dev = self.backings.dev.get().ok_or(libc::EIO)?;
+        let file = self.fs.backing_file(ino).map_err(ferr)?;
+        let id = backing_open(dev, &file).map_err(|e| {
+            log::warn!("registering inode {ino}'s backing file: {e}");
+            e.raw_os_error().unwrap_or(libc::EIO)
+        })?;
+        // The kernel holds its own reference: ours may go now.
+        drop(file);
+        ids.insert(ino, (id, 1));
+        Ok((abi::FOPEN_PASSTHROUGH, id))
+    }
+
+    /// A RELEASE of `ino`: its last drops the backing id.
+    fn released(&self, ino: Ino) {
+        if !self.passthrough() {
+            return;
+        }
+        let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((id, n)) = ids.get_mut(&ino) else {
+            return;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        let id = *id;
+        ids.remove(&ino);
+        if let Some(dev) = self.backings.dev.get() {
+            if let Err(e) = backing_close(dev, id) {
+                log::warn!("closing backing id {id} of inode {ino}: {e}");
+            }
         }
     }
 
@@ -136,6 +217,9 @@ impl FuseFs {
             // caller outside the group, without CAP_FSETID), as
             // posix_acl_update_mode does on tmpfs.
             | init::SETXATTR_EXT;
+        if self.opts.passthrough {
+            flags |= init::PASSTHROUGH;
+        }
         // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
         // after an asynchronous direct write, so a buffered read racing one
         // would stay cached with the old data. Dropping the range ourselves
@@ -143,7 +227,7 @@ impl FuseFs {
         // background slots, and the read-ahead whose page lock the drop
         // waits for is queued behind them. Without it an io_submit'ed
         // direct write is served synchronously (slower at depth, never stale).
-        if self.opts.writeback_cache {
+        if self.opts.writeback_cache && !self.opts.passthrough {
             // Files opened uncached near a full disk (fs/cache.rs) may
             // still be mapped shared (without it such an mmap fails with
             // ENODEV); a mapping goes through the page cache, so its
@@ -162,6 +246,9 @@ impl FuseFs {
             max_background: 16,
             congestion_threshold: 12,
             time_gran: 1,
+            // Backing files on a filesystem that stacks on none (tmpfs:
+            // 0); the kernel needs at least 1 to grant passthrough.
+            max_stack_depth: if self.opts.passthrough { 1 } else { 0 },
         }
     }
 
@@ -169,9 +256,15 @@ impl FuseFs {
     pub fn initialized(&self, n: &Negotiated) {
         self.setxattr_ext
             .store(n.flags & init::SETXATTR_EXT != 0, Relaxed);
+        self.backings
+            .granted
+            .store(n.flags & init::PASSTHROUGH != 0, Relaxed);
         self.fs
             .set_kernel_times(n.flags & init::WRITEBACK_CACHE != 0);
-        if self.opts.writeback_cache && n.flags & init::WRITEBACK_CACHE == 0 {
+        if self.opts.writeback_cache
+            && !self.opts.passthrough
+            && n.flags & init::WRITEBACK_CACHE == 0
+        {
             log::warn!("this kernel has no FUSE writeback cache; writes go through");
         }
         if self.opts.io_uring && !n.io_uring {
@@ -342,11 +435,23 @@ fn creator(req: &Request<'_>, umask: u32) -> Caller {
 }
 
 /// CREATE's and TMPFILE's answer: the new inode's entry, then its open.
-fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr) -> Answer {
+fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(a));
-    abi::encode_open_out(&mut w, 0, open_flags(fs, a.ino));
+    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, a), &fattr_of(a));
+    abi::encode_open_out(&mut w, 0, open.0, open.1);
     w.written().ok_or(libc::EIO)
+}
+
+/// How long the kernel may keep an inode's attributes. A regular file's
+/// on the hot tier (`--data-path kernel`) not at all: its size, blocks and
+/// times change in the backing file without a request here (a write
+/// through mmap, atime on a passed-through read), so every stat asks.
+fn attr_ttl(fs: &Fs, a: &Attr) -> u64 {
+    if a.kind == Kind::File && fs.hot_tier().is_some() {
+        0
+    } else {
+        TTL
+    }
 }
 
 /// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
@@ -373,10 +478,10 @@ fn arg<T>(v: Option<T>) -> std::result::Result<T, i32> {
     v.ok_or(libc::EINVAL)
 }
 
-fn entry_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn entry_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&a));
+    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, &a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -384,21 +489,21 @@ fn entry_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
 /// kernel keeps as a negative dentry for `TTL`, so asking again for it
 /// (open(O_CREAT), a build's probes) is free; creating the name through
 /// the kernel replaces it.
-fn lookup_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn lookup_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     match r {
         Err(e) if e == Errno::ENOENT => {
             let mut w = Wr::new(buf);
-            abi::encode_entry(&mut w, 0, TTL, &abi::FAttr::default());
+            abi::encode_entry(&mut w, 0, TTL, TTL, &abi::FAttr::default());
             w.written().ok_or(libc::EIO)
         }
-        r => entry_out(buf, r),
+        r => entry_out(fs, buf, r),
     }
 }
 
-fn attr_out(buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn attr_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_attr_out(&mut w, TTL, &fattr_of(&a));
+    abi::encode_attr_out(&mut w, attr_ttl(fs, &a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -480,14 +585,14 @@ impl FuseFs {
             return Err(libc::EINVAL);
         }
         match h.opcode {
-            op::LOOKUP => lookup_out(buf, fs.lookup(ino, last_name(req.rest)?)),
+            op::LOOKUP => lookup_out(fs, buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {
                 let flags = arg(abi::Rd(req.arg0).u32())?;
                 // With a handle: the kernel is about to take a cached write.
                 if flags & abi::GETATTR_FH != 0 {
                     fs.write_allowed(ino).map_err(ferr)?;
                 }
-                attr_out(buf, fs.getattr(ino))
+                attr_out(fs, buf, fs.getattr(ino))
             }
             op::SETATTR => {
                 let s = arg(abi::SetattrIn::parse(req.arg0))?;
@@ -516,7 +621,7 @@ impl FuseFs {
                     },
                     times_given: times_given(&s),
                 };
-                attr_out(buf, fs.setattr(caller(req), ino, set))
+                attr_out(fs, buf, fs.setattr(caller(req), ino, set))
             }
             op::READLINK => data_out(buf, &fs.readlink(ino).map_err(ferr)?),
             op::SYMLINK => {
@@ -526,19 +631,23 @@ impl FuseFs {
                     return Err(libc::EINVAL);
                 }
                 let target = OsStr::from_bytes(target);
-                entry_out(buf, fs.symlink(caller(req), ino, link, target))
+                entry_out(fs, buf, fs.symlink(caller(req), ino, link, target))
             }
             op::MKNOD => {
                 let mut r = Rd(req.arg0);
                 let (mode, rdev, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
-                entry_out(buf, fs.mknod(who, ino, last_name(req.rest)?, mode, rdev))
+                entry_out(
+                    fs,
+                    buf,
+                    fs.mknod(who, ino, last_name(req.rest)?, mode, rdev),
+                )
             }
             op::MKDIR => {
                 let mut r = Rd(req.arg0);
                 let (mode, umask) = (arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
-                entry_out(buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
+                entry_out(fs, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
             }
             op::UNLINK => empty(fs.unlink(ino, last_name(req.rest)?)),
             op::RMDIR => empty(fs.rmdir(ino, last_name(req.rest)?)),
@@ -556,13 +665,20 @@ impl FuseFs {
             }
             op::LINK => {
                 let old = arg(Rd(req.arg0).u64())?;
-                entry_out(buf, fs.link(Ino(old), ino, last_name(req.rest)?))
+                entry_out(fs, buf, fs.link(Ino(old), ino, last_name(req.rest)?))
             }
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
                 fs.open(ino, flags as i32).map_err(ferr)?;
+                let (open_flags, backing) = match self.open_reply(ino) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        fs.release(ino);
+                        return Err(e);
+                    }
+                };
                 let mut w = Wr::new(buf);
-                abi::encode_open_out(&mut w, 0, open_flags(fs, ino));
+                abi::encode_open_out(&mut w, 0, open_flags, backing);
                 w.written().ok_or(libc::EIO)
             }
             op::READ => {
@@ -618,6 +734,9 @@ impl FuseFs {
                 w.written().ok_or(libc::EIO)
             }
             op::RELEASE => {
+                // The backing id first: the last release frees an
+                // unlinked file's backing file.
+                self.released(ino);
                 fs.release(ino);
                 Ok(0)
             }
@@ -673,7 +792,7 @@ impl FuseFs {
             op::OPENDIR => {
                 let fh = fs.opendir(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
-                abi::encode_open_out(&mut w, fh.0, 0);
+                abi::encode_open_out(&mut w, fh.0, 0, 0);
                 w.written().ok_or(libc::EIO)
             }
             op::READDIR => {
@@ -702,14 +821,24 @@ impl FuseFs {
                     // The name the kernel sends ("/") names nothing.
                     fs.tmpfile(who, ino, mode)
                 };
-                created_out(fs, buf, &a.map_err(ferr)?)
+                let a = a.map_err(ferr)?;
+                let open = match self.open_reply(a.ino) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Created but not opened: the kernel will not
+                        // release it, and (for O_TMPFILE) nothing names it.
+                        fs.release(a.ino);
+                        return Err(e);
+                    }
+                };
+                created_out(fs, buf, &a, open)
             }
             op::STATX => {
                 let sx = arg(abi::StatxIn::parse(req.arg0))?;
                 let a = fs.getattr(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
                 // attr_valid, its nanoseconds, flags, spare.
-                w.u64(TTL).u32(0).u32(0).zeros(16);
+                w.u64(attr_ttl(fs, &a)).u32(0).u32(0).zeros(16);
                 encode_statx(&mut w, &a, sx.sx_mask);
                 w.written().ok_or(libc::EIO)
             }
@@ -819,7 +948,8 @@ impl FuseFs {
                 // Removed since opendir: leave it out.
                 continue;
             };
-            abi::encode_entry(&mut w, GENERATION, TTL, &fattr_of(&attr));
+            let ttl = attr_ttl(&self.fs, &attr);
+            abi::encode_entry(&mut w, GENERATION, TTL, ttl, &fattr_of(&attr));
             let typ = type_bits(e.kind) >> 12;
             abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes());
         }
@@ -1013,4 +1143,43 @@ pub fn mount_points_of(mountinfo: &str, dev: (u32, u32)) -> Vec<std::path::PathB
         .filter_map(|l| l.split(' ').nth(4))
         .map(|mp| std::ffi::OsString::from_vec(unescape_mountinfo(mp)).into())
         .collect()
+}
+
+/// FUSE_DEV_IOC_BACKING_OPEN: registers `file` as a backing file on the
+/// connection of `dev`; its backing id. Needs CAP_SYS_ADMIN, and a
+/// regular file on a filesystem stacked less deep than the
+/// `max_stack_depth` given at INIT (`fuse_backing_open`).
+fn backing_open(dev: &std::os::fd::OwnedFd, file: &std::fs::File) -> std::io::Result<i32> {
+    use std::os::fd::AsRawFd;
+    // struct fuse_backing_map: fd, flags, padding.
+    #[repr(C)]
+    struct BackingMap {
+        fd: i32,
+        flags: u32,
+        padding: u64,
+    }
+    let map = BackingMap {
+        fd: file.as_raw_fd(),
+        flags: 0,
+        padding: 0,
+    };
+    // SAFETY: the ioctl reads one fuse_backing_map (16 bytes, as
+    // `BackingMap` is laid out) from the pointer.
+    let r = unsafe { libc::ioctl(dev.as_raw_fd(), abi::FUSE_DEV_IOC_BACKING_OPEN, &map) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+/// FUSE_DEV_IOC_BACKING_CLOSE: drops backing id `id`.
+fn backing_close(dev: &std::os::fd::OwnedFd, id: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let id = id as u32;
+    // SAFETY: the ioctl reads one u32 from the pointer.
+    let r = unsafe { libc::ioctl(dev.as_raw_fd(), abi::FUSE_DEV_IOC_BACKING_CLOSE, &id) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@
 
 pub mod fs;
 pub mod fuse;
+pub mod hot;
 pub mod ll;
 
 use std::io;
@@ -58,6 +59,7 @@ pub fn mount(
     let fd = ll::mount::mount(dir, &spec)?;
     let session = Session::new(fd, dir, fuse_fs.clone(), fuse_fs.init_want(), threads)?;
     fuse_fs.set_notifier(session.notifier());
+    fuse_fs.set_dev(session.dev_fd());
     fuse_fs.initialized(session.init());
     Ok(session)
 }

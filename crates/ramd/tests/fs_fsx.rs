@@ -84,3 +84,14 @@ fn fsx_random_io_keeps_every_byte_without_writeback_cache() {
     disk.assert_alive();
     disk.stop();
 }
+
+/// File data in the kernel's tmpfs (`--data-path kernel`): reads, writes
+/// and mmap passed through; truncate, fallocate, punch hole and
+/// copy_file_range through ramd onto the backing file.
+#[test]
+fn fsx_random_io_keeps_every_byte_with_kernel_data_path() {
+    let mut disk = FsDisk::mount(&["--size", "64M", "--data-path", "kernel"]);
+    fsx(&disk, "31337");
+    disk.assert_alive();
+    disk.stop();
+}

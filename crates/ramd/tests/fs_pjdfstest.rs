@@ -317,3 +317,14 @@ fn pjdfstest_passes_on_ramd_without_writeback_cache() {
         &["--size", "512M", "--no-writeback-cache"],
     );
 }
+
+/// File data in the kernel's tmpfs, reads and writes passed through
+/// (`--data-path kernel`): the namespace is still ramd's, and sizes,
+/// blocks and times come from the backing files.
+#[test]
+fn pjdfstest_passes_on_ramd_with_kernel_data_path() {
+    compare_with_tmpfs(
+        "ramd --data-path kernel",
+        &["--size", "512M", "--data-path", "kernel"],
+    );
+}

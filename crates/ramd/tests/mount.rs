@@ -389,6 +389,25 @@ fn two_mounts_are_told_apart_by_their_sources() {
     });
 }
 
+/// `data_path=kernel` as a mount option: the file data's private tmpfs
+/// follows a remount's size, and refuses a shrink below what it holds.
+#[test]
+fn remount_resizes_the_kernel_data_path() {
+    isolated(|s| {
+        let dir = s.dir("k");
+        let _m = s.mount("ramd-test-k", &dir, "size=32M,data_path=kernel");
+        assert_eq!(df_size(&dir), 32 * MIB);
+        run_ok(&mut s.cmd("mount", &["-o", "remount,size=96M", p(&dir)]));
+        assert_eq!(df_size(&dir), 96 * MIB, "remount,size= grows");
+        random_file(&dir.join("big"), 48 * MIB);
+        let err = s.mount_fails(&["-o", "remount,size=32M", p(&dir)]);
+        assert!(err.contains("tmpfs"), "a shrink below the data: {err}");
+        assert_eq!(df_size(&dir), 96 * MIB, "a refused shrink changes nothing");
+        run_ok(&mut s.cmd("mount", &["-o", "remount,size=64M", p(&dir)]));
+        assert_eq!(df_size(&dir), 64 * MIB, "a shrink that fits");
+    });
+}
+
 #[test]
 fn remount_resizes_and_switches_ro_and_rw() {
     isolated(|s| {

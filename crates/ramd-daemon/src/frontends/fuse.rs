@@ -20,7 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
-use crate::args::{DiskArgs, FuseTransport};
+use crate::args::{DataPath, DiskArgs, FuseTransport};
 use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
 use ramd_fs::ll::uring;
 use ramd_store::persist::FlushMode;
@@ -124,6 +124,9 @@ impl FrontendFactory for Fuse {
                         bail!("FUSE transport io-uring: {e}");
                     }
                 }
+                if args.data_path == DataPath::Kernel {
+                    check_kernel_data_path(args)?;
+                }
                 Ok(vec![claim])
             }
         }
@@ -142,19 +145,40 @@ impl FrontendFactory for Fuse {
                 f
             });
         let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
+        let kernel_data = disk.args.data_path == DataPath::Kernel;
+        if kernel_data {
+            let cfg = hot_config(disk.args, fs);
+            let tier = ramd_fs::hot::HotTier::new(&cfg)
+                .context("--data-path kernel: making the private tmpfs for file data")?;
+            fs.set_hot_tier(tier).map_err(|e| {
+                anyhow::anyhow!(
+                    "--data-path kernel: the filesystem already holds files (errno {})",
+                    e.get()
+                )
+            })?;
+        }
         let mut session = ramd_fs::mount(
             fs.clone(),
             &dir,
             disk.args.threads as usize,
             FuseOptions {
-                writeback_cache: disk.args.writeback_cache(),
+                // The kernel refuses passthrough with the write-back cache.
+                writeback_cache: disk.args.writeback_cache() && !kernel_data,
                 sync,
                 metrics: Some(disk.metrics.frontend("fuse")),
                 io_uring,
+                passthrough: kernel_data,
             },
             &disk.args.mount_flags(),
         )
         .with_context(|| format!("mounting {}", dir.display()))?;
+        if kernel_data && session.init().flags & ramd_fs::ll::abi::init::PASSTHROUGH == 0 {
+            // Dropping the session unmounts.
+            bail!(
+                "--data-path kernel: the kernel did not grant FUSE passthrough at INIT (it \
+                 needs Linux 6.9+ built with CONFIG_FUSE_PASSTHROUGH); use --data-path store"
+            );
+        }
         let ring = Arc::new(AtomicBool::new(false));
         if session.init().io_uring {
             session.set_extra_transport(uring::session_transport(ring.clone()));
@@ -167,7 +191,7 @@ impl FrontendFactory for Fuse {
         let dev = ramd_fs::mount_device(&dir)
             .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
         super::bdi::set_read_ahead(dev);
-        if disk.args.writeback_cache() {
+        if disk.args.writeback_cache() && !kernel_data {
             let reserve = super::bdi::limit_dirty(dev, fs.size());
             fs.set_write_reserve(reserve);
             log::debug!(
@@ -185,6 +209,81 @@ impl FrontendFactory for Fuse {
             ended_cv: Condvar::new(),
             ring,
         })])
+    }
+}
+
+/// What `--data-path kernel` cannot do in this phase, and what it needs,
+/// refused before anything is allocated: it was asked for by name.
+fn check_kernel_data_path(args: &DiskArgs) -> anyhow::Result<()> {
+    if args.image.is_some() {
+        bail!(
+            "--data-path kernel cannot keep an image yet (--image): its file data lives in \
+             the kernel, and saving it is not built yet; use --data-path store with --image"
+        );
+    }
+    if args.compresses() {
+        bail!(
+            "--data-path kernel cannot compress yet (--compress, --recompress): its file data \
+             lives in the kernel's tmpfs; use --data-path store to compress"
+        );
+    }
+    if args.writeback_cache {
+        bail!(
+            "--data-path kernel cannot use the write-back cache (--writeback-cache): the \
+             kernel refuses FUSE passthrough with it; leave the flag out"
+        );
+    }
+    if !has_cap_sys_admin() {
+        bail!(
+            "--data-path kernel needs CAP_SYS_ADMIN (to make its private tmpfs and to register \
+             backing files with FUSE); run ramd as root or use --data-path store"
+        );
+    }
+    Ok(())
+}
+
+/// Whether this process has CAP_SYS_ADMIN in effect (CapEff, bit 21).
+fn has_cap_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 21) != 0)
+}
+
+/// The private tmpfs of `--data-path kernel`, from the disk's settings:
+/// its size, inode limit (one more for the tmpfs's own root), huge pages
+/// and NUMA nodes and policy.
+fn hot_config(args: &DiskArgs, fs: &ramd_fs::Fs) -> ramd_fs::hot::HotConfig {
+    use ramd_store::numa::NumaPolicy;
+    use ramd_store::HugePages;
+    let huge = args.huge_pages.map(|h| match h {
+        HugePages::Never => "never",
+        HugePages::Madvise => "advise",
+        HugePages::Always => "always",
+    });
+    let mpol = args.numa_nodes.as_ref().map(|nodes| {
+        let list = nodes
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        match args.numa_policy.unwrap_or_default() {
+            NumaPolicy::Bind => format!("bind:{list}"),
+            // tmpfs prefers one node: the first.
+            NumaPolicy::Preferred => format!("prefer:{}", nodes.first().copied().unwrap_or(0)),
+            NumaPolicy::Interleave => format!("interleave:{list}"),
+        }
+    });
+    ramd_fs::hot::HotConfig {
+        size: fs.size(),
+        nr_inodes: fs.config().nr_inodes.saturating_add(1),
+        huge,
+        mpol,
+        atime: fs.atime().mode,
     }
 }
 

@@ -128,6 +128,9 @@ pub mod fattr {
 /// `fuse_open_out.open_flags` bits.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+/// Reads, writes, splice and mmap of this open go to the backing file
+/// named by `fuse_open_out.backing_id` (FUSE_PASSTHROUGH).
+pub const FOPEN_PASSTHROUGH: u32 = 1 << 7;
 /// `fuse_write_in.write_flags` bits.
 pub const WRITE_CACHE: u32 = 1 << 0;
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
@@ -137,6 +140,11 @@ pub const GETATTR_FH: u32 = 1 << 0;
 /// `_IOR(229, 0, uint32_t)`: gives a new /dev/fuse fd the connection of
 /// another, with its own queue of requests being processed.
 pub const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+/// `_IOW(229, 1, struct fuse_backing_map)`: registers a backing file (an
+/// fd, flags 0, padding 0: 16 bytes); returns its backing id.
+pub const FUSE_DEV_IOC_BACKING_OPEN: libc::c_ulong = 0x4010_e501;
+/// `_IOW(229, 2, uint32_t)`: drops a backing id.
+pub const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
 
 /// Sizes of the fixed structures.
 pub const INIT_IN_LEN: usize = 64;
@@ -318,6 +326,9 @@ pub struct InitOut {
     pub max_write: u32,
     pub time_gran: u32,
     pub max_pages: u16,
+    /// How deep filesystems may stack under this one (FUSE_PASSTHROUGH:
+    /// at least 1, or the kernel leaves passthrough off).
+    pub max_stack_depth: u32,
 }
 
 impl InitOut {
@@ -333,7 +344,7 @@ impl InitOut {
             .u16(self.max_pages)
             .u16(0) // map_alignment
             .u32((self.flags >> 32) as u32)
-            .u32(0) // max_stack_depth
+            .u32(self.max_stack_depth)
             .u16(0) // request_timeout
             .zeros(22);
     }
@@ -384,10 +395,10 @@ fn valid(w: &mut Wr<'_>, secs: u64) {
 }
 
 /// `fuse_entry_out`.
-pub fn encode_entry(w: &mut Wr<'_>, generation: u64, ttl_secs: u64, attr: &FAttr) {
+pub fn encode_entry(w: &mut Wr<'_>, generation: u64, ttl_secs: u64, attr_ttl: u64, attr: &FAttr) {
     w.u64(attr.ino).u64(generation);
     valid(w, ttl_secs); // entry_valid
-    valid(w, ttl_secs); // attr_valid
+    valid(w, attr_ttl); // attr_valid
     w.u32(0).u32(0); // their nanoseconds
     attr.encode(w);
 }
@@ -398,9 +409,9 @@ pub fn encode_attr_out(w: &mut Wr<'_>, ttl_secs: u64, attr: &FAttr) {
     attr.encode(w);
 }
 
-/// `fuse_open_out`.
-pub fn encode_open_out(w: &mut Wr<'_>, fh: u64, open_flags: u32) {
-    w.u64(fh).u32(open_flags).u32(0);
+/// `fuse_open_out`; `backing_id` counts with FOPEN_PASSTHROUGH only.
+pub fn encode_open_out(w: &mut Wr<'_>, fh: u64, open_flags: u32, backing_id: i32) {
+    w.u64(fh).u32(open_flags).u32(backing_id as u32);
 }
 
 /// `fuse_dirent` (8-byte aligned); false, writing nothing, if it does not
@@ -626,7 +637,7 @@ mod tests {
         FAttr::default().encode(&mut w);
         assert_eq!(w.written(), Some(ATTR_LEN));
         let mut w = Wr::new(&mut b);
-        encode_entry(&mut w, 1, 1, &FAttr::default());
+        encode_entry(&mut w, 1, 1, 1, &FAttr::default());
         assert_eq!(w.written(), Some(ENTRY_OUT_LEN));
         let mut w = Wr::new(&mut b);
         encode_attr_out(&mut w, 1, &FAttr::default());
@@ -660,6 +671,25 @@ mod tests {
         b[12..16].copy_from_slice(&1u32.to_ne_bytes());
         assert_eq!(InitIn::parse(&b[..16]).unwrap().flags, 1);
         assert_eq!(InitIn::parse(&b[..15]), None);
+    }
+
+    /// uapi fuse.h 7.42: `max_stack_depth` at bytes 36..40 of
+    /// `fuse_init_out`, `backing_id` at 12..16 of `fuse_open_out`.
+    #[test]
+    fn passthrough_fields_sit_where_the_kernel_reads_them() {
+        let mut b = [0u8; INIT_OUT_LEN];
+        InitOut {
+            max_stack_depth: 1,
+            ..Default::default()
+        }
+        .encode(&mut Wr::new(&mut b));
+        assert_eq!(b[36..40], 1u32.to_ne_bytes());
+        let mut b = [0u8; OPEN_OUT_LEN];
+        let mut w = Wr::new(&mut b);
+        encode_open_out(&mut w, 0, FOPEN_PASSTHROUGH, 7);
+        assert_eq!(w.written(), Some(OPEN_OUT_LEN));
+        assert_eq!(b[8..12], 0x80u32.to_ne_bytes());
+        assert_eq!(b[12..16], 7i32.to_ne_bytes());
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct InitWant {
     pub congestion_threshold: u16,
     /// Timestamp granularity in nanoseconds.
     pub time_gran: u32,
+    /// Filesystems stacked under this one; 0 unless asking for
+    /// FUSE_PASSTHROUGH (which needs at least 1).
+    pub max_stack_depth: u32,
 }
 
 /// What INIT settled.
@@ -111,6 +114,12 @@ impl Session {
         s.device = crate::fuse::mount_device(dir);
         s.init = s.handshake()?;
         Ok(s)
+    }
+
+    /// The mount's /dev/fuse fd: what backing files are registered on
+    /// (FUSE_DEV_IOC_BACKING_OPEN).
+    pub fn dev_fd(&self) -> Arc<OwnedFd> {
+        self.fd.clone()
     }
 
     /// Sends notifications on this session's connection.
@@ -254,6 +263,7 @@ impl Session {
                 max_write: self.want.max_write,
                 time_gran: self.want.time_gran,
                 max_pages,
+                max_stack_depth: self.want.max_stack_depth,
             };
             let mut b = [0u8; abi::INIT_OUT_LEN];
             out.encode(&mut Wr::new(&mut b));

@@ -1,0 +1,270 @@
+//! `--data-path kernel`: regular files' data in the hot tier (a private
+//! kernel tmpfs, [`HotTier`]), one backing file per inode; the namespace,
+//! modes, owners, xattrs and flags stay in `Fs`. Reads and writes of open
+//! files never come here (the kernel passes them through to the backing
+//! file); what does come (truncate, fallocate, SEEK_DATA/SEEK_HOLE,
+//! copy_file_range, and the size, blocks and times a stat shows) is
+//! answered from the backing file, so writes through mmap or by any
+//! opener show at once.
+//!
+//! A backing file is made when first needed (an open, a truncate, times
+//! set) with the inode's times, and removed when the inode's data is
+//! freed (unlinked and closed).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{err, Attr, Errno, Fs, Ino, Kind, Result, SetTime, Whence};
+use crate::hot::HotTier;
+
+fn ioerr(e: io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn time_of(secs: i64, nsec: i64) -> SystemTime {
+    let nsec = nsec.clamp(0, 999_999_999) as u32;
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+fn timespec_of(t: Option<SetTime>) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(SetTime::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(SetTime::At(t)) => {
+            let (tv_sec, tv_nsec) = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
+                Err(e) => {
+                    let d = e.duration();
+                    match d.subsec_nanos() {
+                        0 => (-(d.as_secs() as i64), 0),
+                        n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n as i64),
+                    }
+                }
+            };
+            libc::timespec { tv_sec, tv_nsec }
+        }
+    }
+}
+
+fn futimens(f: &File, atime: Option<SetTime>, mtime: Option<SetTime>) -> Result<()> {
+    let ts = [timespec_of(atime), timespec_of(mtime)];
+    // SAFETY: futimens reads two timespecs from `ts`.
+    if unsafe { libc::futimens(f.as_raw_fd(), ts.as_ptr()) } < 0 {
+        return Err(ioerr(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+impl Fs {
+    /// Puts regular files' data in `tier` from now on (`--data-path
+    /// kernel`). Only for a filesystem without regular files yet (a new
+    /// one): EBUSY otherwise, or if it has a tier already.
+    pub fn set_hot_tier(&self, tier: HotTier) -> Result<()> {
+        let st = self.state.read();
+        if st.inodes.values().any(|i| i.kind == Kind::File) {
+            return err(Errno::from_raw(libc::EBUSY));
+        }
+        self.hot.set(tier).map_err(|_| Errno::from_raw(libc::EBUSY))
+    }
+
+    /// The hot tier, with `--data-path kernel`.
+    pub fn hot_tier(&self) -> Option<&HotTier> {
+        self.hot.get()
+    }
+
+    /// Size, blocks and times of a regular file from its backing file:
+    /// the kernel changed them without telling us. ctime is the later of
+    /// ours (chmod, chown, xattrs move only ours) and the backing file's.
+    pub(super) fn hot_attr(&self, mut a: Attr) -> Attr {
+        let Some(hot) = self.hot.get() else {
+            return a;
+        };
+        if a.kind != Kind::File {
+            return a;
+        }
+        match hot.stat(a.ino) {
+            Ok(Some(st)) => {
+                a.size = st.st_size as u64;
+                a.blocks = st.st_blocks as u64;
+                a.atime = time_of(st.st_atime, st.st_atime_nsec);
+                a.mtime = time_of(st.st_mtime, st.st_mtime_nsec);
+                a.ctime = a.ctime.max(time_of(st.st_ctime, st.st_ctime_nsec));
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("stat of inode {}'s backing file: {e}", a.ino),
+        }
+        a
+    }
+
+    /// `ino`'s backing file, made now (with the inode's atime and mtime)
+    /// if it has none yet. The caller holds no state lock, or passes the
+    /// times itself (`times`).
+    pub(super) fn backing_with(
+        &self,
+        ino: Ino,
+        times: Option<(SystemTime, SystemTime)>,
+    ) -> Result<File> {
+        let hot = self.hot.get().ok_or(Errno::EINVAL)?;
+        if let Some(f) = hot.open(ino, false).map_err(ioerr)? {
+            return Ok(f);
+        }
+        let (atime, mtime) = match times {
+            Some(t) => t,
+            None => {
+                let st = self.state.read();
+                let i = st.get(ino)?;
+                (i.atime, i.mtime)
+            }
+        };
+        let f = hot.open(ino, true).map_err(ioerr)?.ok_or(Errno::EIO)?;
+        futimens(&f, Some(SetTime::At(atime)), Some(SetTime::At(mtime)))?;
+        Ok(f)
+    }
+
+    /// The backing file to register for an open of regular file `ino`
+    /// (FOPEN_PASSTHROUGH).
+    pub fn backing_file(&self, ino: Ino) -> Result<File> {
+        self.backing_with(ino, None)
+    }
+
+    /// SETATTR's size and times of a regular file, on its backing file.
+    /// The caller holds the state lock: `times` are the inode's.
+    pub(super) fn hot_setattr(
+        &self,
+        ino: Ino,
+        times: (SystemTime, SystemTime),
+        size: Option<u64>,
+        atime: Option<SetTime>,
+        mtime: Option<SetTime>,
+    ) -> Result<()> {
+        if size.is_none() && atime.is_none() && mtime.is_none() {
+            return Ok(());
+        }
+        let f = self.backing_with(ino, Some(times))?;
+        if let Some(size) = size {
+            f.set_len(size).map_err(ioerr)?;
+        }
+        if atime.is_some() || mtime.is_some() {
+            futimens(&f, atime, mtime)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn hot_fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
+        let f = self.backing_with(ino, None)?;
+        // SAFETY: fallocate on an fd we own; no memory is passed.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+        if r < 0 {
+            return Err(ioerr(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    pub(super) fn hot_seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
+        let Some(f) = self
+            .hot
+            .get()
+            .ok_or(Errno::EINVAL)?
+            .open(ino, false)
+            .map_err(ioerr)?
+        else {
+            // No backing file: empty, so every offset is past the end.
+            return err(Errno::ENXIO);
+        };
+        let w = match whence {
+            Whence::Data => libc::SEEK_DATA,
+            Whence::Hole => libc::SEEK_HOLE,
+        };
+        // SAFETY: lseek on an fd we own.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), off as i64, w) };
+        if r < 0 {
+            return Err(ioerr(io::Error::last_os_error()));
+        }
+        Ok(r as u64)
+    }
+
+    /// copy_file_range between two backing files (the tmpfs copies).
+    pub(super) fn hot_copy(
+        &self,
+        ino_in: Ino,
+        off_in: u64,
+        ino_out: Ino,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let fin = self.backing_with(ino_in, None)?;
+        let fout = self.backing_with(ino_out, None)?;
+        let (mut oi, mut oo) = (off_in as i64, off_out as i64);
+        // SAFETY: copy_file_range between fds we own, with offsets it
+        // reads and advances in `oi` and `oo`.
+        let r = unsafe {
+            libc::copy_file_range(
+                fin.as_raw_fd(),
+                &mut oi,
+                fout.as_raw_fd(),
+                &mut oo,
+                len as usize,
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(ioerr(io::Error::last_os_error()));
+        }
+        Ok(r as u64)
+    }
+
+    /// A READ that reached ramd anyway (every open is passed through, so
+    /// none should): served from the backing file.
+    pub(super) fn hot_read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        match self
+            .hot
+            .get()
+            .ok_or(Errno::EINVAL)?
+            .open(ino, false)
+            .map_err(ioerr)?
+        {
+            Some(f) => f.read_at(buf, off).map_err(ioerr),
+            None => Ok(0),
+        }
+    }
+
+    /// A WRITE that reached ramd anyway (see [`Fs::hot_read`]).
+    pub(super) fn hot_write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.backing_with(ino, None)?
+            .write_at(data, off)
+            .map_err(ioerr)
+    }
+
+    /// Frees a regular file's data (the caller holds the state lock).
+    pub(super) fn hot_free(&self, ino: Ino) {
+        if let Some(hot) = self.hot.get() {
+            hot.remove(ino);
+        }
+    }
+
+    /// (used, total) 4 KiB pages of file data: the store's, or with a hot
+    /// tier the tmpfs's own count (what the host sees it hold).
+    pub fn pages_used(&self) -> (u64, u64) {
+        match self.hot.get().map(|h| h.blocks()) {
+            Some(Ok((total, free))) => (total.saturating_sub(free), total),
+            Some(Err(e)) => {
+                log::warn!("statfs of the hot tier: {e}");
+                (0, 0)
+            }
+            None => self.store.pages_used(),
+        }
+    }
+}
