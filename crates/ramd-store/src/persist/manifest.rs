@@ -172,6 +172,9 @@ pub struct ImageDir {
     pub(super) path: PathBuf,
     /// Set for an image in object storage: where saves go instead of files.
     pub(super) remote: Option<Remote>,
+    /// An image in object storage opened for saving: its lease, held until
+    /// released (`release_lease`, a clean stop) or dropped.
+    pub(super) lease: Option<Lease>,
     pub(super) manifest: Option<Manifest>,
     /// Highest sequence number a segment was begun with: never reused, even
     /// when a commit failed after its MANIFEST was already renamed.
@@ -205,6 +208,7 @@ impl ImageDir {
         let dir = ImageDir {
             path: path.to_path_buf(),
             remote: None,
+            lease: None,
             manifest,
             last_seq,
         };
@@ -221,6 +225,7 @@ impl ImageDir {
             Some(m) => Ok(ImageDir {
                 path: path.to_path_buf(),
                 remote: None,
+                lease: None,
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
             }),
@@ -238,14 +243,7 @@ impl ImageDir {
         let mut remote = Remote::connect(url)?;
         // Listing first: a missing bucket is told apart from a new image.
         let names = remote.list()?;
-        let manifest = remote.read_manifest()?;
-        if manifest.is_none() {
-            if !for_saving {
-                return Err(Error::file(
-                    remote.named(MANIFEST),
-                    io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
-                ));
-            }
+        if for_saving && !names.iter().any(|(n, _)| n == MANIFEST) {
             let foreign: Vec<String> = names
                 .into_iter()
                 .map(|(n, _)| n)
@@ -253,7 +251,21 @@ impl ImageDir {
                 .collect();
             refuse_foreign_names(remote.url(), foreign)?;
         }
+        // The lease before anything is read or removed: debris may be the
+        // segment another writer is uploading.
+        let lease = match for_saving {
+            true => Some(Lease::take(&remote)?),
+            false => None,
+        };
+        let manifest = remote.read_manifest()?;
+        if manifest.is_none() && !for_saving {
+            return Err(Error::file(
+                remote.named(MANIFEST),
+                io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
+            ));
+        }
         let dir = ImageDir {
+            lease,
             path: PathBuf::from(remote.url()),
             last_seq: manifest
                 .as_ref()
@@ -275,6 +287,27 @@ impl ImageDir {
     /// Whether the image is in object storage.
     pub fn is_remote(&self) -> bool {
         self.remote.is_some()
+    }
+
+    /// Gives up the lease of an image in object storage (a clean stop:
+    /// no more saves); nothing for a directory.
+    pub fn release_lease(&mut self) {
+        if let Some(l) = &mut self.lease {
+            l.release();
+        }
+    }
+
+    /// Refuses a save's upload or commit unless this process holds the
+    /// lease (an image in object storage opened for saving).
+    pub(super) fn check_lease(&self) -> Result<()> {
+        match (&self.remote, &self.lease) {
+            (Some(r), None) => Err(Error::Unusable(format!(
+                "image {} was opened for reading only",
+                r.url()
+            ))),
+            (_, Some(l)) => l.check(),
+            (None, None) => Ok(()),
+        }
     }
 
     pub fn manifest(&self) -> Option<&Manifest> {
@@ -299,7 +332,7 @@ impl ImageDir {
                 .manifest
                 .iter()
                 .flat_map(|m| &m.chain)
-                .map(|s| seg_name(s.seq))
+                .map(|s| object_name(s.seq, s.time_ns))
                 .collect();
             let Ok(names) = remote.list() else {
                 return; // the next save tries again
@@ -348,6 +381,9 @@ impl ImageDir {
         m.size = size;
         m.chain.push(seg);
         if let Some(remote) = &mut self.remote {
+            if let Some(l) = &self.lease {
+                l.check()?;
+            }
             crash_if(Crash::ManifestWritten);
             remote.commit_manifest(m.encode())?;
             crash_if(Crash::ManifestRenamed);
@@ -378,19 +414,34 @@ impl ImageDir {
     }
 }
 
-/// The name of save `seq`'s segment.
+/// The name of save `seq`'s segment file.
 pub(super) fn seg_name(seq: u64) -> String {
     format!("seg-{seq:08}")
 }
 
+/// The name of a segment object in object storage: its sequence number
+/// and its switch time (both in the MANIFEST), so that two writers never
+/// upload to one name: a writer that lost its lease, or raced another
+/// despite it, cannot replace a segment a MANIFEST names.
+pub(super) fn object_name(seq: u64, time_ns: u64) -> String {
+    format!("seg-{seq:08}-{time_ns:016x}")
+}
+
 /// Whether `name` is a file a save writes before its MANIFEST exists:
-/// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`.
+/// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`; in
+/// object storage `seg-NNNNNNNN-TTTTTTTTTTTTTTTT` (`object_name`).
 fn save_file(name: &str) -> bool {
     let seg = name.strip_suffix(".tmp").unwrap_or(name);
+    let digits = |n: &str| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit());
     name == "MANIFEST.tmp"
         || seg
             .strip_prefix("seg-")
-            .is_some_and(|n| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(|n| match n.split_once('-') {
+                Some((seq, time)) => {
+                    digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
+                }
+                None => digits(n),
+            })
 }
 
 /// Refuses a directory with no MANIFEST that holds anything but an

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::PAGE_SIZE;
 
 mod format;
+mod lease;
 mod manifest;
 mod policy;
 mod reader;
@@ -41,6 +42,7 @@ mod tests;
 mod writer;
 
 use format::*;
+use lease::*;
 use manifest::*;
 use remote::*;
 use writer::*;

@@ -400,10 +400,12 @@ impl Persister {
         }
     }
 
-    /// No more saves: flushes waiting or to come fail.
+    /// No more saves: flushes waiting or to come fail; an image in object
+    /// storage has its lease released.
     pub fn close(&self) {
         self.state.lock().closed = true;
         self.changed.notify_all();
+        self.image.lock().release_lease();
     }
 
     /// The status fields of this disk's persistence.

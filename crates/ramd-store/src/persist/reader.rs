@@ -16,14 +16,18 @@ impl ImageDir {
         let total = m.bytes();
         let mut before = 0;
         for seg in &m.chain {
-            let path = self.seg_path(seg.seq);
             let mut progress = |n| progress(before + n, total);
             match &self.remote {
                 Some(remote) => {
-                    let (r, len) = remote.reader(&seg_name(seg.seq))?;
+                    let name = object_name(seg.seq, seg.time_ns);
+                    let (r, len) = remote.reader(&name)?;
+                    let path = remote.named(&name);
                     parse_segment(&path, r, len, m, seg, &mut apply, &mut progress)?
                 }
-                None => read_segment(&path, m, seg, &mut apply, &mut progress)?,
+                None => {
+                    let path = self.seg_path(seg.seq);
+                    read_segment(&path, m, seg, &mut apply, &mut progress)?
+                }
             }
             before += seg.bytes;
         }

@@ -57,7 +57,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// Runs an object-storage call from one of ramd's threads.
+pub(super) fn block_on<F: std::future::Future>(f: F) -> F::Output {
     runtime().block_on(f)
 }
 
@@ -132,7 +133,11 @@ impl Remote {
         &self.url
     }
 
-    fn key(&self, name: &str) -> Key {
+    pub(super) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(super) fn key(&self, name: &str) -> Key {
         self.prefix.clone().join(name)
     }
 
@@ -143,7 +148,7 @@ impl Remote {
 
     /// An object-storage error on object `name` as a ramd error that names
     /// the URL and says what to do.
-    fn error(&self, name: &str, e: object_store::Error) -> Error {
+    pub(super) fn error(&self, name: &str, e: object_store::Error) -> Error {
         Error::file(self.named(name), io::Error::other(self.explain(&e)))
     }
 
@@ -305,7 +310,7 @@ impl Remote {
     ) -> io::Result<std::thread::JoinHandle<io::Result<Option<File>>>> {
         let store = self.store.clone();
         let key = self.key(name);
-        let me = self.describe();
+        let me = self.clone_handle();
         std::thread::Builder::new()
             .name("ramd-seg-upload".into())
             .spawn(move || {
@@ -331,8 +336,8 @@ impl Remote {
             })
     }
 
-    /// What `explain` needs, for another thread.
-    fn describe(&self) -> Remote {
+    /// The same place, for another thread (without the MANIFEST version).
+    pub(super) fn clone_handle(&self) -> Remote {
         Remote {
             url: self.url.clone(),
             bucket: self.bucket.clone(),
@@ -348,7 +353,7 @@ impl Remote {
         let got = block_on(self.store.get(&self.key(name))).map_err(|e| self.error(name, e))?;
         let len = got.meta.size;
         let (tx, chunks) = mpsc::sync_channel(8);
-        let me = self.describe();
+        let me = self.clone_handle();
         let reader = std::thread::Builder::new()
             .name("ramd-seg-fetch".into())
             .spawn(move || {

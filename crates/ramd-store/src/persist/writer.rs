@@ -34,13 +34,16 @@ impl ImageDir {
             time_ns,
         };
         if let Some(remote) = &self.remote {
+            self.check_lease()?;
             // Uploaded under its final name: an object appears whole or
             // not at all, and is debris until a MANIFEST names it.
+            let name = object_name(seq, time_ns);
+            let path = remote.named(&name);
             let (to_disk, rx) = std::sync::mpsc::sync_channel::<Buf>(2);
             let (back, empties) = std::sync::mpsc::channel();
             let abort = Arc::new(AtomicBool::new(false));
             let writer = remote
-                .upload(&seg_name(seq), rx, back, abort.clone())
+                .upload(&name, rx, back, abort.clone())
                 .map_err(|e| Error::file(&path, e))?;
             return Ok(SegWriter {
                 to_disk: Some(to_disk),
