@@ -319,12 +319,15 @@ impl Remote {
                 let fail = |e: object_store::Error| io::Error::other(me.explain(&e));
                 let upload = block_on(store.put_multipart(&key)).map_err(fail)?;
                 let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
-                for b in rx {
+                for mut b in rx {
                     if let Err(e) = block_on(w.wait_for_capacity(PARTS_IN_FLIGHT)) {
                         let _ = block_on(w.abort());
                         return Err(fail(e));
                     }
+                    // Copied into the part being filled: the buffer goes
+                    // back empty for the encoder to reuse.
                     w.write(&b);
+                    b.clear();
                     let _ = back.send(b);
                 }
                 if abort.load(std::sync::atomic::Ordering::SeqCst) {
