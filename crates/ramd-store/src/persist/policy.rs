@@ -590,8 +590,9 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
     let image = ImageDir::open(dir).map_err(|e| match e {
-        // Says which directory itself.
+        // Says which directory (or URL: every error of one names it) itself.
         e @ Error::Unusable(_) => e,
+        e if super::is_url(dir) => e,
         e => Error::context(format!("image {}", dir.display()), e, ""),
     })?;
     let Some(m) = image.manifest() else {

@@ -141,9 +141,12 @@ impl Remote {
         self.prefix.clone().join(name)
     }
 
-    /// `url/name`, for messages.
+    /// `url/name` (the URL itself for ""), for messages.
     pub(super) fn named(&self, name: &str) -> PathBuf {
-        PathBuf::from(format!("{}/{name}", self.url))
+        match name {
+            "" => PathBuf::from(&self.url),
+            name => PathBuf::from(format!("{}/{name}", self.url)),
+        }
     }
 
     /// An object-storage error on object `name` as a ramd error that names
@@ -152,19 +155,30 @@ impl Remote {
         Error::file(self.named(name), io::Error::other(self.explain(&e)))
     }
 
+    /// What went wrong and what to do: the S3 error code (the XML body
+    /// it came in is left out) or the client's own first line, then a hint.
     fn explain(&self, e: &object_store::Error) -> String {
         let text = redact(&e.to_string());
+        let code = text
+            .split_once("<Code>")
+            .and_then(|(_, rest)| rest.split_once("</Code>"))
+            .map(|(code, _)| code.to_string());
         let has = |w: &[&str]| w.iter().any(|w| text.contains(w));
         let hint = if has(&["NoSuchBucket"]) {
             format!(
                 "bucket {} does not exist: create it, or give another s3://BUCKET/PREFIX",
                 self.bucket
             )
+        } else if has(&["169.254.169.254", "latest/api/token"]) {
+            // No keys in the environment: object_store asked the instance
+            // metadata service, which is not there.
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (none are in \
+             the environment, and no instance metadata service gave any)"
+                .into()
         } else if has(&[
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
             "AccessDenied",
-            "403 Forbidden",
             "Forbidden",
         ]) {
             format!(
@@ -188,9 +202,13 @@ impl Remote {
         } else {
             String::new()
         };
+        let what = match code {
+            Some(code) => format!("the server answered {code}"),
+            None => text.lines().next().unwrap_or_default().to_string(),
+        };
         match hint.as_str() {
-            "" => text,
-            h => format!("{text}; {h}"),
+            "" => what,
+            h => format!("{h} ({what})"),
         }
     }
 
