@@ -218,7 +218,10 @@ impl Persister {
             && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
-            session.finish();
+            // Dropped unfinished, not finished: a compaction's switch marked
+            // every page `saving`, and only the abort unmarks pages no
+            // `save_chunk` wrote (nothing was dirty: nothing is forgotten).
+            drop(session);
             return Ok(SaveReport {
                 seq: last.seq,
                 full: false,

@@ -139,3 +139,48 @@ fn segments_round_trip_whatever_their_record_sizes() {
         fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A save that the chain's length would make full, with nothing changed,
+/// writes nothing and leaves no page marked for a save: the next save
+/// starts clean (its switch asserts that none is) and the image loads as
+/// the disk is.
+#[test]
+fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
+    let dir = std::env::temp_dir().join(format!("ramd-compact-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let size = 1 << 20;
+    let cfg = || crate::StoreConfig {
+        host_reserve: 0,
+        track_changes: true,
+        ..crate::StoreConfig::new(size)
+    };
+    let store = Arc::new(crate::Store::new(cfg()).unwrap());
+    let p = Persister::new(
+        store.clone(),
+        ImageDir::open(&dir).unwrap(),
+        DiskKind::Block,
+        size,
+        None,
+        false,
+    );
+    let page = |b: u8| vec![b; PAGE_SIZE];
+    // The incremental save is as large as the full one: the chain is
+    // "large", so the next save would be a full one.
+    store.write(0, &page(1)).unwrap();
+    assert!(p.save(false).unwrap().full);
+    store.write(0, &page(2)).unwrap();
+    assert!(!p.save(false).unwrap().full);
+    let nothing = p.save(false).unwrap();
+    assert_eq!((nothing.pages, nothing.bytes), (0, 0), "{nothing:?}");
+    store.write(PAGE_SIZE as u64, &page(3)).unwrap();
+    p.save(false).unwrap();
+    p.close();
+
+    let loaded = crate::Store::new(cfg()).unwrap();
+    load(&ImageDir::open_existing(&dir).unwrap(), &loaded).unwrap();
+    let mut got = vec![0u8; 2 * PAGE_SIZE];
+    loaded.read(0, &mut got).unwrap();
+    assert_eq!(got[..PAGE_SIZE], page(2)[..]);
+    assert_eq!(got[PAGE_SIZE..], page(3)[..]);
+    fs::remove_dir_all(&dir).unwrap();
+}
