@@ -592,7 +592,8 @@ fn server_stopped_during_a_save() {
 
 /// A writer that cannot renew its lease (stopped with SIGSTOP past the
 /// lease's term) loses it to a new writer: once running again it refuses
-/// to save, status says why, and the new writer's saves stay the image.
+/// to save, status says why, its data can be saved to a directory instead,
+/// and the new writer's saves stay the image.
 #[test]
 fn writer_that_lost_its_lease_stops_saving() {
     let w = Weed::start();
@@ -649,11 +650,22 @@ fn writer_that_lost_its_lease_stops_saving() {
         err.contains("lost the lease") && err.contains(&format!("pid {}", b.pid())),
         "status does not say the lease went to the new writer: {err}"
     );
-    // Its data can only be given up (or saved elsewhere): the stop's save
-    // is refused too, and `down --force` says what is lost.
-    let out = ramd(&run_a, &["down", "--force", a.name()], &env).failed();
-    assert!(out.stderr.contains("lost the lease"), "{}", out.stderr);
-    a.wait_exit(STOP_DEADLINE);
+    // The way out the error names: a full save to a directory, which is
+    // its image from then on; the stop saves there.
+    let rescue = tmp.path().join("rescue");
+    ramd(
+        &run_a,
+        &["snapshot", a.name(), "--to", rescue.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    a.stop();
+    let r = serve(
+        &tmp.path().join("r"),
+        &["--image", rescue.to_str().unwrap()],
+        &[],
+    );
+    qemu_io(r.uri(), &["read -P 0x22 0 1M".into()]);
 
     // The image is b's: nothing of a's refused saves.
     drop(b);
@@ -693,4 +705,63 @@ fn config_key_image_takes_a_url() {
     );
     let d = serve(&run, &["--image", &img], &env);
     qemu_io(d.uri(), &["read -P 0x5 0 64k".into()]);
+}
+
+/// ramd killed in the middle of a save (part way through the segment's
+/// upload, or with the segment uploaded and the MANIFEST not yet put): the
+/// next writer, once the dead one's lease expires, loads the previous save,
+/// and the dead save's segment is debris, removed.
+#[test]
+fn crash_during_a_save_keeps_the_previous_save() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let data = tmp.path().join("data");
+    random_file(&data, 4 * MIB);
+    for (i, crash) in ["pages:300", "manifest-written"].iter().enumerate() {
+        let img = url(&format!("crash{i}"));
+        let run = tmp.path().join(format!("run{i}"));
+        let d = serve(&run, &["--size", "16M", "--image", &img], &env);
+        qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
+        drop(d);
+
+        let mut crashing = env.clone();
+        crashing.push(("RAMD_TEST_CRASH".into(), crash.to_string()));
+        let mut d = serve(&run, &["--image", &img], &crashing);
+        qemu_io(d.uri(), &[format!("write -s {} 0 4M", data.display())]);
+        ramd(&run, &["snapshot", d.name()], &env).failed();
+        d.wait_exit(STOP_DEADLINE);
+
+        let mut next = None;
+        wait_until(
+            Duration::from_secs(60),
+            "a new writer to take over the crashed one's lease",
+            || match try_serve(&run, &["--image", &img], &env) {
+                Ok(r) => {
+                    next = Some(r);
+                    true
+                }
+                Err((_, err)) => {
+                    assert!(
+                        err.contains("is in use"),
+                        "{crash}: not a lease refusal:\n{err}"
+                    );
+                    false
+                }
+            },
+        );
+        let next = next.unwrap();
+        qemu_io(next.uri(), &["read -P 0x31 0 1M".into()]);
+        let segs: Vec<String> = w
+            .objects(&format!("crash{i}"))
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.starts_with("seg-"))
+            .collect();
+        assert!(
+            segs.len() == 1 && segs[0].starts_with("seg-00000001-"),
+            "{crash}: debris left after the next start: {segs:?}"
+        );
+    }
 }
