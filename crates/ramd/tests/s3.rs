@@ -634,22 +634,26 @@ fn writer_that_lost_its_lease_stops_saving() {
     unsafe { libc::kill(a.pid() as i32, libc::SIGCONT) };
 
     qemu_io(a.uri(), &["write -P 0x22 0 1M".into()]);
+    // Status says so as soon as its renewal finds out, before any save.
     wait_until(
         Duration::from_secs(60),
-        "the old writer to find its lease lost",
+        "the old writer's status to say its lease is lost",
         || {
-            let out = ramd(&run_a, &["snapshot", a.name()], &env).failed();
-            out.stderr.contains("lost the lease")
+            let s = a.stats();
+            s["last_save_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("lost the lease"))
         },
     );
-    let err = a.stats()["last_save_error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let s = a.stats();
+    let err = s["last_save_error"].as_str().unwrap();
     assert!(
-        err.contains("lost the lease") && err.contains(&format!("pid {}", b.pid())),
-        "status does not say the lease went to the new writer: {err}"
+        err.contains(&format!("pid {}", b.pid())),
+        "status does not name the new holder: {err}"
     );
+    assert_eq!(field(&s, "save_failures"), 0, "{s}");
+    let out = ramd(&run_a, &["snapshot", a.name()], &env).failed();
+    assert!(out.stderr.contains("lost the lease"), "{}", out.stderr);
     // The way out the error names: a full save to a directory, which is
     // its image from then on; the stop saves there.
     let rescue = tmp.path().join("rescue");

@@ -96,6 +96,23 @@ struct State {
     released: bool,
 }
 
+/// A view of a lease for status: why saves cannot commit, if they cannot.
+#[derive(Clone)]
+pub struct LeaseWatch(Arc<(Mutex<State>, Condvar)>);
+
+impl LeaseWatch {
+    /// The lease lost to another holder, or failing to renew.
+    pub fn trouble(&self) -> Option<String> {
+        let st = self.0 .0.lock();
+        if let Some(why) = &st.lost {
+            return Some(why.clone());
+        }
+        st.failing
+            .as_ref()
+            .map(|e| format!("the image's lease could not be renewed: {e}"))
+    }
+}
+
 /// A lease this process holds on a prefix.
 pub(super) struct Lease {
     shared: Arc<(Mutex<State>, Condvar)>,
@@ -178,6 +195,10 @@ impl Lease {
             remote: remote.clone_handle(),
             term,
         })
+    }
+
+    pub(super) fn watch(&self) -> LeaseWatch {
+        LeaseWatch(self.shared.clone())
     }
 
     /// Whether a commit may go ahead now: the lease is ours and has a

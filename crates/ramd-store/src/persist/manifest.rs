@@ -297,6 +297,12 @@ impl ImageDir {
         }
     }
 
+    /// The lease's state for status (an image in object storage opened for
+    /// saving).
+    pub fn lease_watch(&self) -> Option<LeaseWatch> {
+        self.lease.as_ref().map(Lease::watch)
+    }
+
     /// Refuses a save's upload or commit unless this process holds the
     /// lease (an image in object storage opened for saving).
     pub(super) fn check_lease(&self) -> Result<()> {

@@ -48,6 +48,7 @@ use remote::*;
 use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
+pub use lease::LeaseWatch;
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use policy::{
     load, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister, SaveReport,
