@@ -247,7 +247,7 @@ impl ImageDir {
             let foreign: Vec<String> = names
                 .into_iter()
                 .map(|(n, _)| n)
-                .filter(|n| !save_file(n) && n != LEASE)
+                .filter(|n| !save_object(n) && n != LEASE)
                 .collect();
             refuse_foreign_names(remote.url(), foreign)?;
         }
@@ -344,7 +344,7 @@ impl ImageDir {
                 return; // the next save tries again
             };
             for (name, _) in names {
-                if save_file(&name) && !keep.contains(&name) {
+                if save_object(&name) && !keep.contains(&name) {
                     if let Err(err) = remote.delete(&name) {
                         log::warn!("removing debris: {err}");
                     }
@@ -434,20 +434,24 @@ pub(super) fn object_name(seq: u64, time_ns: u64) -> String {
 }
 
 /// Whether `name` is a file a save writes before its MANIFEST exists:
-/// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`; in
-/// object storage `seg-NNNNNNNN-TTTTTTTTTTTTTTTT` (`object_name`).
+/// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`.
 fn save_file(name: &str) -> bool {
     let seg = name.strip_suffix(".tmp").unwrap_or(name);
-    let digits = |n: &str| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit());
-    name == "MANIFEST.tmp"
-        || seg
-            .strip_prefix("seg-")
-            .is_some_and(|n| match n.split_once('-') {
-                Some((seq, time)) => {
-                    digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
-                }
-                None => digits(n),
-            })
+    name == "MANIFEST.tmp" || seg.strip_prefix("seg-").is_some_and(seq_digits)
+}
+
+fn seq_digits(n: &str) -> bool {
+    n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `name` is a segment object's (`object_name`): in object storage
+/// the only objects a save writes before a MANIFEST names them.
+fn save_object(name: &str) -> bool {
+    name.strip_prefix("seg-")
+        .and_then(|n| n.split_once('-'))
+        .is_some_and(|(seq, time)| {
+            seq_digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
+        })
 }
 
 /// Refuses a directory with no MANIFEST that holds anything but an
