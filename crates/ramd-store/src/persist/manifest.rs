@@ -435,7 +435,7 @@ pub(super) fn object_name(seq: u64, time_ns: u64) -> String {
 
 /// Whether `name` is a file a save writes before its MANIFEST exists:
 /// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`.
-fn save_file(name: &str) -> bool {
+pub(super) fn save_file(name: &str) -> bool {
     let seg = name.strip_suffix(".tmp").unwrap_or(name);
     name == "MANIFEST.tmp" || seg.strip_prefix("seg-").is_some_and(seq_digits)
 }
@@ -446,7 +446,7 @@ fn seq_digits(n: &str) -> bool {
 
 /// Whether `name` is a segment object's (`object_name`): in object storage
 /// the only objects a save writes before a MANIFEST names them.
-fn save_object(name: &str) -> bool {
+pub(super) fn save_object(name: &str) -> bool {
     name.strip_prefix("seg-")
         .and_then(|n| n.split_once('-'))
         .is_some_and(|(seq, time)| {

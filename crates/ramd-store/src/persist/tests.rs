@@ -184,3 +184,32 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     assert_eq!(got[PAGE_SIZE..], page(3)[..]);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Debris is recognised by name: a directory's save files, an object
+/// store's segment objects, and nothing else in either.
+#[test]
+fn debris_names_are_exactly_the_saves_own() {
+    for name in [
+        "seg-00000001",
+        "seg-00000012.tmp",
+        "MANIFEST.tmp",
+        "seg-123456789",
+    ] {
+        assert!(save_file(name), "{name}");
+        assert!(!save_object(name), "{name}");
+    }
+    let object = object_name(3, 0x18eb_9d31_b88e_5c1b);
+    assert_eq!(object, "seg-00000003-18eb9d31b88e5c1b");
+    assert!(save_object(&object) && !save_file(&object));
+    for name in [
+        "MANIFEST",
+        "LEASE",
+        "seg-1",
+        "seg-0000001x",
+        "seg-00000003-18eb9d31b88e5c1",
+        "seg-00000003-18eb9d31b88e5c1g",
+        "notes.txt",
+    ] {
+        assert!(!save_file(name) && !save_object(name), "{name}");
+    }
+}
