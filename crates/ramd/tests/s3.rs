@@ -58,7 +58,7 @@ struct Weed {
 impl Weed {
     fn start() -> Weed {
         let bin = weed_bin();
-        let dir = scratch();
+        let mut dir = scratch();
         let config = dir.path().join("s3.json");
         fs::write(
             &config,
@@ -67,7 +67,43 @@ impl Weed {
             ),
         )
         .unwrap();
-        let data = dir.path().join("data");
+        // Ports are picked free and then given to weed: another test's
+        // server may take one first. A server that exits while starting is
+        // started again on other ports; one that neither answers nor exits
+        // by the deadline fails the test with its log.
+        let mut tries = Vec::new();
+        for attempt in 0..3 {
+            let mut w = Weed::spawn(&bin, dir, &config, attempt);
+            let client = w.client();
+            let deadline = std::time::Instant::now() + WEED_DEADLINE;
+            loop {
+                if block_on(client.list_with_delimiter(None)).is_ok() {
+                    return w;
+                }
+                if let Some(status) = w.child.as_mut().unwrap().try_wait().unwrap() {
+                    tries.push(format!(
+                        "attempt {attempt}: weed exited ({status}):\n{}",
+                        w.log_tail()
+                    ));
+                    w.child = None;
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    panic!(
+                        "SeaweedFS did not answer S3 requests within {WEED_DEADLINE:?}:\n{}",
+                        w.log_tail()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            dir = std::mem::replace(&mut w.dir, scratch());
+        }
+        panic!("SeaweedFS did not start:\n{}", tries.join("\n"));
+    }
+
+    /// `weed mini` on fresh ports, its data in `dir/data-ATTEMPT`.
+    fn spawn(bin: &Path, dir: TempDir, config: &Path, attempt: usize) -> Weed {
+        let data = dir.path().join(format!("data-{attempt}"));
         fs::create_dir(&data).unwrap();
         let mut ports: Vec<u16> = Vec::new();
         while ports.len() < 10 {
@@ -108,18 +144,17 @@ impl Weed {
             .stderr(log)
             .spawn()
             .expect("spawn weed");
-        let w = Weed {
+        Weed {
             child: Some(child),
             s3_port: ports[6],
             dir,
-        };
-        let client = w.client();
-        wait_until(
-            WEED_DEADLINE,
-            "SeaweedFS's S3 API to list the bucket",
-            || block_on(client.list_with_delimiter(None)).is_ok(),
-        );
-        w
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
     fn endpoint(&self) -> String {
@@ -183,12 +218,7 @@ impl Drop for Weed {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            let log = fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            eprintln!(
-                "weed log (last lines):\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
+            eprintln!("weed log (last lines):\n{}", self.log_tail());
         }
     }
 }
@@ -261,7 +291,7 @@ fn assert_filled(disk: &[u8], at: u64, len: u64, byte: u8, what: &str) {
 
 /// A block disk saved to S3 and loaded back: random data, a pattern, an
 /// incremental snapshot that uploads only its pages, the lease released at
-/// the stop, `ramd image info|verify` on the URL.
+/// the stop, `ramd image info|verify|export|import` on URLs.
 #[test]
 fn block_disk_round_trip_with_incremental_snapshot() {
     let w = Weed::start();
@@ -344,6 +374,30 @@ fn block_disk_round_trip_with_incremental_snapshot() {
         "the incremental save's 64k",
     );
     assert_filled(&disk, 8 * MIB, 8 * MIB, 0, "what was never written");
+    drop(d);
+
+    // Offline: export the image from the URL to a raw file, import it to
+    // another prefix; both are the disk.
+    let raw = tmp.path().join("exported.raw");
+    ramd(
+        &run,
+        &["image", "export", &img, "--to", raw.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    assert!(
+        fs::read(&raw).unwrap() == disk,
+        "the exported image differs"
+    );
+    let copy = url("imported");
+    ramd(
+        &run,
+        &["image", "import", raw.to_str().unwrap(), &copy],
+        &env,
+    )
+    .ok();
+    let verify = ramd(&run, &["image", "verify", &copy], &env).ok();
+    assert!(verify.contains(&format!("{copy}: ok")), "{verify}");
 }
 
 /// A filesystem disk (`--mount`) saved to S3: files written, stop,
