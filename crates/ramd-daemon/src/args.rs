@@ -257,8 +257,11 @@ pub struct DiskArgs {
     /// an image (then --size may be left out), saved at a clean stop
     /// (SIGINT, SIGTERM, umount, `ramd down`), on `ramd snapshot`, and with
     /// --autosave. Created 0700, its files 0600; a directory of other files
-    /// is refused (give a new or empty one). See FORMAT.md.
-    #[arg(long, value_name = "DIR")]
+    /// is refused (give a new or empty one). Or in S3-compatible object
+    /// storage: s3://BUCKET/PREFIX, with credentials and endpoint from the
+    /// AWS_* environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP). See FORMAT.md.
+    #[arg(long, value_name = "DIR|URL")]
     pub image: Option<PathBuf>,
 
     /// Save the pages changed since the last save every DURATION (e.g. 30s,

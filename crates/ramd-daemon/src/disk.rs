@@ -344,7 +344,8 @@ impl Disk {
             Err(e) => {
                 let why = format!(
                     "NOT STOPPED: saving before the stop failed: {e}. The disk keeps serving, \
-                     nothing is lost. Free space under {} and stop it again, save it elsewhere \
+                     nothing is lost. Fix what the error names at {} (free space, the object \
+                     store) and stop it again, save it elsewhere \
                      (`ramd snapshot {name} --to DIR`), or give up its unsaved data (`ramd down \
                      --force {name}`)",
                     s.persister.status().image.unwrap_or_default(),
@@ -439,7 +440,8 @@ impl Disk {
             }
             let why = format!(
                 "NOT SAVED: the save at stop failed: {e}. Its data is held in memory and the \
-                 save is retried every {}s: free space under {image}, or save it elsewhere \
+                 save is retried every {}s: fix what the error names at {image} (free space, \
+                 the object store), or save it elsewhere \
                  (`ramd snapshot {name} --to DIR`); `ramd down --force {name}` gives up {lost}",
                 RETRY.as_secs(),
                 image = p.status().image.unwrap_or_default(),

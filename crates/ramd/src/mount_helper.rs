@@ -204,7 +204,9 @@ fn recorded_run_dir(dir: &Path) -> Option<PathBuf> {
 fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
     // The daemon leaves the caller's directory (so that it never keeps a
     // filesystem busy): a relative image path is taken from here.
-    if let Some(img) = req.disk.image.as_mut().filter(|i| i.is_relative()) {
+    // (an s3:// URL is no path).
+    let relative = |i: &&mut PathBuf| i.is_relative() && !ramd_store::persist::is_url(i);
+    if let Some(img) = req.disk.image.as_mut().filter(relative) {
         *img = std::env::current_dir()
             .context("the current directory (image= is relative)")?
             .join(&*img);

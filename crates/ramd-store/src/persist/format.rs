@@ -4,6 +4,9 @@
 use super::*;
 
 pub const MANIFEST: &str = "MANIFEST";
+/// An image in object storage: the object naming the one writer allowed
+/// to commit (FORMAT.md, *Object storage*).
+pub const LEASE: &str = "LEASE";
 pub(super) const MANIFEST_MAGIC: &str = "ramd image 1";
 pub(super) const SEG_MAGIC: &[u8; 8] = b"RAMDSEG\0";
 pub(super) const SEG_VERSION: u16 = 1;

@@ -1,5 +1,7 @@
 //! The image directory: the MANIFEST naming the chain of saves, commit by
-//! rename, debris removal, and the `RAMD_TEST_CRASH` hook.
+//! rename, debris removal, and the `RAMD_TEST_CRASH` hook. An image in
+//! object storage is the same `ImageDir` with a `Remote` (`remote.rs`):
+//! each step that touches files asks it instead.
 
 use super::*;
 
@@ -163,9 +165,16 @@ pub(super) fn crash_if(at: Crash) {
     }
 }
 
-/// An image directory.
+/// An image directory, or its like in object storage.
 pub struct ImageDir {
+    /// The directory, or the `s3://bucket/prefix` URL (segment and MANIFEST
+    /// names are joined to it for messages).
     pub(super) path: PathBuf,
+    /// Set for an image in object storage: where saves go instead of files.
+    pub(super) remote: Option<Remote>,
+    /// An image in object storage opened for saving: its lease, held until
+    /// released (`release_lease`, a clean stop) or dropped.
+    pub(super) lease: Option<Lease>,
     pub(super) manifest: Option<Manifest>,
     /// Highest sequence number a segment was begun with: never reused, even
     /// when a commit failed after its MANIFEST was already renamed.
@@ -178,6 +187,9 @@ impl ImageDir {
     /// present must be valid; without one, the directory must hold nothing
     /// but such debris (a new image), never someone's files.
     pub fn open(path: &Path) -> Result<ImageDir> {
+        if is_url(path) {
+            return ImageDir::open_remote(path, true);
+        }
         if !path.exists() {
             fs::DirBuilder::new()
                 .mode(0o700)
@@ -195,6 +207,8 @@ impl ImageDir {
             .map_or(0, |s| s.seq);
         let dir = ImageDir {
             path: path.to_path_buf(),
+            remote: None,
+            lease: None,
             manifest,
             last_seq,
         };
@@ -204,9 +218,14 @@ impl ImageDir {
 
     /// Opens an existing image for reading only (`ramd image ...`).
     pub fn open_existing(path: &Path) -> Result<ImageDir> {
+        if is_url(path) {
+            return ImageDir::open_remote(path, false);
+        }
         match read_manifest(path)? {
             Some(m) => Ok(ImageDir {
                 path: path.to_path_buf(),
+                remote: None,
+                lease: None,
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
             }),
@@ -217,8 +236,84 @@ impl ImageDir {
         }
     }
 
+    /// An image in object storage: `open` (for saving: a prefix without
+    /// a MANIFEST must hold nothing but save debris, which goes) or
+    /// `open_existing` (reading: there must be a MANIFEST).
+    fn open_remote(url: &Path, for_saving: bool) -> Result<ImageDir> {
+        let mut remote = Remote::connect(url)?;
+        // Listing first: a missing bucket is told apart from a new image.
+        let names = remote.list()?;
+        if for_saving && !names.iter().any(|(n, _)| n == MANIFEST) {
+            let foreign: Vec<String> = names
+                .into_iter()
+                .map(|(n, _)| n)
+                .filter(|n| !save_object(n) && n != LEASE)
+                .collect();
+            refuse_foreign_names(remote.url(), foreign)?;
+        }
+        // The lease before anything is read or removed: debris may be the
+        // segment another writer is uploading.
+        let lease = match for_saving {
+            true => Some(Lease::take(&remote)?),
+            false => None,
+        };
+        let manifest = remote.read_manifest()?;
+        if manifest.is_none() && !for_saving {
+            return Err(Error::file(
+                remote.named(MANIFEST),
+                io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
+            ));
+        }
+        let dir = ImageDir {
+            lease,
+            path: PathBuf::from(remote.url()),
+            last_seq: manifest
+                .as_ref()
+                .and_then(|m| m.chain.last())
+                .map_or(0, |s| s.seq),
+            manifest,
+            remote: Some(remote),
+        };
+        if for_saving {
+            dir.remove_debris();
+        }
+        Ok(dir)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the image is in object storage.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Gives up the lease of an image in object storage (a clean stop:
+    /// no more saves); nothing for a directory.
+    pub fn release_lease(&mut self) {
+        if let Some(l) = &mut self.lease {
+            l.release();
+        }
+    }
+
+    /// The lease's state for status (an image in object storage opened for
+    /// saving).
+    pub fn lease_watch(&self) -> Option<LeaseWatch> {
+        self.lease.as_ref().map(Lease::watch)
+    }
+
+    /// Refuses a save's upload or commit unless this process holds the
+    /// lease (an image in object storage opened for saving).
+    pub(super) fn check_lease(&self) -> Result<()> {
+        match (&self.remote, &self.lease) {
+            (Some(r), None) => Err(Error::Unusable(format!(
+                "image {} was opened for reading only",
+                r.url()
+            ))),
+            (_, Some(l)) => l.check(),
+            (None, None) => Ok(()),
+        }
     }
 
     pub fn manifest(&self) -> Option<&Manifest> {
@@ -231,13 +326,32 @@ impl ImageDir {
     }
 
     pub fn seg_path(&self, seq: u64) -> PathBuf {
-        self.path.join(format!("seg-{seq:08}"))
+        self.path.join(seg_name(seq))
     }
 
     /// Save files not named by the MANIFEST: `.tmp` files and segments of
     /// chains that a later full save replaced (nothing else: a file of
     /// another name is not ours to remove).
     pub(super) fn remove_debris(&self) {
+        if let Some(remote) = &self.remote {
+            let keep: Vec<String> = self
+                .manifest
+                .iter()
+                .flat_map(|m| &m.chain)
+                .map(|s| object_name(s.seq, s.time_ns))
+                .collect();
+            let Ok(names) = remote.list() else {
+                return; // the next save tries again
+            };
+            for (name, _) in names {
+                if save_object(&name) && !keep.contains(&name) {
+                    if let Err(err) = remote.delete(&name) {
+                        log::warn!("removing debris: {err}");
+                    }
+                }
+            }
+            return;
+        }
         let keep: Vec<PathBuf> = self
             .manifest
             .iter()
@@ -272,6 +386,17 @@ impl ImageDir {
         m.kind = kind;
         m.size = size;
         m.chain.push(seg);
+        if let Some(remote) = &mut self.remote {
+            if let Some(l) = &self.lease {
+                l.check()?;
+            }
+            crash_if(Crash::ManifestWritten);
+            remote.commit_manifest(m.encode())?;
+            crash_if(Crash::ManifestRenamed);
+            self.manifest = Some(m);
+            self.remove_debris();
+            return Ok(());
+        }
         let path = self.path.join(MANIFEST);
         let tmp = self.path.join("MANIFEST.tmp");
         let write = || -> io::Result<()> {
@@ -295,14 +420,38 @@ impl ImageDir {
     }
 }
 
+/// The name of save `seq`'s segment file.
+pub(super) fn seg_name(seq: u64) -> String {
+    format!("seg-{seq:08}")
+}
+
+/// The name of a segment object in object storage: its sequence number
+/// and its switch time (both in the MANIFEST), so that two writers never
+/// upload to one name: a writer that lost its lease, or raced another
+/// despite it, cannot replace a segment a MANIFEST names.
+pub(super) fn object_name(seq: u64, time_ns: u64) -> String {
+    format!("seg-{seq:08}-{time_ns:016x}")
+}
+
 /// Whether `name` is a file a save writes before its MANIFEST exists:
 /// `seg-NNNNNNNN` (renamed, uncommitted), its `.tmp`, `MANIFEST.tmp`.
-fn save_file(name: &str) -> bool {
+pub(super) fn save_file(name: &str) -> bool {
     let seg = name.strip_suffix(".tmp").unwrap_or(name);
-    name == "MANIFEST.tmp"
-        || seg
-            .strip_prefix("seg-")
-            .is_some_and(|n| n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit()))
+    name == "MANIFEST.tmp" || seg.strip_prefix("seg-").is_some_and(seq_digits)
+}
+
+fn seq_digits(n: &str) -> bool {
+    n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `name` is a segment object's (`object_name`): in object storage
+/// the only objects a save writes before a MANIFEST names them.
+pub(super) fn save_object(name: &str) -> bool {
+    name.strip_prefix("seg-")
+        .and_then(|n| n.split_once('-'))
+        .is_some_and(|(seq, time)| {
+            seq_digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
+        })
 }
 
 /// Refuses a directory with no MANIFEST that holds anything but an
@@ -321,6 +470,11 @@ fn refuse_foreign(dir: &Path) -> Result<()> {
         }
         foreign.push(if is_dir { format!("{name}/") } else { name });
     }
+    refuse_foreign_names(&dir.display().to_string(), foreign)
+}
+
+/// Refuses an image without a MANIFEST that holds `foreign` names.
+fn refuse_foreign_names(dir: &str, mut foreign: Vec<String>) -> Result<()> {
     if foreign.is_empty() {
         return Ok(());
     }
@@ -331,10 +485,9 @@ fn refuse_foreign(dir: &Path) -> Result<()> {
         n => format!(" and {n} more"),
     };
     Err(Error::Unusable(format!(
-        "image directory {} is not empty and holds no ramd image (no MANIFEST): it has {}{more}; \
+        "image directory {dir} is not empty and holds no ramd image (no MANIFEST): it has {}{more}; \
          ramd would write its saves among these: give a new or empty directory for the image, \
          or move what is in this one elsewhere",
-        dir.display(),
         foreign[..shown].join(", "),
     )))
 }

@@ -19,7 +19,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aligned_vec::{AVec, ConstAlign};
 
@@ -28,9 +30,11 @@ use crate::error::{Error, Result};
 use crate::PAGE_SIZE;
 
 mod format;
+mod lease;
 mod manifest;
 mod policy;
 mod reader;
+mod remote;
 mod salvage;
 mod session;
 #[cfg(test)]
@@ -38,14 +42,18 @@ mod tests;
 mod writer;
 
 use format::*;
+use lease::*;
 use manifest::*;
+use remote::*;
 use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
+pub use lease::LeaseWatch;
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use policy::{
     load, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister, SaveReport,
 };
+pub use remote::{is_url, S3_SCHEME};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};

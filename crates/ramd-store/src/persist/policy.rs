@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use super::{DiskKind, ImageDir, Record};
+use super::{DiskKind, ImageDir, LeaseWatch, Record};
 use crate::error::{Error, Result};
 use crate::{human, Store};
 
@@ -70,6 +70,9 @@ pub struct Persister {
     /// The image directory (also inside `image`, which a save holds);
     /// `save_to` changes it.
     path: Mutex<PathBuf>,
+    /// The image's lease (object storage), read by status without waiting
+    /// for a save to let go of `image`; `save_to` changes it.
+    lease: Mutex<Option<LeaseWatch>>,
     image: Mutex<ImageDir>,
     /// Checksum of the tree in the image's last save (fs disks).
     meta_sum: Mutex<Option<u32>>,
@@ -107,6 +110,7 @@ impl Persister {
             size: AtomicU64::new(size),
             meta: None,
             path: Mutex::new(image.path().to_path_buf()),
+            lease: Mutex::new(image.lease_watch()),
             image: Mutex::new(image),
             meta_sum: Mutex::new(None),
             state: Mutex::new(state),
@@ -218,13 +222,10 @@ impl Persister {
             && meta_sum == *self.meta_sum.lock();
         if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
             // Nothing to write: an empty save would only lengthen the chain.
-            if full {
-                // A full plan marked every page `saving`: let go of them
-                // (pages changed since the switch are still `dirty`).
-                drop(session);
-            } else {
-                session.finish();
-            }
+            // Dropped unfinished, not finished: a compaction's switch marked
+            // every page `saving`, and only the abort unmarks pages no
+            // `save_chunk` wrote (nothing was dirty: nothing is forgotten).
+            drop(session);
             return Ok(SaveReport {
                 seq: last.seq,
                 full: false,
@@ -307,12 +308,14 @@ impl Persister {
             )));
         }
         *self.path.lock() = dir.to_path_buf();
+        *self.lease.lock() = new.lease_watch();
         std::mem::swap(&mut *image, &mut new);
         // `new` now holds the old image; a full save goes to the new one.
         let r = self.save_locked_reporting(&mut image, true, "to a new image");
         if r.is_err() {
             std::mem::swap(&mut *image, &mut new);
             *self.path.lock() = image.path().to_path_buf();
+            *self.lease.lock() = image.lease_watch();
         } else {
             log::warn!(
                 "the disk's image is now {} (was {})",
@@ -406,10 +409,12 @@ impl Persister {
         }
     }
 
-    /// No more saves: flushes waiting or to come fail.
+    /// No more saves: flushes waiting or to come fail; an image in object
+    /// storage has its lease released.
     pub fn close(&self) {
         self.state.lock().closed = true;
         self.changed.notify_all();
+        self.image.lock().release_lease();
     }
 
     /// The status fields of this disk's persistence.
@@ -426,7 +431,11 @@ impl Persister {
             saves: st.saves,
             save_failures: st.failures,
             last_save: st.last.clone(),
-            last_save_error: st.last_error.clone(),
+            // A lost lease is said before any save tries and fails.
+            last_save_error: st.last_error.clone().or_else(|| {
+                let lease = self.lease.lock();
+                lease.as_ref().and_then(LeaseWatch::trouble)
+            }),
         }
     }
 }
@@ -594,8 +603,9 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
 /// new.
 pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
     let image = ImageDir::open(dir).map_err(|e| match e {
-        // Says which directory itself.
+        // Says which directory (or URL: every error of one names it) itself.
         e @ Error::Unusable(_) => e,
+        e if super::is_url(dir) => e,
         e => Error::context(format!("image {}", dir.display()), e, ""),
     })?;
     let Some(m) = image.manifest() else {

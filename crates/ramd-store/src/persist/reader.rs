@@ -16,10 +16,19 @@ impl ImageDir {
         let total = m.bytes();
         let mut before = 0;
         for seg in &m.chain {
-            let path = self.seg_path(seg.seq);
-            read_segment(&path, m, seg, &mut apply, &mut |n| {
-                progress(before + n, total)
-            })?;
+            let mut progress = |n| progress(before + n, total);
+            match &self.remote {
+                Some(remote) => {
+                    let name = object_name(seg.seq, seg.time_ns);
+                    let (r, len) = remote.reader(&name)?;
+                    let path = remote.named(&name);
+                    parse_segment(&path, r, len, m, seg, &mut apply, &mut progress)?
+                }
+                None => {
+                    let path = self.seg_path(seg.seq);
+                    read_segment(&path, m, seg, &mut apply, &mut progress)?
+                }
+            }
             before += seg.bytes;
         }
         Ok(())
@@ -166,14 +175,30 @@ pub(super) fn read_segment(
     apply: &mut impl FnMut(Record<'_>) -> Result<()>,
     progress: &mut impl FnMut(u64),
 ) -> Result<()> {
+    let (file, direct) =
+        open_direct(path, OpenOptions::new().read(true)).map_err(|e| Error::file(path, e))?;
+    let len = file.metadata().map_err(|e| Error::file(path, e))?.len();
+    let r = AheadReader::start(file, direct, len).map_err(|e| Error::file(path, e))?;
+    parse_segment(path, r, len, m, seg, apply, progress)
+}
+
+/// Checks one segment of `len` bytes read from `r`, handing its records
+/// to `apply`. Generic rather than `dyn Read`: a directory's loads stay as
+/// they were.
+pub(super) fn parse_segment<R: Read>(
+    path: &Path,
+    mut r: R,
+    len: u64,
+    m: &Manifest,
+    seg: &SegEntry,
+    apply: &mut impl FnMut(Record<'_>) -> Result<()>,
+    progress: &mut impl FnMut(u64),
+) -> Result<()> {
     let bad = |offset: u64, reason: String| Error::Image {
         file: path.to_path_buf(),
         offset,
         reason,
     };
-    let (file, direct) =
-        open_direct(path, OpenOptions::new().read(true)).map_err(|e| Error::file(path, e))?;
-    let len = file.metadata().map_err(|e| Error::file(path, e))?.len();
     if len != seg.bytes {
         return Err(bad(
             len.min(seg.bytes),
@@ -183,7 +208,6 @@ pub(super) fn read_segment(
             ),
         ));
     }
-    let mut r = AheadReader::start(file, direct, len).map_err(|e| Error::file(path, e))?;
     // Running out of bytes is damage; any other read error is the disk's.
     let short = |e: io::Error, damage: Error| match e.kind() {
         io::ErrorKind::UnexpectedEof => damage,

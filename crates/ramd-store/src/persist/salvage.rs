@@ -107,6 +107,14 @@ impl SalvageChain {
     /// Finds the chain of the image in `dir`; fails only when there is
     /// none to be found. Reads nothing else and writes nothing.
     pub fn open(dir: &Path) -> Result<SalvageChain> {
+        if is_url(dir) {
+            // It maps segment files; objects would first have to be copied.
+            return Err(Error::Unusable(format!(
+                "{}: salvage reads image directories only, not yet images in object storage \
+                 (`ramd image verify` checks one)",
+                dir.display()
+            )));
+        }
         let (kind, size, chain, manifest_error) = match read_manifest(dir) {
             Ok(Some(m)) => (m.kind, m.size, m.chain, None),
             Ok(None) => {

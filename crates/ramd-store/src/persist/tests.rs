@@ -1,6 +1,5 @@
 use super::reader::*;
 use super::*;
-use crate::{Store, StoreConfig};
 use std::sync::Arc;
 
 /// Writes O_DIRECT refuses (a few bytes from unaligned memory at an
@@ -142,57 +141,76 @@ fn segments_round_trip_whatever_their_record_sizes() {
     }
 }
 
-/// A chain grown to twice its full save asks for a new full save, but only
-/// when something changed: a save with nothing new writes nothing (a stop's
-/// second save, right after the one made while serving), and leaves no page
-/// marked as being saved, so the next save sees and writes a new change.
+/// A save that the chain's length would make full, with nothing changed,
+/// writes nothing and leaves no page marked for a save: the next save
+/// starts clean (its switch asserts that none is) and the image loads as
+/// the disk is.
 #[test]
-fn a_long_chain_with_nothing_new_writes_nothing() {
+fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     let dir = std::env::temp_dir().join(format!("ramd-compact-test-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
-    let store = Arc::new(
-        Store::new(StoreConfig {
-            host_reserve: 0,
-            track_changes: true,
-            ..StoreConfig::new(8 << 20)
-        })
-        .unwrap(),
-    );
+    let size = 1 << 20;
+    let cfg = || crate::StoreConfig {
+        host_reserve: 0,
+        track_changes: true,
+        ..crate::StoreConfig::new(size)
+    };
+    let store = Arc::new(crate::Store::new(cfg()).unwrap());
     let p = Persister::new(
         store.clone(),
         ImageDir::open(&dir).unwrap(),
         DiskKind::Block,
-        8 << 20,
+        size,
         None,
         false,
     );
-    let page = |v: u8| [v | 1; crate::PAGE_SIZE];
-    store.change().write(0, &page(1)).unwrap();
+    let page = |b: u8| vec![b; PAGE_SIZE];
+    // The incremental save is as large as the full one: the chain is
+    // "large", so the next save would be a full one.
+    store.write(0, &page(1)).unwrap();
     assert!(p.save(false).unwrap().full);
-    // An incremental save larger than the full one: the chain is "large".
-    for i in 1..4u64 {
-        store.change().write(i << 20, &page(i as u8)).unwrap();
-    }
+    store.write(0, &page(2)).unwrap();
     assert!(!p.save(false).unwrap().full);
-    let before = std::fs::read_dir(&dir).unwrap().count();
-    let r = p.save(false).unwrap();
-    assert_eq!((r.full, r.pages, r.bytes), (false, 0, 0), "{r:?}");
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), before);
-    // A new change: the compaction save happens, and holds it.
-    store.change().write(7 << 20, &page(9)).unwrap();
-    let r = p.save(false).unwrap();
-    assert!(r.full && r.pages == 5, "{r:?}");
+    let nothing = p.save(false).unwrap();
+    assert_eq!((nothing.pages, nothing.bytes), (0, 0), "{nothing:?}");
+    store.write(PAGE_SIZE as u64, &page(3)).unwrap();
+    p.save(false).unwrap();
     p.close();
-    drop(p);
-    let fresh = Store::new(StoreConfig {
-        host_reserve: 0,
-        track_changes: true,
-        ..StoreConfig::new(8 << 20)
-    })
-    .unwrap();
-    load(&ImageDir::open(&dir).unwrap(), &fresh).unwrap();
-    let mut got = [0u8; crate::PAGE_SIZE];
-    fresh.read(7 << 20, &mut got).unwrap();
-    assert_eq!(got, page(9));
+
+    let loaded = crate::Store::new(cfg()).unwrap();
+    load(&ImageDir::open_existing(&dir).unwrap(), &loaded).unwrap();
+    let mut got = vec![0u8; 2 * PAGE_SIZE];
+    loaded.read(0, &mut got).unwrap();
+    assert_eq!(got[..PAGE_SIZE], page(2)[..]);
+    assert_eq!(got[PAGE_SIZE..], page(3)[..]);
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Debris is recognised by name: a directory's save files, an object
+/// store's segment objects, and nothing else in either.
+#[test]
+fn debris_names_are_exactly_the_saves_own() {
+    for name in [
+        "seg-00000001",
+        "seg-00000012.tmp",
+        "MANIFEST.tmp",
+        "seg-123456789",
+    ] {
+        assert!(save_file(name), "{name}");
+        assert!(!save_object(name), "{name}");
+    }
+    let object = object_name(3, 0x18eb_9d31_b88e_5c1b);
+    assert_eq!(object, "seg-00000003-18eb9d31b88e5c1b");
+    assert!(save_object(&object) && !save_file(&object));
+    for name in [
+        "MANIFEST",
+        "LEASE",
+        "seg-1",
+        "seg-0000001x",
+        "seg-00000003-18eb9d31b88e5c1",
+        "seg-00000003-18eb9d31b88e5c1g",
+        "notes.txt",
+    ] {
+        assert!(!save_file(name) && !save_object(name), "{name}");
+    }
 }

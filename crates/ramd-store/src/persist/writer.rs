@@ -1,5 +1,6 @@
 //! Writing a segment: `ImageDir::begin_segment` and `SegWriter`, which
-//! sends 1 MiB batches to the file with O_DIRECT from a writer thread.
+//! sends 1 MiB batches to the file with O_DIRECT from a writer thread (or,
+//! for an image in object storage, to a multipart upload: `remote.rs`).
 
 use super::*;
 
@@ -18,6 +19,46 @@ impl ImageDir {
         );
         self.last_seq = seq;
         let path = self.seg_path(seq);
+        let time_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let header = self.seg_header(seq, full, kind, size, time_ns);
+        let mut buf = new_buf();
+        buf.extend_from_slice(&header);
+        let entry = SegEntry {
+            seq,
+            full,
+            pages: 0,
+            records: 0,
+            bytes: 0,
+            time_ns,
+        };
+        if let Some(remote) = &self.remote {
+            self.check_lease()?;
+            // Uploaded under its final name: an object appears whole or
+            // not at all, and is debris until a MANIFEST names it.
+            let name = object_name(seq, time_ns);
+            let path = remote.named(&name);
+            let (to_disk, rx) = std::sync::mpsc::sync_channel::<Buf>(2);
+            let (back, empties) = std::sync::mpsc::channel();
+            let abort = Arc::new(AtomicBool::new(false));
+            let writer = remote
+                .upload(&name, rx, back, abort.clone())
+                .map_err(|e| Error::file(&path, e))?;
+            return Ok(SegWriter {
+                to_disk: Some(to_disk),
+                empties,
+                writer: Some(writer),
+                tmp: path.clone(),
+                path,
+                dir: self.path.clone(),
+                buf,
+                written: 0,
+                entry,
+                crash: crash_point(),
+                upload: Some(abort),
+            });
+        }
         let tmp = path.with_extension("tmp");
         // O_DIRECT: the data goes from our buffers to the device, sparing a
         // copy into the page cache (on these VMs the copy alone took half a
@@ -32,32 +73,6 @@ impl ImageDir {
                 .mode(0o600),
         )
         .map_err(|e| Error::file(&tmp, e))?;
-        let time_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let base = if full {
-            seq
-        } else {
-            self.manifest
-                .as_ref()
-                .and_then(|m| m.chain.first())
-                .map_or(seq, |s| s.seq)
-        };
-        let mut h = [0u8; SEG_HEADER];
-        h[..8].copy_from_slice(SEG_MAGIC);
-        h[8..10].copy_from_slice(&SEG_VERSION.to_le_bytes());
-        h[10..12].copy_from_slice(&(SEG_HEADER as u16).to_le_bytes());
-        h[12] = kind.id();
-        h[13] = full as u8;
-        h[16..24].copy_from_slice(&seq.to_le_bytes());
-        h[24..32].copy_from_slice(&base.to_le_bytes());
-        h[32..40].copy_from_slice(&size.to_le_bytes());
-        h[40..48].copy_from_slice(&time_ns.to_le_bytes());
-        h[48..52].copy_from_slice(&(PAGE_SIZE as u32).to_le_bytes());
-        let crc = crc32c::crc32c(&h[..60]);
-        h[60..64].copy_from_slice(&crc.to_le_bytes());
-        let mut buf = new_buf();
-        buf.extend_from_slice(&h);
         // Encoding (copies and checksums, under store locks) and writing
         // overlap on two threads.
         let (to_disk, rx) = std::sync::mpsc::sync_channel::<Buf>(2);
@@ -86,7 +101,7 @@ impl ImageDir {
                     b.clear();
                     let _ = back.send(b);
                 }
-                Ok(file)
+                Ok(Some(file))
             })
             .map_err(|e| Error::file(&tmp, e))?;
         Ok(SegWriter {
@@ -98,16 +113,43 @@ impl ImageDir {
             dir: self.path.clone(),
             buf,
             written: 0,
-            entry: SegEntry {
-                seq,
-                full,
-                pages: 0,
-                records: 0,
-                bytes: 0,
-                time_ns,
-            },
+            entry,
             crash: crash_point(),
+            upload: None,
         })
+    }
+
+    /// The 64-byte segment header (FORMAT.md).
+    fn seg_header(
+        &self,
+        seq: u64,
+        full: bool,
+        kind: DiskKind,
+        size: u64,
+        time_ns: u64,
+    ) -> [u8; SEG_HEADER] {
+        let base = if full {
+            seq
+        } else {
+            self.manifest
+                .as_ref()
+                .and_then(|m| m.chain.first())
+                .map_or(seq, |s| s.seq)
+        };
+        let mut h = [0u8; SEG_HEADER];
+        h[..8].copy_from_slice(SEG_MAGIC);
+        h[8..10].copy_from_slice(&SEG_VERSION.to_le_bytes());
+        h[10..12].copy_from_slice(&(SEG_HEADER as u16).to_le_bytes());
+        h[12] = kind.id();
+        h[13] = full as u8;
+        h[16..24].copy_from_slice(&seq.to_le_bytes());
+        h[24..32].copy_from_slice(&base.to_le_bytes());
+        h[32..40].copy_from_slice(&size.to_le_bytes());
+        h[40..48].copy_from_slice(&time_ns.to_le_bytes());
+        h[48..52].copy_from_slice(&(PAGE_SIZE as u32).to_le_bytes());
+        let crc = crc32c::crc32c(&h[..60]);
+        h[60..64].copy_from_slice(&crc.to_le_bytes());
+        h
     }
 }
 
@@ -117,9 +159,9 @@ pub struct SegWriter {
     /// Full buffers go to the writer thread; it sends them back empty.
     to_disk: Option<std::sync::mpsc::SyncSender<Buf>>,
     empties: std::sync::mpsc::Receiver<Buf>,
-    /// Writes buffers in order; returns the file for the fsync, or the
-    /// first error.
-    writer: Option<std::thread::JoinHandle<io::Result<File>>>,
+    /// Writes buffers in order; returns the file for the fsync (`None`
+    /// for an upload, complete when it returns), or the first error.
+    writer: Option<std::thread::JoinHandle<io::Result<Option<File>>>>,
     tmp: PathBuf,
     path: PathBuf,
     dir: PathBuf,
@@ -129,6 +171,8 @@ pub struct SegWriter {
     written: u64,
     entry: SegEntry,
     crash: Option<Crash>,
+    /// An upload to object storage: set to abandon it (`discard`).
+    upload: Option<Arc<AtomicBool>>,
 }
 
 impl SegWriter {
@@ -216,7 +260,9 @@ impl SegWriter {
         let mut full = std::mem::replace(&mut self.buf, next);
         full.truncate(cut);
         self.written += cut as u64;
-        full.resize(cut.next_multiple_of(DIO_ALIGN), 0);
+        if self.upload.is_none() {
+            full.resize(cut.next_multiple_of(DIO_ALIGN), 0);
+        }
         let sent = self.to_disk.as_ref().expect("writer running").send(full);
         if sent.is_err() {
             // The writer stopped on an error: collect it.
@@ -225,8 +271,9 @@ impl SegWriter {
         Ok(())
     }
 
-    /// Waits until everything sent is written; returns the file.
-    pub(super) fn drain(&mut self) -> Result<File> {
+    /// Waits until everything sent is written; returns the file (`None`:
+    /// the upload is complete).
+    pub(super) fn drain(&mut self) -> Result<Option<File>> {
         drop(self.to_disk.take());
         let result = self.writer.take().expect("drained once").join();
         match result {
@@ -246,9 +293,18 @@ impl SegWriter {
         self.record(R_END, 0, records, pages, &[]);
         let sent = self.send(true).and_then(|()| self.drain());
         let file = match sent {
-            Ok(f) => f,
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                // Uploaded: the object is whole, under its final name.
+                crash_if(Crash::SegmentSynced);
+                crash_if(Crash::SegmentRenamed);
+                self.entry.bytes = self.written;
+                return Ok(self.entry.clone());
+            }
             Err(e) => {
-                let _ = fs::remove_file(&self.tmp);
+                if self.upload.is_none() {
+                    let _ = fs::remove_file(&self.tmp);
+                }
                 return Err(e);
             }
         };
@@ -266,10 +322,15 @@ impl SegWriter {
 
     /// Gives up: the partial file goes.
     pub fn discard(mut self) {
+        if let Some(abort) = &self.upload {
+            abort.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         if self.writer.is_some() {
             let _ = self.drain();
         }
-        let _ = fs::remove_file(&self.tmp);
+        if self.upload.is_none() {
+            let _ = fs::remove_file(&self.tmp);
+        }
     }
 }
 

@@ -285,8 +285,14 @@ pub struct FsDisk {
 impl FsDisk {
     /// Mounts a fresh disk with `args` (e.g. `["--size", "64M"]`).
     pub fn mount(args: &[&str]) -> FsDisk {
+        FsDisk::mount_with_env(args, &[])
+    }
+
+    /// Like [`FsDisk::mount`], with extra environment variables for the
+    /// daemon (an object store's endpoint and credentials).
+    pub fn mount_with_env(args: &[&str], env: &[(&str, &str)]) -> FsDisk {
         let (parent, mnt) = fresh_mount_dir();
-        let mut d = FsDisk::mount_at(&mnt, args).unwrap_or_else(|f| {
+        let mut d = FsDisk::mount_at_env(&mnt, args, env).unwrap_or_else(|f| {
             panic!(
                 "ramd serve --mount {mnt:?} {args:?} did not become ready ({}); stderr:\n{}",
                 f.status, f.stderr
@@ -318,6 +324,15 @@ impl FsDisk {
     /// mount point, returns how it failed. A daemon that neither exits nor
     /// prints within the start deadline fails the test.
     pub fn mount_at(dir: &Path, args: &[&str]) -> Result<FsDisk, MountFailure> {
+        FsDisk::mount_at_env(dir, args, &[])
+    }
+
+    /// [`FsDisk::mount_at`] with extra environment variables.
+    pub fn mount_at_env(
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<FsDisk, MountFailure> {
         let run_dir = tempfile::Builder::new()
             .prefix("ramd-fsrun.")
             .tempdir()
@@ -333,6 +348,7 @@ impl FsDisk {
             .arg(run_dir.path())
             .env_remove("RAMD_RUN_DIR")
             .env("RUST_BACKTRACE", "1")
+            .envs(env.iter().copied())
             .arg("serve")
             .arg("--mount")
             .arg(dir)

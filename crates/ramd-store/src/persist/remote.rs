@@ -1,0 +1,462 @@
+//! Images in S3-compatible object storage (`--image s3://bucket/prefix`):
+//! the same segments and MANIFEST as an image directory, as objects
+//! `prefix/seg-NNNNNNNN` and `prefix/MANIFEST` (FORMAT.md, *Object
+//! storage*).
+//!
+//! The seam is small: `ImageDir` holds a `Remote` instead of a directory,
+//! and where a directory save writes a file, fsyncs and renames, this
+//! module uploads (multipart) or puts conditionally. A segment is uploaded
+//! under its final key (an object appears whole or not at all, so no
+//! `.tmp`); the MANIFEST put is the commit point, conditional on the
+//! version this process last read or wrote (`If-Match`), or on there being
+//! none (`If-None-Match: *`): a commit by another writer since is refused,
+//! never overwritten.
+//!
+//! Apache Arrow's `object_store` does the HTTP, signing, retries and
+//! multipart uploads, and takes credentials and endpoint from the standard
+//! `AWS_*` environment variables. Its calls are async: they run on one small
+//! runtime shared by the process, entered from ramd's own threads.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc, OnceLock};
+
+use futures::StreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as Key;
+use object_store::{
+    ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    UpdateVersion, WriteMultipart,
+};
+
+use super::*;
+
+/// The URL scheme of an image in object storage.
+pub const S3_SCHEME: &str = "s3://";
+
+/// Whether `--image` names an object-storage image rather than a directory.
+pub fn is_url(image: &Path) -> bool {
+    image.to_str().is_some_and(|s| s.starts_with(S3_SCHEME))
+}
+
+/// Size of each part of a segment's multipart upload (S3 wants 5 MiB or
+/// more but for the last), and how many are in flight at once.
+const PART: usize = 8 << 20;
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// The process's runtime for object-storage calls: two workers, made at
+/// first use (a disk without such an image never starts one).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ramd-s3")
+            .enable_all()
+            .build()
+            .expect("starting the object-storage runtime")
+    })
+}
+
+/// Runs an object-storage call from one of ramd's threads.
+pub(super) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+/// An image's place in object storage.
+pub(super) struct Remote {
+    /// `s3://bucket/prefix`, as given less trailing slashes: what errors
+    /// and status name (it never holds credentials: those come from the
+    /// environment).
+    url: String,
+    bucket: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: Key,
+    /// The MANIFEST's version as this process last read or wrote it: the
+    /// precondition of the next commit (`None`: there is none yet).
+    version: Option<UpdateVersion>,
+}
+
+impl Remote {
+    /// Connects to `s3://bucket/prefix` with the `AWS_*` environment's
+    /// credentials, region and endpoint. Nothing is sent yet.
+    pub(super) fn connect(url: &Path) -> Result<Remote> {
+        let text = url.to_string_lossy();
+        let rest = text.strip_prefix(S3_SCHEME).unwrap_or(&text);
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let prefix = prefix.trim_matches('/');
+        if bucket.is_empty() {
+            return Err(Error::Unusable(format!(
+                "image {text}: no bucket: give s3://BUCKET/PREFIX"
+            )));
+        }
+        let url = match prefix {
+            "" => format!("{S3_SCHEME}{bucket}"),
+            p => format!("{S3_SCHEME}{bucket}/{p}"),
+        };
+        // Short of the defaults (ten retries over up to three minutes) so
+        // that a save to a server that went away fails in a minute and
+        // says so; RAMD_S3_TIMEOUT (seconds, per request) shortens it
+        // further for tests.
+        let timeout: u64 = std::env::var("RAMD_S3_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30);
+        let retry = RetryConfig {
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(2 * timeout),
+            ..RetryConfig::default()
+        };
+        let store = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_config(
+                AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                format!("{timeout}s"),
+            )
+            .with_config(
+                AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                format!("{}s", timeout.min(5)),
+            )
+            .with_retry(retry)
+            .build()
+            .map_err(|e| Error::Unusable(format!("image {url}: {}", redact(&e.to_string()))))?;
+        let prefix = Key::from(prefix);
+        Ok(Remote {
+            url,
+            bucket: bucket.to_string(),
+            store: Arc::new(store),
+            prefix,
+            version: None,
+        })
+    }
+
+    pub(super) fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub(super) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(super) fn key(&self, name: &str) -> Key {
+        self.prefix.clone().join(name)
+    }
+
+    /// `url/name` (the URL itself for ""), for messages.
+    pub(super) fn named(&self, name: &str) -> PathBuf {
+        match name {
+            "" => PathBuf::from(&self.url),
+            name => PathBuf::from(format!("{}/{name}", self.url)),
+        }
+    }
+
+    /// An object-storage error on object `name` as a ramd error that names
+    /// the URL and says what to do.
+    pub(super) fn error(&self, name: &str, e: object_store::Error) -> Error {
+        Error::file(self.named(name), io::Error::other(self.explain(&e)))
+    }
+
+    /// What went wrong and what to do: the S3 error code (the XML body
+    /// it came in is left out) or the client's own first line, then a hint.
+    fn explain(&self, e: &object_store::Error) -> String {
+        let text = redact(&e.to_string());
+        let code = text
+            .split_once("<Code>")
+            .and_then(|(_, rest)| rest.split_once("</Code>"))
+            .map(|(code, _)| code.to_string());
+        let has = |w: &[&str]| w.iter().any(|w| text.contains(w));
+        let hint = if has(&["NoSuchBucket"]) {
+            format!(
+                "bucket {} does not exist: create it, or give another s3://BUCKET/PREFIX",
+                self.bucket
+            )
+        } else if has(&["169.254.169.254", "latest/api/token"]) {
+            // No keys in the environment: object_store asked the instance
+            // metadata service, which is not there.
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (none are in \
+             the environment, and no instance metadata service gave any)"
+                .into()
+        } else if has(&[
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "AccessDenied",
+            "Forbidden",
+        ]) {
+            format!(
+                "the server refused these credentials: check AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, and that they may use bucket {}",
+                self.bucket
+            )
+        } else if has(&[
+            "error sending request",
+            "connect",
+            "Connection refused",
+            "timed out",
+            "Timeout",
+        ]) {
+            format!(
+                "the object store did not answer: is it up, and is the endpoint right ({})?",
+                endpoint()
+            )
+        } else if has(&["credential", "Credential"]) {
+            "no usable credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".into()
+        } else {
+            String::new()
+        };
+        let what = match code {
+            Some(code) => format!("the server answered {code}"),
+            None => text.lines().next().unwrap_or_default().to_string(),
+        };
+        match hint.as_str() {
+            "" => what,
+            h => format!("{h} ({what})"),
+        }
+    }
+
+    /// Names of the objects directly under the prefix, with sizes; fails
+    /// if the bucket does not exist.
+    pub(super) fn list(&self) -> Result<Vec<(String, u64)>> {
+        let listed = block_on(self.store.list_with_delimiter(Some(&self.prefix)));
+        let listed = match listed {
+            Ok(l) => l,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::Unusable(format!(
+                    "image {}: bucket {} does not exist: create it, or give another \
+                     s3://BUCKET/PREFIX",
+                    self.url, self.bucket
+                )))
+            }
+            Err(e) => return Err(self.error("", e)),
+        };
+        let mut names: Vec<(String, u64)> = listed
+            .objects
+            .iter()
+            .filter_map(|o| Some((o.location.filename()?.to_string(), o.size)))
+            .collect();
+        // "Directories" below the prefix are someone else's objects.
+        names.extend(
+            listed
+                .common_prefixes
+                .iter()
+                .filter_map(|p| Some((format!("{}/", p.filename()?), 0))),
+        );
+        Ok(names)
+    }
+
+    pub(super) fn delete(&self, name: &str) -> Result<()> {
+        block_on(self.store.delete(&self.key(name))).map_err(|e| self.error(name, e))
+    }
+
+    /// The MANIFEST, or `None` if there is none; remembers its version
+    /// for the next commit.
+    pub(super) fn read_manifest(&mut self) -> Result<Option<Manifest>> {
+        let got = block_on(async {
+            let r = self.store.get(&self.key(MANIFEST)).await?;
+            let meta = r.meta.clone();
+            Ok::<_, object_store::Error>((meta, r.bytes().await?))
+        });
+        match got {
+            Ok((meta, bytes)) => {
+                let m = Manifest::decode(&self.named(MANIFEST), &bytes)?;
+                self.version = Some(UpdateVersion {
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                });
+                Ok(Some(m))
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                self.version = None;
+                Ok(None)
+            }
+            Err(e) => Err(self.error(MANIFEST, e)),
+        }
+    }
+
+    /// The commit point: puts the MANIFEST only if it is still the one
+    /// this process read or wrote last (or, for the first, if there is
+    /// none).
+    pub(super) fn commit_manifest(&mut self, text: String) -> Result<()> {
+        let mode = match &self.version {
+            Some(v) => PutMode::Update(v.clone()),
+            None => PutMode::Create,
+        };
+        let key = self.key(MANIFEST);
+        let put = block_on(self.store.put_opts(
+            &key,
+            PutPayload::from(text.into_bytes()),
+            PutOptions::from(mode),
+        ));
+        match put {
+            Ok(r) => {
+                self.version = Some(UpdateVersion {
+                    e_tag: r.e_tag,
+                    version: r.version,
+                });
+                if self.version.as_ref().is_some_and(|v| v.e_tag.is_none()) {
+                    // The next commit needs the e-tag to be conditional.
+                    let meta =
+                        block_on(self.store.head(&key)).map_err(|e| self.error(MANIFEST, e))?;
+                    self.version = Some(UpdateVersion {
+                        e_tag: meta.e_tag,
+                        version: meta.version,
+                    });
+                }
+                Ok(())
+            }
+            Err(
+                object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. },
+            ) => Err(Error::Unusable(format!(
+                "{}: another writer committed a save to image {} since this ramd read it: \
+                 this save was not committed (nothing was overwritten); only one ramd may \
+                 save to an image: stop the other one, then serve the image again",
+                self.named(MANIFEST).display(),
+                self.url
+            ))),
+            Err(e) => Err(self.error(MANIFEST, e)),
+        }
+    }
+
+    /// Starts uploading object `name` on a thread: it takes buffers from
+    /// the channel (sending them back once copied) until the channel
+    /// closes, then completes the upload, or aborts it if `abort` is set.
+    pub(super) fn upload(
+        &self,
+        name: &str,
+        rx: mpsc::Receiver<Buf>,
+        back: mpsc::Sender<Buf>,
+        abort: Arc<AtomicBool>,
+    ) -> io::Result<std::thread::JoinHandle<io::Result<Option<File>>>> {
+        let store = self.store.clone();
+        let key = self.key(name);
+        let me = self.clone_handle();
+        std::thread::Builder::new()
+            .name("ramd-seg-upload".into())
+            .spawn(move || {
+                // WriteMultipart spawns its part uploads on the runtime.
+                let _in = runtime().enter();
+                let fail = |e: object_store::Error| io::Error::other(me.explain(&e));
+                let upload = block_on(store.put_multipart(&key)).map_err(fail)?;
+                let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
+                for mut b in rx {
+                    if let Err(e) = block_on(w.wait_for_capacity(PARTS_IN_FLIGHT)) {
+                        let _ = block_on(w.abort());
+                        return Err(fail(e));
+                    }
+                    // Copied into the part being filled: the buffer goes
+                    // back empty for the encoder to reuse.
+                    w.write(&b);
+                    b.clear();
+                    let _ = back.send(b);
+                }
+                if abort.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = block_on(w.abort());
+                    return Err(io::Error::other("the save was abandoned"));
+                }
+                block_on(w.finish()).map_err(fail)?;
+                Ok(None)
+            })
+    }
+
+    /// The same place, for another thread (without the MANIFEST version).
+    pub(super) fn clone_handle(&self) -> Remote {
+        Remote {
+            url: self.url.clone(),
+            bucket: self.bucket.clone(),
+            store: self.store.clone(),
+            prefix: self.prefix.clone(),
+            version: None,
+        }
+    }
+
+    /// Reads object `name` from start to end on its own thread, ahead of
+    /// the caller; returns the reader and the object's length.
+    pub(super) fn reader(&self, name: &str) -> Result<(ObjectReader, u64)> {
+        let got = block_on(self.store.get(&self.key(name))).map_err(|e| self.error(name, e))?;
+        let len = got.meta.size;
+        let (tx, chunks) = mpsc::sync_channel(8);
+        let me = self.clone_handle();
+        let reader = std::thread::Builder::new()
+            .name("ramd-seg-fetch".into())
+            .spawn(move || {
+                let mut body = got.into_stream();
+                while let Some(chunk) = block_on(body.next()) {
+                    let chunk = chunk.map_err(|e| io::Error::other(me.explain(&e)));
+                    let failed = chunk.is_err();
+                    if tx.send(chunk).is_err() || failed {
+                        return; // the parser stopped, or says where
+                    }
+                }
+            })
+            .map_err(|e| Error::file(self.named(name), e))?;
+        Ok((
+            ObjectReader {
+                chunks: Some(chunks),
+                reader: Some(reader),
+                cur: bytes::Bytes::new(),
+            },
+            len,
+        ))
+    }
+}
+
+/// The endpoint the environment names, for hints (not a secret).
+fn endpoint() -> String {
+    ["AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .map_or_else(
+            || "AWS's, as no AWS_ENDPOINT_URL is set".into(),
+            |e| format!("AWS_ENDPOINT_URL={e}"),
+        )
+}
+
+/// `text` with the environment's credentials blanked out: some servers
+/// echo the access key in their error bodies, and errors reach logs and
+/// status.
+fn redact(text: &str) -> String {
+    let mut out = text.to_string();
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            if v.len() >= 4 {
+                out = out.replace(&v, "[redacted]");
+            }
+        }
+    }
+    out
+}
+
+/// An object's bytes, in the order they arrive.
+pub(super) struct ObjectReader {
+    chunks: Option<mpsc::Receiver<io::Result<bytes::Bytes>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    cur: bytes::Bytes,
+}
+
+impl Read for ObjectReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            let Some(next) = self.chunks.as_ref().and_then(|c| c.recv().ok()) else {
+                return Ok(0); // the end of the object
+            };
+            self.cur = next?;
+        }
+        let n = out.len().min(self.cur.len());
+        out[..n].copy_from_slice(&self.cur[..n]);
+        bytes::Buf::advance(&mut self.cur, n);
+        Ok(n)
+    }
+}
+
+impl Drop for ObjectReader {
+    fn drop(&mut self) {
+        // Unblocks the reader if it waits to hand over a chunk.
+        drop(self.chunks.take());
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}

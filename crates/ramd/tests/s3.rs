@@ -1,0 +1,825 @@
+//! Images in object storage (`--image s3://bucket/prefix`) against a real
+//! S3 server: SeaweedFS's `weed mini` on loopback (scripts/install-test-tools
+//! builds it), one per test, with its own data directory, ports and
+//! credentials. ramd is driven as a user drives it: serve, write with
+//! qemu-io or through a mount, stop, serve again, read back.
+
+mod common;
+mod fs_common;
+
+use common::*;
+use fs_common::FsDisk;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tempfile::TempDir;
+
+const ACCESS_KEY: &str = "ramdtestkey";
+const SECRET_KEY: &str = "ramdtestsecret0123456789";
+const BUCKET: &str = "ramdtest";
+/// How long SeaweedFS may take to answer S3 requests after it starts.
+const WEED_DEADLINE: Duration = Duration::from_secs(90);
+
+/// `weed`: on PATH, or where `go install` puts it.
+fn weed_bin() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let gopath = Command::new("go")
+        .args(["env", "GOPATH"])
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("bin"));
+    let home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join("go/bin"));
+    std::env::split_paths(&path)
+        .chain(gopath)
+        .chain(home)
+        .map(|d| d.join("weed"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "SeaweedFS's `weed` is not installed (not on PATH nor in $(go env GOPATH)/bin): \
+                 run scripts/install-test-tools"
+            )
+        })
+}
+
+/// A SeaweedFS server (`weed mini`: master, volume, filer and S3 in one
+/// process) on loopback, killed on drop.
+struct Weed {
+    child: Option<Child>,
+    s3_port: u16,
+    dir: TempDir,
+}
+
+impl Weed {
+    fn start() -> Weed {
+        let bin = weed_bin();
+        let mut dir = scratch();
+        let config = dir.path().join("s3.json");
+        fs::write(
+            &config,
+            format!(
+                r#"{{"identities":[{{"name":"ramd","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+            ),
+        )
+        .unwrap();
+        // Ports are picked free and then given to weed: another test's
+        // server may take one first. A server that exits while starting is
+        // started again on other ports; one that neither answers nor exits
+        // by the deadline fails the test with its log.
+        let mut tries = Vec::new();
+        for attempt in 0..3 {
+            let mut w = Weed::spawn(&bin, dir, &config, attempt);
+            let client = w.client();
+            let deadline = std::time::Instant::now() + WEED_DEADLINE;
+            loop {
+                if block_on(client.list_with_delimiter(None)).is_ok() {
+                    return w;
+                }
+                if let Some(status) = w.child.as_mut().unwrap().try_wait().unwrap() {
+                    tries.push(format!(
+                        "attempt {attempt}: weed exited ({status}):\n{}",
+                        w.log_tail()
+                    ));
+                    w.child = None;
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    panic!(
+                        "SeaweedFS did not answer S3 requests within {WEED_DEADLINE:?}:\n{}",
+                        w.log_tail()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            dir = std::mem::replace(&mut w.dir, scratch());
+        }
+        panic!("SeaweedFS did not start:\n{}", tries.join("\n"));
+    }
+
+    /// `weed mini` on fresh ports, its data in `dir/data-ATTEMPT`.
+    fn spawn(bin: &Path, dir: TempDir, config: &Path, attempt: usize) -> Weed {
+        let data = dir.path().join(format!("data-{attempt}"));
+        fs::create_dir(&data).unwrap();
+        let mut ports: Vec<u16> = Vec::new();
+        while ports.len() < 10 {
+            let p = free_tcp_port();
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        let flag = |name: &str, i: usize| format!("-{name}={}", ports[i]);
+        let log = fs::File::create(dir.path().join("weed.log")).unwrap();
+        let child = Command::new(bin)
+            .arg("mini")
+            .arg(format!("-dir={}", data.display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1"])
+            .args([
+                flag("master.port", 0),
+                flag("master.port.grpc", 1),
+                flag("volume.port", 2),
+                flag("volume.port.grpc", 3),
+                flag("filer.port", 4),
+                flag("filer.port.grpc", 5),
+                flag("s3.port", 6),
+                flag("s3.port.grpc", 7),
+                flag("admin.port", 8),
+                flag("admin.port.grpc", 9),
+            ])
+            .args([
+                "-admin.port.legacy=0",
+                "-admin.ui=false",
+                "-webdav=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ])
+            .arg(format!("-s3.config={}", config.display()))
+            .arg(format!("-bucket={BUCKET}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn weed");
+        Weed {
+            child: Some(child),
+            s3_port: ports[6],
+            dir,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.s3_port)
+    }
+
+    /// The environment ramd takes its endpoint and credentials from.
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), SECRET_KEY.into()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ENDPOINT_URL".into(), self.endpoint()),
+            ("AWS_ALLOW_HTTP".into(), "true".into()),
+        ]
+    }
+
+    /// The test's own client, to look at what ramd wrote.
+    fn client(&self) -> AmazonS3 {
+        AmazonS3Builder::new()
+            .with_bucket_name(BUCKET)
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .with_region("us-east-1")
+            .with_endpoint(self.endpoint())
+            .with_allow_http(true)
+            .build()
+            .expect("S3 client")
+    }
+
+    /// The objects directly under `prefix`: name and size.
+    fn objects(&self, prefix: &str) -> Vec<(String, u64)> {
+        let l = block_on(self.client().list_with_delimiter(Some(&Key::from(prefix))))
+            .unwrap_or_else(|e| panic!("listing {prefix}: {e}"));
+        l.objects
+            .iter()
+            .map(|o| (o.location.filename().unwrap().to_string(), o.size))
+            .collect()
+    }
+
+    fn read(&self, key: &str) -> String {
+        let got = block_on(async {
+            let r = self.client().get(&Key::from(key)).await?;
+            r.bytes().await
+        })
+        .unwrap_or_else(|e| panic!("reading {key}: {e}"));
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("weed log (last lines):\n{}", self.log_tail());
+        }
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+fn url(prefix: &str) -> String {
+    format!("s3://{BUCKET}/{prefix}")
+}
+
+/// `ramd serve ARGS` with `env`, in a fresh run dir (kept in `run`).
+fn serve(run: &Path, args: &[&str], env: &[(String, String)]) -> Ramd {
+    try_serve(run, args, env).unwrap_or_else(|(status, stderr)| {
+        panic!("ramd serve {args:?} did not become ready ({status}); stderr:\n{stderr}")
+    })
+}
+
+fn try_serve(
+    run: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<Ramd, (String, String)> {
+    fs::create_dir_all(run).unwrap();
+    Ramd::try_start_in_with(run, args, &pairs(env), None)
+}
+
+/// `ramd ARGS` (offline commands, snapshot) with `env`.
+fn ramd(run: &Path, args: &[&str], env: &[(String, String)]) -> Output {
+    let mut c = Command::new(ramd_bin());
+    c.arg("--run-dir").arg(run).args(args).envs(pairs(env));
+    run_cmd(&mut c)
+}
+
+fn run_cmd(c: &mut Command) -> Output {
+    run(c, CMD_TIMEOUT)
+}
+
+fn snapshot(run: &Path, name: &str, env: &[(String, String)]) -> Value {
+    let out = ramd(run, &["snapshot", name, "--json"], env).ok();
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("snapshot JSON ({e}): {out}"))
+}
+
+/// The disk behind `uri`, copied out whole.
+fn export(uri: &str, to: &Path) -> Vec<u8> {
+    require_tool("nbdcopy");
+    run_ok(&mut cmd("nbdcopy", [uri, to.to_str().unwrap()]));
+    fs::read(to).unwrap()
+}
+
+fn assert_filled(disk: &[u8], at: u64, len: u64, byte: u8, what: &str) {
+    let r = &disk[at as usize..(at + len) as usize];
+    if let Some(i) = r.iter().position(|&b| b != byte) {
+        panic!(
+            "{what}: byte {} is {:#x}, not {byte:#x}",
+            at as usize + i,
+            r[i]
+        );
+    }
+}
+
+/// A block disk saved to S3 and loaded back: random data, a pattern, an
+/// incremental snapshot that uploads only its pages, the lease released at
+/// the stop, `ramd image info|verify|export|import` on URLs.
+#[test]
+fn block_disk_round_trip_with_incremental_snapshot() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let data = tmp.path().join("data");
+    random_file(&data, 8 * MIB);
+    let img = url("disk");
+
+    let d = serve(&run, &["--size", "64M", "--image", &img], &env);
+    qemu_io(
+        d.uri(),
+        &[
+            format!("write -s {} 0 8M", data.display()),
+            "write -P 0x5a 32M 1M".into(),
+        ],
+    );
+    let full = snapshot(&run, d.name(), &env);
+    assert_eq!(full["full"], true, "{full}");
+    assert_eq!(full["path"], img.as_str(), "{full}");
+    qemu_io(d.uri(), &["write -P 0x77 16M 64k".into()]);
+    let inc = snapshot(&run, d.name(), &env);
+    assert_eq!(inc["full"], false, "{inc}");
+    assert_eq!(field(&inc, "pages"), 16, "{inc}");
+
+    // Each save is one object, of the size the save reports; the
+    // incremental one holds its 16 pages, not the disk.
+    let objects = w.objects("disk");
+    let seg = |seq: u64| {
+        let name = format!("seg-{seq:08}-");
+        objects
+            .iter()
+            .find(|(n, _)| n.starts_with(&name))
+            .unwrap_or_else(|| panic!("no segment object {name}* in {objects:?}"))
+            .1
+    };
+    assert_eq!(seg(1), field(&full, "bytes"), "{objects:?}");
+    assert_eq!(seg(2), field(&inc, "bytes"), "{objects:?}");
+    assert!(
+        seg(1) > 8 * MIB,
+        "the full save is smaller than its data: {objects:?}"
+    );
+    assert!(
+        seg(2) < 16 * (PAGE + 64) + 4096,
+        "the incremental save uploaded more than its 16 pages: {objects:?}"
+    );
+    assert!(objects.iter().any(|(n, _)| n == "MANIFEST"), "{objects:?}");
+    let lease = w.read("disk/LEASE");
+    assert!(
+        lease.contains(&format!("pid {}", d.pid())),
+        "LEASE does not name the writer:\n{lease}"
+    );
+    drop(d);
+
+    let lease = w.read("disk/LEASE");
+    assert!(
+        lease.contains("expires 0"),
+        "the lease was not released at the stop:\n{lease}"
+    );
+    let verify = ramd(&run, &["image", "verify", &img], &env).ok();
+    assert!(verify.contains(&format!("{img}: ok")), "{verify}");
+    let info = ramd(&run, &["image", "info", &img], &env).ok();
+    assert!(info.contains("block") && info.contains("64M"), "{info}");
+
+    let d = serve(&run, &["--image", &img], &env);
+    assert!(d.stderr().contains("loaded image"), "{}", d.stderr());
+    let disk = export(d.uri(), &tmp.path().join("out"));
+    assert_eq!(disk.len() as u64, 64 * MIB);
+    assert!(
+        disk[..(8 * MIB) as usize] == fs::read(&data).unwrap()[..],
+        "the random 8M differ after the load"
+    );
+    assert_filled(&disk, 32 * MIB, MIB, 0x5a, "the pattern at 32M");
+    assert_filled(
+        &disk,
+        16 * MIB,
+        64 * KIB,
+        0x77,
+        "the incremental save's 64k",
+    );
+    assert_filled(&disk, 8 * MIB, 8 * MIB, 0, "what was never written");
+    drop(d);
+
+    // Offline: export the image from the URL to a raw file, import it to
+    // another prefix; both are the disk.
+    let raw = tmp.path().join("exported.raw");
+    ramd(
+        &run,
+        &["image", "export", &img, "--to", raw.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    assert!(
+        fs::read(&raw).unwrap() == disk,
+        "the exported image differs"
+    );
+    let copy = url("imported");
+    ramd(
+        &run,
+        &["image", "import", raw.to_str().unwrap(), &copy],
+        &env,
+    )
+    .ok();
+    let verify = ramd(&run, &["image", "verify", &copy], &env).ok();
+    assert!(verify.contains(&format!("{copy}: ok")), "{verify}");
+}
+
+/// A filesystem disk (`--mount`) saved to S3: files written, stop,
+/// remount from the image alone, the same files.
+#[test]
+fn fs_disk_round_trip() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("fs");
+    let big = tmp.path().join("big");
+    random_file(&big, 3 * MIB);
+
+    let d = FsDisk::mount_with_env(&["--size", "64M", "--image", &img], &pairs(&env));
+    fs::create_dir(d.join("dir")).unwrap();
+    fs::copy(&big, d.join("dir/big")).unwrap();
+    fs::write(d.join("small.txt"), b"kept in object storage\n").unwrap();
+    std::os::unix::fs::symlink("dir/big", d.join("link")).unwrap();
+    d.stop();
+
+    let d = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert!(d.stderr().contains("loaded image"), "{}", d.stderr());
+    assert_same_file(&big, &d.join("dir/big"));
+    assert_eq!(
+        fs::read(d.join("small.txt")).unwrap(),
+        b"kept in object storage\n"
+    );
+    assert_eq!(fs::read_link(d.join("link")).unwrap(), Path::new("dir/big"));
+    d.stop();
+}
+
+/// A second `ramd serve` of one prefix is refused while the first holds
+/// its lease, naming the holder and when the lease ends; after the first's
+/// clean stop it starts and loads what the first saved.
+#[test]
+fn second_writer_is_refused_naming_the_holder() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("shared");
+    let first = serve(
+        &tmp.path().join("a"),
+        &["--size", "16M", "--image", &img],
+        &env,
+    );
+    qemu_io(first.uri(), &["write -P 0x42 0 1M".into()]);
+
+    let (status, err) = match try_serve(&tmp.path().join("b"), &["--image", &img], &env) {
+        Ok(_) => panic!("a second writer of {img} started while the first holds the lease"),
+        Err(e) => e,
+    };
+    let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for want in [
+        img.as_str(),
+        "lease is held by",
+        host.trim(),
+        &format!("pid {}", first.pid()),
+        "until",
+    ] {
+        assert!(
+            err.contains(want),
+            "refusal ({status}) lacks {want:?}:\n{err}"
+        );
+    }
+    drop(first);
+
+    let second = serve(&tmp.path().join("b"), &["--image", &img], &env);
+    qemu_io(second.uri(), &["read -P 0x42 0 1M".into()]);
+}
+
+/// kill -9 of the writer: its lease is left to expire (a short one here),
+/// then a new writer takes it over and loads the last committed save, not
+/// what was written after it.
+#[test]
+fn killed_writer_lease_expires_and_last_commit_loads() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let img = url("killed");
+    let run = tmp.path().join("run");
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x11 0 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    qemu_io(
+        d.uri(),
+        &["write -P 0x22 0 1M".into(), "write -P 0x33 4M 1M".into()],
+    );
+    d.stop_with(libc::SIGKILL);
+
+    let mut next = None;
+    wait_until(
+        Duration::from_secs(60),
+        "a new writer to take over the killed one's expired lease",
+        || match try_serve(&tmp.path().join("next"), &["--image", &img], &env) {
+            Ok(r) => {
+                next = Some(r);
+                true
+            }
+            Err((_, err)) => {
+                assert!(err.contains("is in use"), "not a lease refusal:\n{err}");
+                false
+            }
+        },
+    );
+    let next = next.unwrap();
+    assert!(
+        next.stderr().contains("took the lease"),
+        "{}",
+        next.stderr()
+    );
+    qemu_io(
+        next.uri(),
+        &["read -P 0x11 0 1M".into(), "read -P 0 4M 1M".into()],
+    );
+}
+
+/// Wrong credentials, a missing bucket and an endpoint that is down: the
+/// disk does not start, and the error names the URL and says what to do,
+/// never the credentials.
+#[test]
+fn clear_errors_for_credentials_bucket_and_endpoint() {
+    let w = Weed::start();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let wrong_secret = "not-the-secret-0123456789";
+
+    let mut bad = w.env();
+    bad[1].1 = wrong_secret.into();
+    let img = url("creds");
+    let (_, err) = try_serve(&run, &["--size", "16M", "--image", &img], &bad)
+        .err()
+        .expect("wrong credentials: ramd started");
+    for want in [img.as_str(), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        assert!(
+            err.contains(want),
+            "wrong-credentials error lacks {want:?}:\n{err}"
+        );
+    }
+    assert!(
+        !err.contains(wrong_secret) && !err.contains(ACCESS_KEY),
+        "the error shows a credential:\n{err}"
+    );
+    let out = ramd(&run, &["image", "info", &img], &bad).failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("AWS_ACCESS_KEY_ID"),
+        "{}",
+        out.stderr
+    );
+
+    let env = w.env();
+    let missing = "s3://no-such-bucket-here/disk";
+    let (_, err) = try_serve(&run, &["--size", "16M", "--image", missing], &env)
+        .err()
+        .expect("missing bucket: ramd started");
+    assert!(
+        err.contains(missing) && err.contains("bucket no-such-bucket-here does not exist"),
+        "missing-bucket error:\n{err}"
+    );
+
+    let mut down = w.env();
+    let closed = free_tcp_port();
+    down[3].1 = format!("http://127.0.0.1:{closed}");
+    down.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
+    let (_, err) = try_serve(&run, &["--size", "16M", "--image", &img], &down)
+        .err()
+        .expect("endpoint down: ramd started");
+    assert!(
+        err.contains(&img) && err.contains("did not answer") && err.contains(&closed.to_string()),
+        "endpoint-down error:\n{err}"
+    );
+}
+
+/// The server stopped (SIGSTOP) when a save starts: the save fails with an
+/// error naming the image, the disk keeps serving, the previous save is
+/// still the image; once the server is back the stop's save succeeds and
+/// everything loads.
+#[test]
+fn server_stopped_during_a_save() {
+    let w = Weed::start();
+    let mut env = w.env();
+    // Requests give up within seconds rather than the default half minute.
+    env.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("stalled");
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x61 0 1M".into()]);
+    let first = snapshot(&run, d.name(), &env);
+    qemu_io(d.uri(), &["write -P 0x62 2M 1M".into()]);
+
+    w.signal(libc::SIGSTOP);
+    let out = ramd(&run, &["snapshot", d.name()], &env).failed();
+    w.signal(libc::SIGCONT);
+    assert!(
+        out.stderr.contains(&img),
+        "the failed save does not name the image:\n{}",
+        out.stderr
+    );
+    d.assert_alive();
+    qemu_io(
+        d.uri(),
+        &["read -P 0x61 0 1M".into(), "read -P 0x62 2M 1M".into()],
+    );
+    let disk = d.stats();
+    assert!(
+        disk["last_save_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&img)),
+        "status does not say why the save failed: {disk}"
+    );
+
+    let info = ramd(&run, &["image", "info", &img, "--json"], &env).ok();
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let chain = info["chain"]
+        .as_array()
+        .expect("chain in image info --json");
+    assert_eq!(chain.len(), 1, "{info}");
+    assert_eq!(chain[0]["seq"], first["seq"], "{info}");
+    let verify = ramd(&run, &["image", "verify", &img], &env).ok();
+    assert!(verify.contains("ok"), "{verify}");
+
+    d.stop();
+    // The failed save's segment, if its upload completed, was debris: the
+    // stop's save removed it.
+    let info = ramd(&run, &["image", "info", &img, "--json"], &env).ok();
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let named: Vec<String> = info["chain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("seg-{:08}-{:016x}", field(s, "seq"), field(s, "time_ns")))
+        .collect();
+    for (name, _) in w.objects("stalled") {
+        assert!(
+            !name.starts_with("seg-") || named.contains(&name),
+            "{name} is not in the MANIFEST's chain {named:?}"
+        );
+    }
+    let d = serve(&run, &["--image", &img], &env);
+    qemu_io(
+        d.uri(),
+        &["read -P 0x61 0 1M".into(), "read -P 0x62 2M 1M".into()],
+    );
+}
+
+/// A writer that cannot renew its lease (stopped with SIGSTOP past the
+/// lease's term) loses it to a new writer: once running again it refuses
+/// to save, status says why, its data can be saved to a directory instead,
+/// and the new writer's saves stay the image.
+#[test]
+fn writer_that_lost_its_lease_stops_saving() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let img = url("lost");
+    let run_a = tmp.path().join("a");
+    let run_b = tmp.path().join("b");
+    let mut a = serve(&run_a, &["--size", "16M", "--image", &img], &env);
+    qemu_io(a.uri(), &["write -P 0x11 0 1M".into()]);
+    snapshot(&run_a, a.name(), &env);
+
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGSTOP) };
+    let mut b = None;
+    wait_until(
+        Duration::from_secs(60),
+        "a new writer to take over the stopped one's expired lease",
+        || match try_serve(&run_b, &["--image", &img], &env) {
+            Ok(r) => {
+                b = Some(r);
+                true
+            }
+            Err((_, err)) => {
+                assert!(err.contains("is in use"), "not a lease refusal:\n{err}");
+                false
+            }
+        },
+    );
+    let b = b.unwrap();
+    qemu_io(
+        b.uri(),
+        &["read -P 0x11 0 1M".into(), "write -P 0x44 0 1M".into()],
+    );
+    snapshot(&run_b, b.name(), &env);
+    // SAFETY: as above.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGCONT) };
+
+    qemu_io(a.uri(), &["write -P 0x22 0 1M".into()]);
+    // Status says so as soon as its renewal finds out, before any save.
+    wait_until(
+        Duration::from_secs(60),
+        "the old writer's status to say its lease is lost",
+        || {
+            let s = a.stats();
+            s["last_save_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("lost the lease"))
+        },
+    );
+    let s = a.stats();
+    let err = s["last_save_error"].as_str().unwrap();
+    assert!(
+        err.contains(&format!("pid {}", b.pid())),
+        "status does not name the new holder: {err}"
+    );
+    assert_eq!(field(&s, "save_failures"), 0, "{s}");
+    let out = ramd(&run_a, &["snapshot", a.name()], &env).failed();
+    assert!(out.stderr.contains("lost the lease"), "{}", out.stderr);
+    // The way out the error names: a full save to a directory, which is
+    // its image from then on; the stop saves there.
+    let rescue = tmp.path().join("rescue");
+    ramd(
+        &run_a,
+        &["snapshot", a.name(), "--to", rescue.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    a.stop();
+    let r = serve(
+        &tmp.path().join("r"),
+        &["--image", rescue.to_str().unwrap()],
+        &[],
+    );
+    qemu_io(r.uri(), &["read -P 0x22 0 1M".into()]);
+
+    // The image is b's: nothing of a's refused saves.
+    drop(b);
+    let c = serve(&tmp.path().join("c"), &["--image", &img], &env);
+    qemu_io(c.uri(), &["read -P 0x44 0 1M".into()]);
+}
+
+/// `image = "s3://..."` in a config file is the same as the flag; status
+/// names the URL.
+#[test]
+fn config_key_image_takes_a_url() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("fromconfig");
+    let config = tmp.path().join("ramd.toml");
+    fs::write(
+        &config,
+        format!("[disk.cfg]\nsize = \"16M\"\nimage = \"{img}\"\n"),
+    )
+    .unwrap();
+    let d = serve(
+        &run,
+        &["--config", config.to_str().unwrap(), "--disk", "cfg"],
+        &env,
+    );
+    let status = status_json(&run);
+    let disk = disk_entry(&status, "cfg").expect("disk cfg in status");
+    assert_eq!(disk["image"], img.as_str(), "{disk}");
+    qemu_io(d.uri(), &["write -P 0x5 0 64k".into()]);
+    drop(d);
+    assert!(
+        w.objects("fromconfig").iter().any(|(n, _)| n == "MANIFEST"),
+        "{:?}",
+        w.objects("fromconfig")
+    );
+    let d = serve(&run, &["--image", &img], &env);
+    qemu_io(d.uri(), &["read -P 0x5 0 64k".into()]);
+}
+
+/// ramd killed in the middle of a save (part way through the segment's
+/// upload, or with the segment uploaded and the MANIFEST not yet put): the
+/// next writer, once the dead one's lease expires, loads the previous save,
+/// and the dead save's segment is debris, removed.
+#[test]
+fn crash_during_a_save_keeps_the_previous_save() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let data = tmp.path().join("data");
+    random_file(&data, 4 * MIB);
+    for (i, crash) in ["pages:300", "manifest-written"].iter().enumerate() {
+        let img = url(&format!("crash{i}"));
+        let run = tmp.path().join(format!("run{i}"));
+        let d = serve(&run, &["--size", "16M", "--image", &img], &env);
+        qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
+        drop(d);
+
+        let mut crashing = env.clone();
+        crashing.push(("RAMD_TEST_CRASH".into(), crash.to_string()));
+        let mut d = serve(&run, &["--image", &img], &crashing);
+        qemu_io(d.uri(), &[format!("write -s {} 0 4M", data.display())]);
+        ramd(&run, &["snapshot", d.name()], &env).failed();
+        d.wait_exit(STOP_DEADLINE);
+
+        let mut next = None;
+        wait_until(
+            Duration::from_secs(60),
+            "a new writer to take over the crashed one's lease",
+            || match try_serve(&run, &["--image", &img], &env) {
+                Ok(r) => {
+                    next = Some(r);
+                    true
+                }
+                Err((_, err)) => {
+                    assert!(
+                        err.contains("is in use"),
+                        "{crash}: not a lease refusal:\n{err}"
+                    );
+                    false
+                }
+            },
+        );
+        let next = next.unwrap();
+        qemu_io(next.uri(), &["read -P 0x31 0 1M".into()]);
+        let segs: Vec<String> = w
+            .objects(&format!("crash{i}"))
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.starts_with("seg-"))
+            .collect();
+        assert!(
+            segs.len() == 1 && segs[0].starts_with("seg-00000001-"),
+            "{crash}: debris left after the next start: {segs:?}"
+        );
+    }
+}
