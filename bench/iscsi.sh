@@ -16,7 +16,7 @@
 #   qd32   iscsi-perf -m 32 -r      IOPS (goal: ramd >= 2 x tgt)
 #   qd1    iscsi-perf -m 1 -r       IOPS and the latency they imply (goal:
 #                                   ramd's no worse than tgt's)
-#   mix    the IOMeter mix of SEEDS.md 001: 4 KiB, 80% random, 80% read, at
+#   mix    the IOMeter mix RAM-disk comparisons quote: 4 KiB, 80% random, 80% read, at
 #          queue depth 32, with fio's nbd engine through `qemu-nbd` serving
 #          the iscsi:// URL (fio has no iSCSI engine here): both targets pay
 #          the same qemu-nbd hop, so the ratio is what compares.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# RedHawk's NUMA test (SEEDS.md 004) against ramd: a loop of "seek to 0,
+# RedHawk's NUMA test against ramd: a loop of "seek to 0,
 # write 8 MiB" and of "seek to 0, read 8 MiB", each call timed with
 # CLOCK_MONOTONIC, alone and beside a memory-bandwidth hog pinned to
 # another node's CPUs, for ramd with and without --numa-nodes. See

@@ -1,4 +1,4 @@
-//! `ramd bench TARGET [TARGET…]`: the articles' measurements (SEEDS.md)
+//! `ramd bench TARGET [TARGET…]`: the measurements RAM-disk users publish
 //! side by side on each target, alternating between targets so that a
 //! host busy with something else slows them all alike.
 //!

@@ -1,5 +1,6 @@
-//! The articles' measurements (SEEDS.md), each over a [`Target`]'s
-//! regions so that one implementation serves files, raw disks and NBD.
+//! The measurements RAM-disk users publish (dd, sysbench fileio,
+//! pg_test_fsync, IOMeter, RedHawk's seek+8 MiB loop, untar), each over a
+//! [`Target`]'s regions so that one implementation serves files, raw disks and NBD.
 //!
 //! Data written is pseudo-random, not zeros: a RAM disk that stores zero
 //! pages for free (ramd does) would otherwise measure nothing.
