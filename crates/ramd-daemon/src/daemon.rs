@@ -98,8 +98,6 @@ pub struct Daemon {
     /// `ramd down` requests, answered once every disk is gone.
     down_all: Vec<Request>,
     errors: Vec<String>,
-    /// Disks of the config file that could not start, and why.
-    failed: BTreeMap<String, String>,
     /// What `status` and `/metrics` read, beside the loop.
     published: Arc<Published>,
     _control: Option<ControlServer>,
@@ -126,6 +124,8 @@ pub struct Setup {
 /// that a scrape never keeps a stopped disk's sockets or memory alive.
 struct Published {
     disks: parking_lot::Mutex<BTreeMap<String, Weak<Disk>>>,
+    /// Disks of the config file that could not start, and why: the loop's
+    /// one record of them (`reload` tries them again).
     failed: parking_lot::Mutex<BTreeMap<String, String>>,
     config: parking_lot::Mutex<Option<String>>,
     max_memory: Option<u64>,
@@ -225,7 +225,7 @@ impl Daemon {
         for r in d.disks.values() {
             println!("{} {}", r.disk.name(), r.disk.endpoints().join(" "));
         }
-        for (name, why) in &d.failed {
+        for (name, why) in d.published.failed.lock().iter() {
             println!("{name} FAILED: {why}");
         }
         notify::ready(&d.summary());
@@ -314,7 +314,6 @@ impl Daemon {
             ending: false,
             down_all: Vec::new(),
             errors: Vec::new(),
-            failed: BTreeMap::new(),
             published,
             _control: control,
             _metrics: metrics,
@@ -381,7 +380,7 @@ impl Daemon {
             let name = args.name.clone();
             match self.open(vec![args]) {
                 Ok(n) => {
-                    self.failed.remove(&name);
+                    self.published.failed.lock().remove(&name);
                     names.extend(n);
                 }
                 Err(e) => {
@@ -392,16 +391,17 @@ impl Daemon {
                         .strip_prefix(&format!("disk {name:?}: "))
                         .unwrap_or(&why)
                         .to_string();
-                    self.failed.insert(name, why);
+                    self.published.failed.lock().insert(name, why);
                 }
             }
         }
-        *self.published.failed.lock() = self.failed.clone();
         names
     }
 
     fn failed_text(&self) -> String {
-        self.failed
+        self.published
+            .failed
+            .lock()
             .iter()
             .map(|(n, why)| format!("disk {n:?}: {why}"))
             .collect::<Vec<_>>()
@@ -633,7 +633,7 @@ impl Daemon {
     fn summary(&self) -> String {
         let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
         let mut s = format!("serving {} disk(s): {}", names.len(), names.join(" "));
-        for (n, why) in &self.failed {
+        for (n, why) in self.published.failed.lock().iter() {
             s.push_str(&format!("; disk {n} FAILED: {why}"));
         }
         for r in self.disks.values() {
@@ -706,9 +706,8 @@ impl Daemon {
             ("down", Some(name)) => {
                 if self.disks.contains_key(name) {
                     self.finish(name, Some(req), how);
-                } else if self.failed.remove(name).is_some() {
+                } else if self.published.failed.lock().remove(name).is_some() {
                     // A disk that never started: nothing to stop or save.
-                    *self.published.failed.lock() = self.failed.clone();
                     req.answer(Ok(json!({ "stopped": name, "saved": false })))
                 } else {
                     let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
@@ -813,8 +812,10 @@ impl Daemon {
             self.finish(n, None, Stop::Ask);
         }
         // Failed disks the file no longer names are forgotten.
-        self.failed.retain(|n, _| wanted.contains_key(n));
-        *self.published.failed.lock() = self.failed.clone();
+        self.published
+            .failed
+            .lock()
+            .retain(|n, _| wanted.contains_key(n));
         let names = if all_or_nothing {
             self.open(added)
                 .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?
@@ -825,7 +826,7 @@ impl Daemon {
             *self.published.config.lock() = Some(path.display().to_string());
             *config = path;
         }
-        if !self.failed.is_empty() {
+        if !self.published.failed.lock().is_empty() {
             return Err(format!(
                 "{} (started: {})",
                 self.failed_text(),
