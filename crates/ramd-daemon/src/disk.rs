@@ -97,9 +97,9 @@ pub struct Disk {
     control: Mutex<Option<ControlServer>>,
     serving: Mutex<Vec<JoinHandle<Result<()>>>>,
     stopping: AtomicBool,
-    /// Why it is not stopping although asked to (a save failed): shown by
-    /// status, and the held finisher's wake-up (`held`).
-    blocked: Mutex<Option<String>>,
+    /// Why it is not stopping although asked to (a save failed), and the
+    /// held finisher's wake-ups (`held`).
+    blocked: Mutex<Blocked>,
     held: Condvar,
     /// `ramd down --force`: stop even if the save fails.
     forced: AtomicBool,
@@ -224,7 +224,7 @@ impl Disk {
             control: Mutex::new(Some(control)),
             serving: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
-            blocked: Mutex::new(None),
+            blocked: Mutex::new(Blocked::default()),
             held: Condvar::new(),
             forced: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
@@ -338,7 +338,7 @@ impl Disk {
         }
         match s.persister.save(false) {
             Ok(_) => {
-                *self.blocked.lock() = None;
+                self.blocked.lock().why = None;
                 Ok(())
             }
             Err(e) => {
@@ -352,7 +352,7 @@ impl Disk {
                     name = self.args.name
                 );
                 log::error!("disk {:?}: {why}", self.args.name);
-                *self.blocked.lock() = Some(why.clone());
+                self.blocked.lock().why = Some(why.clone());
                 bail!("disk {:?}: {why}", self.args.name)
             }
         }
@@ -367,7 +367,7 @@ impl Disk {
 
     /// A finisher holding unsaved data tries again now.
     pub fn wake(&self) {
-        let _g = self.blocked.lock();
+        self.blocked.lock().wakes += 1;
         self.held.notify_all();
     }
 
@@ -421,12 +421,15 @@ impl Disk {
     fn save_at_stop(&self, p: &Persister, held: &dyn Fn(&str)) -> Result<()> {
         let mut tries = 0u64;
         loop {
+            // A wake-up that comes during the save is not lost: the wait
+            // below ends at once when `wakes` moved.
+            let seen = self.blocked.lock().wakes;
             let e = match p.save(false) {
                 Ok(_) => {
                     if tries > 0 {
                         log::warn!("disk {:?}: saved at last; stopping", self.args.name);
                     }
-                    *self.blocked.lock() = None;
+                    self.blocked.lock().why = None;
                     return Ok(());
                 }
                 Err(e) => e,
@@ -452,10 +455,10 @@ impl Disk {
                 log::error!("disk {:?}: {why}", self.args.name);
             }
             tries += 1;
-            *self.blocked.lock() = Some(why.clone());
+            self.blocked.lock().why = Some(why.clone());
             held(&format!("disk {:?}: {why}", self.args.name));
             let mut blocked = self.blocked.lock();
-            if !self.forced.load(Ordering::SeqCst) {
+            if blocked.wakes == seen && !self.forced.load(Ordering::SeqCst) {
                 self.held.wait_for(&mut blocked, RETRY);
             }
         }
@@ -476,7 +479,7 @@ impl Disk {
 
     /// Why the disk is not stopping although asked to, if it is not.
     pub fn blocked(&self) -> Option<String> {
-        self.blocked.lock().clone()
+        self.blocked.lock().why.clone()
     }
 
     /// A filesystem's capacity now (a remount may have changed it); a
@@ -591,7 +594,7 @@ impl Disk {
         };
         if r.is_ok() {
             // Whatever a failed save blocked is safe now.
-            *self.blocked.lock() = None;
+            self.blocked.lock().why = None;
             self.wake();
         }
         Ok(r?)
@@ -734,6 +737,14 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
             }
         }
     })
+}
+
+/// Why a disk does not stop (`why`), and how often its held finisher was
+/// asked to try again (`wakes`).
+#[derive(Default)]
+struct Blocked {
+    why: Option<String>,
+    wakes: u64,
 }
 
 /// How often a disk holding unsaved data tries its save again.
