@@ -1080,9 +1080,14 @@ pub fn mount_read_only(path: &Path) -> Option<bool> {
 
 /// The /proc/self/mountinfo line of the topmost mount at `path`.
 fn mountinfo_line(path: &Path) -> Option<String> {
-    let canon = path.canonicalize().ok()?;
+    mountinfo_line_at(&path.canonicalize().ok()?)
+}
+
+/// The /proc/self/mountinfo line of the topmost mount at `path`, which is
+/// already absolute and free of links.
+fn mountinfo_line_at(path: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = canon.as_os_str().as_bytes();
+    let want = path.as_os_str().as_bytes();
     // Later lines are mounted on top of earlier ones.
     info.lines()
         .rev()
@@ -1121,13 +1126,7 @@ pub fn mount_type_at(path: &Path) -> Option<String> {
         Some(p) if !p.as_os_str().is_empty() => p.canonicalize().ok()?,
         _ => std::env::current_dir().ok()?,
     };
-    let want = parent.join(path.file_name()?);
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let line = info.lines().rev().find(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|mp| unescape_mountinfo(mp) == want.as_os_str().as_bytes())
-    })?;
+    let line = mountinfo_line_at(&parent.join(path.file_name()?))?;
     let (_, tail) = line.split_once(" - ")?;
     tail.split(' ').next().map(str::to_string)
 }

@@ -63,9 +63,9 @@ pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// `dir` answers ENOTCONN (or ECONNABORTED, ECANCELED): a FUSE mount
-/// whose daemon is gone. If it is
-/// ramd's, detach it (nothing of it can be served again: its data was in
-/// the dead process) and say so; anything else is not ours to touch.
+/// whose daemon is gone. If it is ramd's, detach it (nothing of it can be
+/// served again: its data was in the dead process) and say so; anything
+/// else is not ours to touch.
 fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {
     match ramd_fs::mount_type_at(dir).as_deref() {
         Some("fuse.ramd") => {
@@ -425,14 +425,18 @@ impl FuseFrontend {
     /// here: a dead mount would answer ENOTCONN to everyone.
     fn abort(&self) {
         abort_fuse_connection(self.dev.1);
-        let here = std::fs::read_to_string("/proc/self/mountinfo")
-            .map(|i| !ramd_fs::mount_points_of(&i, self.dev).is_empty())
-            .unwrap_or(false);
-        if here {
+        if self.mounted_here() == Some(true) {
             if let Err(e) = lazy_umount(&self.dir) {
                 log::warn!("detaching {}: {e}", self.dir.display());
             }
         }
+    }
+
+    /// Whether this namespace still has the mount (None: mountinfo is
+    /// unreadable).
+    fn mounted_here(&self) -> Option<bool> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Some(!ramd_fs::mount_points_of(&info, self.dev).is_empty())
     }
 
     /// Until the session ends: if the mount leaves this namespace (the
@@ -457,10 +461,8 @@ impl FuseFrontend {
             if *self.ended.lock() || self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            let here = std::fs::read_to_string("/proc/self/mountinfo")
-                .map(|i| !ramd_fs::mount_points_of(&i, self.dev).is_empty())
-                .unwrap_or(true);
-            if here {
+            // Unreadable: assume nothing changed.
+            if self.mounted_here() != Some(false) {
                 continue;
             }
             // The usual `umount`: the session ends by itself at once; a
