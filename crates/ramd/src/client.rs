@@ -325,8 +325,8 @@ pub fn down(run_dir: &Path, a: &crate::cli::DownArgs) -> Result<()> {
                 );
             }
             for name in mine {
-                ask(&disk_socket(run_dir, &name), &format!("stop{force}"))
-                    .with_context(|| format!("stopping disk {name:?}"))?;
+                // Its answers name the disk.
+                ask(&disk_socket(run_dir, &name), &format!("stop{force}"))?;
             }
         }
     } else {
