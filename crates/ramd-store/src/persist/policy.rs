@@ -151,20 +151,20 @@ impl Persister {
             st.started += 1;
             st.started
         };
-        let (full, reason) = match image.manifest() {
-            _ if full && !why.is_empty() => (true, why),
-            _ if full => (true, "asked for"),
-            None => (true, "first save"),
-            Some(_) if self.state.lock().need_full => (true, "the last save failed"),
-            Some(m) if m.size != self.size.load(Ordering::Relaxed) => (true, "size changed"),
-            Some(m) if m.chain.len() >= MAX_CHAIN => (true, "chain is long"),
-            Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large"),
-            Some(_) => (false, ""),
+        // `compacting`: full only because the chain grew long. Such a save
+        // happens only when there is something to save: a stop's second
+        // save, after the one made while serving, finds nothing and must
+        // not rewrite the whole disk.
+        let (full, reason, compacting) = match image.manifest() {
+            _ if full && !why.is_empty() => (true, why, false),
+            _ if full => (true, "asked for", false),
+            None => (true, "first save", false),
+            Some(_) if self.state.lock().need_full => (true, "the last save failed", false),
+            Some(m) if m.size != self.size.load(Ordering::Relaxed) => (true, "size changed", false),
+            Some(m) if m.chain.len() >= MAX_CHAIN => (true, "chain is long", true),
+            Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large", true),
+            Some(_) => (false, "", false),
         };
-        // A chain grown long is replaced by a full save only when there is
-        // something to save: a stop's second save, after the one made while
-        // serving, finds nothing and must not rewrite the whole disk.
-        let compacting = matches!(reason, "chain is long" | "chain is large");
         let result = self.save_locked(image, full, compacting);
         let mut st = self.state.lock();
         st.finished = ticket;
