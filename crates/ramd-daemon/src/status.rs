@@ -78,7 +78,8 @@ pub struct DiskStatus {
     /// (it serves on, or holds its data until a save succeeds).
     #[serde(default)]
     pub blocked: Option<String>,
-    /// Its frontends were told to stop: it is saving and going away.
+    /// It was asked to stop (and was not refused): it is saving and going
+    /// away; the table leaves it out unless `blocked`.
     #[serde(default)]
     pub stopping: bool,
 }
