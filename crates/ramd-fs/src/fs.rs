@@ -567,6 +567,36 @@ pub(crate) fn now() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// `t` as seconds since 1970 (negative before) and nanoseconds, the way
+/// a timespec, FUSE and the image carry a time.
+pub fn split_time(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            match d.subsec_nanos() {
+                0 => (-(d.as_secs() as i64), 0),
+                n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+/// The instant `secs` (since 1970, negative before) and `nsec` name; None
+/// when `nsec` is not below 10^9 or the instant is out of range.
+pub fn join_time(secs: i64, nsec: u32) -> Option<SystemTime> {
+    if nsec >= 1_000_000_000 {
+        return None;
+    }
+    if secs >= 0 {
+        SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs as u64, nsec))
+    } else {
+        SystemTime::UNIX_EPOCH
+            .checked_sub(Duration::from_secs(secs.unsigned_abs()))?
+            .checked_add(Duration::from_nanos(nsec.into()))
+    }
+}
+
 /// The VFS's atime rules (`relatime_need_update` and friends).
 fn atime_moves(a: Atime, i: &Inode, now: SystemTime) -> bool {
     if a.nodiratime && i.kind == Kind::Dir {

@@ -7,12 +7,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use ramd_store::metrics::{IoMetrics, Op};
 
 use crate::fs::{
-    Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence, NAME_MAX,
+    split_time, Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence,
+    NAME_MAX,
 };
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
 use crate::ll::dev::{InitWant, Negotiated};
@@ -318,35 +319,10 @@ fn type_bits(k: Kind) -> u32 {
     }
 }
 
-/// Seconds since 1970 (negative before) and nanoseconds.
-fn timespec(t: SystemTime) -> (i64, u32) {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            match d.subsec_nanos() {
-                0 => (-(d.as_secs() as i64), 0),
-                n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n),
-            }
-        }
-    }
-}
-
 /// The instant a request's (seconds, nanoseconds) names; EINVAL when out
 /// of range.
 fn system_time((secs, nsec): (u64, u32)) -> std::result::Result<SystemTime, i32> {
-    let secs = secs as i64;
-    if nsec >= 1_000_000_000 {
-        return Err(libc::EINVAL);
-    }
-    let t = if secs >= 0 {
-        UNIX_EPOCH.checked_add(Duration::new(secs as u64, nsec))
-    } else {
-        UNIX_EPOCH
-            .checked_sub(Duration::from_secs(secs.unsigned_abs()))
-            .and_then(|t| t.checked_add(Duration::from_nanos(nsec as u64)))
-    };
-    t.ok_or(libc::EINVAL)
+    crate::fs::join_time(secs as i64, nsec).ok_or(libc::EINVAL)
 }
 
 fn fattr_of(a: &Attr) -> abi::FAttr {
@@ -354,9 +330,9 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
         ino: a.ino.0,
         size: a.size,
         blocks: a.blocks,
-        atime: timespec(a.atime),
-        mtime: timespec(a.mtime),
-        ctime: timespec(a.ctime),
+        atime: split_time(a.atime),
+        mtime: split_time(a.mtime),
+        ctime: split_time(a.ctime),
         mode: type_bits(a.kind) | a.perm as u32,
         nlink: a.nlink,
         uid: a.uid,
@@ -371,7 +347,7 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
 fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
     let time = |w: &mut Wr<'_>, t: SystemTime| {
-        let (s, ns) = timespec(t);
+        let (s, ns) = split_time(t);
         w.i64(s).u32(ns).u32(0);
     };
     // The kernel's 32-bit device encoding (new_encode_dev).

@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 
@@ -350,19 +350,10 @@ fn cstr(p: &Path) -> Result<CString> {
 }
 
 fn timespec(t: SystemTime) -> libc::timespec {
-    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
-        Err(e) => {
-            let d = e.duration();
-            match d.subsec_nanos() {
-                0 => (-(d.as_secs() as i64), 0),
-                n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n as i64),
-            }
-        }
-    };
+    let (secs, nanos) = ramd_fs::split_time(t);
     libc::timespec {
         tv_sec: secs,
-        tv_nsec: nanos,
+        tv_nsec: nanos.into(),
     }
 }
 

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{err, Attr, Errno, Fs, Ino, Kind, Result, SetTime, Whence};
 use crate::hot::HotTier;
@@ -25,12 +25,8 @@ fn ioerr(e: io::Error) -> Errno {
 }
 
 fn time_of(secs: i64, nsec: i64) -> SystemTime {
-    let nsec = nsec.clamp(0, 999_999_999) as u32;
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsec as u64)
-    }
+    // The kernel's own times are always in range.
+    super::join_time(secs, nsec.clamp(0, 999_999_999) as u32).unwrap_or(UNIX_EPOCH)
 }
 
 fn timespec_of(t: Option<SetTime>) -> libc::timespec {
@@ -44,17 +40,11 @@ fn timespec_of(t: Option<SetTime>) -> libc::timespec {
             tv_nsec: libc::UTIME_NOW,
         },
         Some(SetTime::At(t)) => {
-            let (tv_sec, tv_nsec) = match t.duration_since(UNIX_EPOCH) {
-                Ok(d) => (d.as_secs() as i64, d.subsec_nanos() as i64),
-                Err(e) => {
-                    let d = e.duration();
-                    match d.subsec_nanos() {
-                        0 => (-(d.as_secs() as i64), 0),
-                        n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n as i64),
-                    }
-                }
-            };
-            libc::timespec { tv_sec, tv_nsec }
+            let (tv_sec, nsec) = super::split_time(t);
+            libc::timespec {
+                tv_sec,
+                tv_nsec: nsec.into(),
+            }
         }
     }
 }

@@ -116,32 +116,12 @@ impl From<SavedKind> for Kind {
 }
 
 pub(crate) fn save_time(t: SystemTime) -> SavedTime {
-    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs() as i128, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            match d.subsec_nanos() {
-                0 => (-(d.as_secs() as i128), 0),
-                n => (-(d.as_secs() as i128) - 1, 1_000_000_000 - n),
-            }
-        }
-    };
-    // SystemTime is a timespec (i64 seconds) on Linux: the clamp never bites.
-    let secs = secs.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+    let (secs, nanos) = super::split_time(t);
     SavedTime { secs, nanos }
 }
 
 pub(crate) fn load_time(t: SavedTime) -> Option<SystemTime> {
-    if t.nanos >= 1_000_000_000 {
-        return None;
-    }
-    if t.secs >= 0 {
-        UNIX_EPOCH.checked_add(Duration::new(t.secs as u64, t.nanos))
-    } else {
-        UNIX_EPOCH
-            .checked_sub(Duration::from_secs(t.secs.unsigned_abs()))?
-            .checked_add(Duration::from_nanos(t.nanos.into()))
-    }
+    super::join_time(t.secs, t.nanos)
 }
 
 fn bytes(s: &OsStr) -> Cow<'_, [u8]> {
