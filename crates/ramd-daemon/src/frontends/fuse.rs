@@ -96,19 +96,7 @@ fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn lazy_umount(dir: &Path) -> std::io::Result<()> {
-    let c = cpath(dir)?;
-    // SAFETY: umount2 takes a NUL-terminated path we own.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-fn cpath(p: &Path) -> std::io::Result<std::ffi::CString> {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+    ramd_fs::ll::mount::umount2(dir, libc::MNT_DETACH)
 }
 
 impl FrontendFactory for Fuse {
@@ -548,14 +536,9 @@ fn want_io_uring(transport: FuseTransport, dir: &Path) -> anyhow::Result<bool> {
 /// Unmounts `dir`; if files are still open there, detaches it (it vanishes
 /// from the namespace now; the caller ends the connection if it lives on).
 fn stop_mount(dir: &Path) {
-    let Ok(c) = cpath(dir) else {
+    let Err(e) = ramd_fs::ll::mount::umount2(dir, 0) else {
         return;
     };
-    // SAFETY: umount2 takes a NUL-terminated path we own.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-        return;
-    }
-    let e = std::io::Error::last_os_error();
     // EINVAL: no longer a mount point (the user's umount came first).
     if e.raw_os_error() == Some(libc::EINVAL) {
         return;

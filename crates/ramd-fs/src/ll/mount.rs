@@ -118,15 +118,22 @@ pub fn mount(dir: &Path, spec: &MountSpec) -> io::Result<OwnedFd> {
 /// Detaches the mount at `dir` (MNT_DETACH: open files keep it alive);
 /// quiet if it is already gone.
 pub fn unmount(dir: &Path) {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return;
-    };
-    // SAFETY: umount2 takes a NUL-terminated path we own.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = umount2(dir, libc::MNT_DETACH) {
         if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
             log::warn!("unmounting {}: {e}", dir.display());
         }
+    }
+}
+
+/// umount2(2) of `dir` with `flags` (0, `MNT_DETACH`...).
+pub fn umount2(dir: &Path, flags: i32) -> io::Result<()> {
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: umount2 takes a NUL-terminated path we own.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
