@@ -35,7 +35,7 @@ use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
-use crate::args::{DiskArgs, DiskSize};
+use crate::args::{DataPath, DiskArgs, DiskSize};
 use crate::control::{ControlServer, Request};
 use crate::daemon::Event;
 use crate::frontend::{Claim, DiskContext, Frontend, Registry};
@@ -870,20 +870,37 @@ fn open_fs(
         gid: args.gid,
         atime: args.atime(),
     };
-    match image {
-        Some((image, _)) if image.manifest().is_some() => {
+    // `--data-path kernel`: file data in a private kernel tmpfs, made
+    // before a load, which writes into it.
+    let tier = match args.data_path {
+        DataPath::Kernel => Some(
+            ramd_fs::hot::HotTier::new(&crate::frontends::fuse::hot_config(args, &cfg))
+                .context("--data-path kernel: making the private tmpfs for file data")?,
+        ),
+        DataPath::Store => None,
+    };
+    match (image, tier) {
+        (Some((image, _)), Some(tier)) if image.manifest().is_some() => {
+            let (fs, tree) = Fs::load_kernel(store.clone(), cfg, tier, &image)?;
+            Ok((fs, Some(image), Some(tree)))
+        }
+        (Some((image, _)), None) if image.manifest().is_some() => {
             let tree = persist::load(&image, store)?.expect("fs images have a tree");
             let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
                 anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
             })?;
             Ok((fs, Some(image), Some(tree)))
         }
-        image => Ok((
-            Fs::new(store.clone(), cfg)
-                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?,
-            image.map(|(i, _)| i),
-            None,
-        )),
+        (image, tier) => {
+            let fs = Fs::new(store.clone(), cfg)
+                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?;
+            if let Some(tier) = tier {
+                fs.set_hot_tier(tier).map_err(|e| {
+                    anyhow::anyhow!("--data-path kernel: setting the tier up: errno {}", e.get())
+                })?;
+            }
+            Ok((fs, image.map(|(i, _)| i), None))
+        }
     }
 }
 
@@ -908,6 +925,9 @@ fn start_saving(
         persist,
     );
     if let Some(fs) = fs {
+        if let Some(outer) = fs.outer_pages() {
+            p.set_outer(outer);
+        }
         let fs = fs.clone();
         p.set_meta(Box::new(move || fs.save_meta()), loaded_tree.as_deref());
     }

@@ -39,6 +39,7 @@ mod acl;
 mod cache;
 mod kernel;
 pub(crate) mod meta;
+mod saves;
 
 pub use cache::OpenCache;
 
@@ -410,6 +411,8 @@ pub struct Fs {
     /// With `--data-path kernel`: where regular files' data lives instead
     /// of the store (see `fs/kernel.rs`).
     hot: std::sync::OnceLock<crate::hot::HotTier>,
+    /// What saves of the hot tier remember (see `fs/saves.rs`).
+    saves: saves::HotSaves,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -661,6 +664,7 @@ impl Fs {
             host_sample: Default::default(),
             extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
             hot: std::sync::OnceLock::new(),
+            saves: Default::default(),
         }
     }
 
@@ -989,6 +993,7 @@ impl Fs {
         let _change = self.store.change();
         let attr = self.create_node(who, parent, Some(name), Kind::File, mode, 0, None)?;
         self.opened(self.state.write().get_mut(attr.ino)?);
+        self.hot_changed(attr.ino);
         Ok(attr)
     }
 
@@ -1000,6 +1005,7 @@ impl Fs {
         let mut st = self.state.write();
         self.opened(st.get_mut(attr.ino)?);
         st.linkable.insert(attr.ino);
+        self.hot_changed(attr.ino);
         Ok(attr)
     }
 
@@ -1234,7 +1240,12 @@ impl Fs {
         let inode = st.inodes.remove(&ino).expect("present");
         let mut cost = INODE_COST;
         match inode.data {
-            Data::File { slot, .. } => st.free_slots.push(slot),
+            Data::File { slot, .. } => {
+                if self.hot.get().is_some() {
+                    self.saves.freed(ino, slot);
+                }
+                st.free_slots.push(slot)
+            }
             Data::Symlink(t) => cost += t.len() as u64,
             _ => {}
         }
@@ -1417,6 +1428,7 @@ impl Fs {
             {
                 return err(Errno::EPERM);
             }
+            self.hot_changed(ino);
         }
         self.opened(inode);
         Ok(())

@@ -139,7 +139,16 @@ impl HotTier {
     /// The backing file of `ino`, opened read-write; created (empty) when
     /// `create`, else `None` if it does not exist yet.
     pub fn open(&self, ino: Ino, create: bool) -> io::Result<Option<File>> {
-        let name = Self::name(ino);
+        self.open_c(&Self::name(ino), create)
+    }
+
+    /// A file of the tier by name (a load's per-slot files, before they
+    /// are named by inode), as [`HotTier::open`].
+    pub(crate) fn open_named(&self, name: &str, create: bool) -> io::Result<Option<File>> {
+        self.open_c(&cstring(name)?, create)
+    }
+
+    fn open_c(&self, name: &CString, create: bool) -> io::Result<Option<File>> {
         let mut flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_LARGEFILE | libc::O_NOFOLLOW;
         if create {
             flags |= libc::O_CREAT;
@@ -156,6 +165,25 @@ impl HotTier {
         }
         // SAFETY: fd is a new fd that nothing else owns.
         Ok(Some(unsafe { File::from_raw_fd(fd) }))
+    }
+
+    /// Renames a file of the tier (replacing `to`).
+    pub(crate) fn rename_named(&self, from: &str, to: &str) -> io::Result<()> {
+        let (f, t) = (cstring(from)?, cstring(to)?);
+        let dir = self.mnt.as_raw_fd();
+        // SAFETY: renameat reads two NUL-terminated names we own.
+        if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes a file of the tier by name, as [`HotTier::remove`].
+    pub(crate) fn remove_named(&self, name: &str) {
+        match cstring(name) {
+            Ok(c) => self.remove_c(&c, name),
+            Err(e) => log::warn!("freeing {name:?}: {e}"),
+        }
     }
 
     /// The backing file's stat; `None` if it does not exist yet (an empty
@@ -187,13 +215,16 @@ impl HotTier {
     /// Frees `ino`'s data: the name goes, the tmpfs frees the pages once
     /// nothing holds the file open (a mapping may still).
     pub fn remove(&self, ino: Ino) {
-        let name = Self::name(ino);
+        self.remove_c(&Self::name(ino), &format!("inode {ino}"));
+    }
+
+    fn remove_c(&self, name: &CString, what: &str) {
         // SAFETY: unlinkat reads a NUL-terminated name we own.
         let r = unsafe { libc::unlinkat(self.mnt.as_raw_fd(), name.as_ptr(), 0) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::ENOENT) {
-                log::warn!("freeing the data of inode {ino}: {e}");
+                log::warn!("freeing the data of {what}: {e}");
             }
         }
     }

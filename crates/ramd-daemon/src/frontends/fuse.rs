@@ -134,17 +134,12 @@ impl FrontendFactory for Fuse {
             });
         let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
         let kernel_data = disk.args.data_path == DataPath::Kernel;
-        if kernel_data {
-            let cfg = hot_config(disk.args, fs);
-            let tier = ramd_fs::hot::HotTier::new(&cfg)
-                .context("--data-path kernel: making the private tmpfs for file data")?;
-            fs.set_hot_tier(tier).map_err(|e| {
-                anyhow::anyhow!(
-                    "--data-path kernel: the filesystem already holds files (errno {})",
-                    e.get()
-                )
-            })?;
-        }
+        // The disk made the tier with the filesystem (a load fills it).
+        assert_eq!(
+            kernel_data,
+            fs.hot_tier().is_some(),
+            "the tier comes with the data path"
+        );
         let mut session = ramd_fs::mount(
             fs.clone(),
             &dir,
@@ -203,12 +198,6 @@ impl FrontendFactory for Fuse {
 /// What `--data-path kernel` cannot do in this phase, and what it needs,
 /// refused before anything is allocated: it was asked for by name.
 fn check_kernel_data_path(args: &DiskArgs) -> anyhow::Result<()> {
-    if args.image.is_some() {
-        bail!(
-            "--data-path kernel cannot keep an image yet (--image): its file data lives in \
-             the kernel, and saving it is not built yet; use --data-path store with --image"
-        );
-    }
     if args.compresses() {
         bail!(
             "--data-path kernel cannot compress yet (--compress, --recompress): its file data \
@@ -245,7 +234,7 @@ fn has_cap_sys_admin() -> bool {
 /// The private tmpfs of `--data-path kernel`, from the disk's settings:
 /// its size, inode limit (one more for the tmpfs's own root), huge pages
 /// and NUMA nodes and policy.
-fn hot_config(args: &DiskArgs, fs: &ramd_fs::Fs) -> ramd_fs::hot::HotConfig {
+pub(crate) fn hot_config(args: &DiskArgs, cfg: &ramd_fs::FsConfig) -> ramd_fs::hot::HotConfig {
     use ramd_store::numa::NumaPolicy;
     use ramd_store::HugePages;
     let huge = args.huge_pages.map(|h| match h {
@@ -267,11 +256,11 @@ fn hot_config(args: &DiskArgs, fs: &ramd_fs::Fs) -> ramd_fs::hot::HotConfig {
         }
     });
     ramd_fs::hot::HotConfig {
-        size: fs.size(),
-        nr_inodes: fs.config().nr_inodes.saturating_add(1),
+        size: cfg.size,
+        nr_inodes: cfg.nr_inodes.saturating_add(1),
         huge,
         mpol,
-        atime: fs.atime().mode,
+        atime: cfg.atime.mode,
     }
 }
 

@@ -75,6 +75,14 @@ impl Fs {
         self.hot.get()
     }
 
+    /// `ino`'s data may differ from the image's from now on (a save reads
+    /// it again); only with a hot tier.
+    pub(super) fn hot_changed(&self, ino: Ino) {
+        if self.hot.get().is_some() {
+            self.saves.mark(ino);
+        }
+    }
+
     /// Size, blocks and times of a regular file from its backing file:
     /// the kernel changed them without telling us. ctime is the later of
     /// ours (chmod, chown, xattrs move only ours) and the backing file's.
@@ -91,7 +99,10 @@ impl Fs {
                 a.blocks = st.st_blocks as u64;
                 a.atime = time_of(st.st_atime, st.st_atime_nsec);
                 a.mtime = time_of(st.st_mtime, st.st_mtime_nsec);
-                a.ctime = a.ctime.max(time_of(st.st_ctime, st.st_ctime_nsec));
+                let ctime = time_of(st.st_ctime, st.st_ctime_nsec);
+                if self.saves.ctime_counts(ctime) {
+                    a.ctime = a.ctime.max(ctime);
+                }
             }
             Ok(None) => {}
             Err(e) => log::warn!("stat of inode {}'s backing file: {e}", a.ino),
@@ -145,6 +156,7 @@ impl Fs {
         }
         let f = self.backing_with(ino, Some(times))?;
         if let Some(size) = size {
+            self.hot_changed(ino);
             f.set_len(size).map_err(ioerr)?;
         }
         if atime.is_some() || mtime.is_some() {
@@ -155,6 +167,7 @@ impl Fs {
 
     pub(super) fn hot_fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         let f = self.backing_with(ino, None)?;
+        self.hot_changed(ino);
         // SAFETY: fallocate on an fd we own; no memory is passed.
         let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
         if r < 0 {
@@ -197,6 +210,7 @@ impl Fs {
     ) -> Result<u64> {
         let fin = self.backing_with(ino_in, None)?;
         let fout = self.backing_with(ino_out, None)?;
+        self.hot_changed(ino_out);
         let (mut oi, mut oo) = (off_in as i64, off_out as i64);
         // SAFETY: copy_file_range between fds we own, with offsets it
         // reads and advances in `oi` and `oo`.
@@ -233,6 +247,7 @@ impl Fs {
 
     /// A WRITE that reached ramd anyway (see [`Fs::hot_read`]).
     pub(super) fn hot_write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.hot_changed(ino);
         self.backing_with(ino, None)?
             .write_at(data, off)
             .map_err(ioerr)

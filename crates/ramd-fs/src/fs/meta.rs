@@ -154,6 +154,8 @@ impl Fs {
             .iter()
             .map(|ino| {
                 let i = &st.inodes[ino];
+                // With a hot tier the kernel keeps a file's size and times.
+                let a = self.hot_attr(i.attr(*ino));
                 SavedInode {
                     ino: ino.0,
                     kind: i.kind.into(),
@@ -162,8 +164,8 @@ impl Fs {
                     uid: i.uid,
                     gid: i.gid,
                     rdev: i.rdev,
-                    size: i.size,
-                    times: [i.atime, i.mtime, i.ctime, i.btime].map(save_time),
+                    size: a.size,
+                    times: [a.atime, a.mtime, a.ctime, a.btime].map(save_time),
                     xattrs: i
                         .xattrs
                         .iter()
@@ -214,6 +216,25 @@ impl Fs {
     /// unlinked but open at the save, and anything past a file's end.
     /// Limits (`nr_inodes`, size) are not enforced on what was saved.
     pub fn load(store: Arc<Store>, cfg: FsConfig, meta: &[u8]) -> std::result::Result<Fs, String> {
+        Self::decode(store, cfg, meta, true)
+    }
+
+    /// [`Fs::load`] of a tree whose file data is not in the store (a
+    /// load into the hot tier, `--data-path kernel`).
+    pub(super) fn load_tree(
+        store: Arc<Store>,
+        cfg: FsConfig,
+        meta: &[u8],
+    ) -> std::result::Result<Fs, String> {
+        Self::decode(store, cfg, meta, false)
+    }
+
+    fn decode(
+        store: Arc<Store>,
+        cfg: FsConfig,
+        meta: &[u8],
+        data_in_store: bool,
+    ) -> std::result::Result<Fs, String> {
         // The version alone first, so that a newer format is named as such.
         let version = match postcard::take_from_bytes::<u32>(meta) {
             Ok((v @ (1 | META_VERSION), _)) => v,
@@ -255,9 +276,11 @@ impl Fs {
                 "the tree needs {cost} bytes of memory, more than the disk's max_memory leaves: {e}"
             ));
         }
-        if let Err(e) = settle_data(&store, &mut st) {
-            store.uncharge(cost);
-            return Err(e);
+        if data_in_store {
+            if let Err(e) = settle_data(&store, &mut st) {
+                store.uncharge(cost);
+                return Err(e);
+            }
         }
         let inodes = st.inodes.len() as u64;
         if inodes > cfg.nr_inodes {
@@ -268,7 +291,7 @@ impl Fs {
             );
         }
         let (used, limit) = store.pages_used();
-        if used > limit {
+        if data_in_store && used > limit {
             log::warn!(
                 "the loaded filesystem holds {used} pages, more than its size allows ({limit}): \
                  writes that need pages give ENOSPC"

@@ -32,6 +32,7 @@ use crate::PAGE_SIZE;
 mod format;
 mod lease;
 mod manifest;
+mod outer;
 mod policy;
 mod reader;
 mod remote;
@@ -50,8 +51,10 @@ use writer::*;
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use lease::LeaseWatch;
 pub use manifest::{ImageDir, Manifest, SegEntry};
+pub use outer::{OuterPages, OuterSave};
 pub use policy::{
-    load, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister, SaveReport,
+    load, loading_stopped, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister,
+    SaveReport,
 };
 pub use remote::{is_url, S3_SCHEME};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use super::{DiskKind, ImageDir, LeaseWatch, Record};
+use super::{DiskKind, ImageDir, LeaseWatch, OuterPages, Record, SaveSession, SegEntry};
 use crate::error::{Error, Result};
 use crate::{human, Store};
 
@@ -67,6 +67,9 @@ pub struct Persister {
     /// Changes when a mounted filesystem disk is resized ([`Persister::set_size`]).
     size: AtomicU64,
     meta: Option<MetaFn>,
+    /// Pages kept outside the store (`--data-path kernel`), saved beside
+    /// its own.
+    outer: Option<Box<dyn OuterPages>>,
     /// The image directory (also inside `image`, which a save holds);
     /// `save_to` changes it.
     path: Mutex<PathBuf>,
@@ -109,6 +112,7 @@ impl Persister {
             kind,
             size: AtomicU64::new(size),
             meta: None,
+            outer: None,
             path: Mutex::new(image.path().to_path_buf()),
             lease: Mutex::new(image.lease_watch()),
             image: Mutex::new(image),
@@ -124,6 +128,11 @@ impl Persister {
     pub fn set_meta(&mut self, f: MetaFn, loaded: Option<&[u8]>) {
         self.meta = Some(f);
         *self.meta_sum.get_mut() = loaded.map(crc32c::crc32c);
+    }
+
+    /// Saves `outer`'s pages too, from the next save on.
+    pub fn set_outer(&mut self, outer: Box<dyn OuterPages>) {
+        self.outer = Some(outer);
     }
 
     /// The disk's new size (an fs disk resized while mounted): the next
@@ -212,35 +221,49 @@ impl Persister {
     ) -> Result<SaveReport> {
         let t0 = Instant::now();
         let seq = image.next_seq();
-        let (session, meta) = self
-            .store
-            .begin_save(full, || self.meta.as_ref().map(|f| f()));
+        let (session, (meta, mut outer)) = self.store.begin_save(full, || {
+            (
+                self.meta.as_ref().map(|f| f()),
+                self.outer.as_ref().map(|o| o.switch(full)),
+            )
+        });
         let plan = session.plan();
         let meta_sum = meta.as_deref().map(crc32c::crc32c);
-        let unchanged = (!full && plan.pages == 0 && plan.gone.is_empty()
-            || compacting && !plan.changed)
+        let outer_gone = outer.as_ref().map_or(&[][..], |o| o.gone());
+        let outer_changed = outer.as_ref().is_some_and(|o| o.changed());
+        let unchanged = (!full
+            && plan.pages == 0
+            && plan.gone.is_empty()
+            && outer_gone.is_empty()
+            && !outer_changed
+            || compacting && !plan.changed && !outer_changed)
             && meta_sum == *self.meta_sum.lock();
-        if let (true, Some(last)) = (unchanged, image.manifest().and_then(|m| m.chain.last())) {
+        let last = image.manifest().and_then(|m| m.chain.last()).cloned();
+        let nothing = |session: SaveSession<'_>, last: &SegEntry| {
             // Nothing to write: an empty save would only lengthen the chain.
             // Dropped unfinished, not finished: a compaction's switch marked
             // every page `saving`, and only the abort unmarks pages no
             // `save_chunk` wrote (nothing was dirty: nothing is forgotten).
             drop(session);
-            return Ok(SaveReport {
+            SaveReport {
                 seq: last.seq,
                 full: false,
                 pages: 0,
                 bytes: 0,
                 seconds: t0.elapsed().as_secs_f64(),
                 unix_time: now_secs(),
-            });
+            }
+        };
+        if let (true, Some(last)) = (unchanged, &last) {
+            return Ok(nothing(session, last));
         }
         // An error returned from here on drops the session: the save aborts.
         let size = self.size.load(Ordering::Relaxed);
         let mut w = image.begin_segment(seq, full, self.kind, size)?;
-        for &key in &plan.gone {
+        for &key in plan.gone.iter().chain(outer_gone) {
             w.gone(key);
         }
+        let gone = plan.gone.len() + outer_gone.len();
         let mut failed = meta.as_ref().and_then(|m| w.meta(m).err());
         if failed.is_none() {
             failed = w.write_out().err();
@@ -259,10 +282,37 @@ impl Persister {
                 ));
             }
         }
+        // The outside pages come after the store's: a disk keeps a page in
+        // one or the other, and a kernel-path fs keeps none in the store.
+        let mut outer_pages = 0;
+        if let (None, Some(o)) = (&failed, outer.as_mut()) {
+            match o.write(&mut |page, p| {
+                w.page(page, p);
+                w.write_out()
+            }) {
+                Ok(n) => outer_pages = n,
+                Err(e) => failed = Some(e),
+            }
+        }
         if let Some(e) = failed {
             drop(session);
             w.discard();
             return Err(e);
+        }
+        if let (false, 0, 0, true, Some(last)) = (
+            full,
+            plan.pages + outer_pages,
+            gone,
+            meta_sum == *self.meta_sum.lock(),
+            &last,
+        ) {
+            // Files open for writing were read again and found unchanged:
+            // the image already holds what was read.
+            w.discard();
+            if let Some(o) = outer {
+                o.committed();
+            }
+            return Ok(nothing(session, last));
         }
         session.finish();
         let entry = w.finish()?;
@@ -276,6 +326,9 @@ impl Persister {
         };
         image.commit(self.kind, size, entry)?;
         *self.meta_sum.lock() = meta_sum;
+        if let Some(o) = outer {
+            o.committed();
+        }
         Ok(SaveReport {
             seconds: t0.elapsed().as_secs_f64(),
             ..report
@@ -506,6 +559,12 @@ static STOP_LOADING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// Stops every load of this process (`on` = true), or allows loads again.
 pub fn stop_loading(on: bool) {
     STOP_LOADING.store(on, Ordering::SeqCst);
+}
+
+/// Whether a signal stopped loads ([`stop_loading`]): a loader of its own
+/// (`--data-path kernel`) checks it as `load` does.
+pub fn loading_stopped() -> bool {
+    STOP_LOADING.load(Ordering::Relaxed)
 }
 
 pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {

@@ -1,0 +1,700 @@
+//! Saves and loads of `--data-path kernel`. File data lives in the hot
+//! tier, where ramd never sees a write, so a save finds what changed by
+//! itself, in two steps:
+//! - **which files**: every file opened for writing, truncated, fallocated
+//!   or copied into through ramd since the last save is marked changed, and
+//!   stays marked while anyone holds it open (a writable mapping holds its
+//!   file open);
+//! - **which pages**: the save reads each marked file and compares every
+//!   page's hash (XXH3, 128 bits) with the hash of the image's copy, kept
+//!   in memory (16 bytes a page); only pages that differ are written.
+//!
+//! The image format is the store's, unchanged: file slot *n*'s page *i* is
+//! image page `(n << 28) + i`. A zero page counts as a hole (both read as
+//! zeros). Pages the image holds where a file now has none (shrunk,
+//! punched) are written as holes; the chunks of a slot whose file is gone
+//! are written as GONE records, so a slot reused by a new file starts
+//! empty in the image as in memory.
+//!
+//! What a save holds: the tree (names, sizes, modes, times) as at the
+//! switch, and each file's pages as they were when the save read them. A
+//! file nobody writes during the save is saved exactly as at the switch; a
+//! file written during the save may be saved with some pages older than
+//! others (each 4 KiB page whole or from a moment a write was under way in
+//! it), and stays marked, so the next save writes it again.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use ramd_store::persist::{decode_record, ImageDir, OuterPages, OuterSave, PageRef, Record};
+use ramd_store::{Error, Store, PAGE_SIZE};
+
+use super::{Data, Fs, FsConfig, Ino, Kind, FILE_SHIFT};
+use crate::hot::HotTier;
+
+/// Image page of a slot's first page.
+const SLOT_PAGE_SHIFT: u32 = FILE_SHIFT - 12;
+/// Pages of an image chunk (a GONE record's unit).
+const CHUNK_PAGES: u64 = 64;
+/// What a save or load reads or writes at once.
+const BLOCK: usize = 1 << 20;
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// A page's hash; 0: a hole or all zeros.
+type Hash = u128;
+
+fn page_hash(p: &[u8]) -> Hash {
+    if is_zero(p) {
+        return 0;
+    }
+    xxhash_rust::xxh3::xxh3_128(p).max(1)
+}
+
+fn is_zero(p: &[u8]) -> bool {
+    p.chunks_exact(8).all(|w| w == [0u8; 8])
+}
+
+/// The 8 bytes that repeat through the page, if they do.
+fn fill_of(p: &[u8]) -> Option<u64> {
+    let first: [u8; 8] = p[..8].try_into().expect("a page has 8 bytes");
+    p.chunks_exact(8)
+        .all(|w| w == first)
+        .then(|| u64::from_ne_bytes(first))
+}
+
+fn file_err(what: impl std::fmt::Display, err: io::Error) -> Error {
+    Error::File {
+        path: PathBuf::from(what.to_string()),
+        err,
+    }
+}
+
+/// What the saves of a kernel-path filesystem remember between saves.
+#[derive(Default)]
+pub(crate) struct HotSaves {
+    inner: Mutex<Inner>,
+    /// When a load set the backing files up (ns since the epoch; 0: never):
+    /// their ctime is the load's, not the file's (see [`HotSaves::ctime_counts`]).
+    loaded_at: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Files whose data may differ from the image's copy.
+    changed: HashSet<Ino>,
+    /// Per slot: the hashes of the image's copy of its pages (trailing
+    /// holes left out), as of the last committed save or the load.
+    saved: HashMap<u64, Arc<[Hash]>>,
+    /// Chunks that may hold pages in the image but belong to no file now.
+    dead: BTreeSet<u64>,
+    /// A save is between its switch and its end.
+    saving: bool,
+    /// Slots freed since that save's switch: its commit must not adopt them.
+    freed_in_save: HashSet<u64>,
+}
+
+/// The chunks of slot `slot` where `hashes` name data.
+fn data_chunks(slot: u64, hashes: &[Hash]) -> impl Iterator<Item = u64> + '_ {
+    let first = (slot << SLOT_PAGE_SHIFT) / CHUNK_PAGES;
+    hashes
+        .chunks(CHUNK_PAGES as usize)
+        .enumerate()
+        .filter(|(_, c)| c.iter().any(|&h| h != 0))
+        .map(move |(i, _)| first + i as u64)
+}
+
+impl HotSaves {
+    /// `ino`'s data may have changed (an open for writing, a truncate...).
+    pub(super) fn mark(&self, ino: Ino) {
+        self.inner.lock().changed.insert(ino);
+    }
+
+    /// The inode went, and its slot with it: the image's copy of the
+    /// slot's pages must go at the next save.
+    pub(super) fn freed(&self, ino: Ino, slot: u64) {
+        let mut inner = self.inner.lock();
+        inner.changed.remove(&ino);
+        if let Some(h) = inner.saved.remove(&slot) {
+            let chunks: Vec<u64> = data_chunks(slot, &h).collect();
+            inner.dead.extend(chunks);
+        }
+        if inner.saving {
+            inner.freed_in_save.insert(slot);
+        }
+    }
+
+    /// Whether a backing file's ctime says more than the inode's own: not
+    /// when it is only the moment a load made the file.
+    pub(super) fn ctime_counts(&self, ctime: SystemTime) -> bool {
+        let at = self.loaded_at.load(Relaxed);
+        at == 0
+            || ctime
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                > at
+    }
+}
+
+/// One file a save reads.
+struct Pick {
+    slot: u64,
+    ino: Ino,
+    /// `None`: no backing file (never written): all holes.
+    file: Option<File>,
+    /// The image's copy; `None`: nothing (a full save, or a new file).
+    old: Option<Arc<[Hash]>>,
+}
+
+/// The [`OuterPages`] of a kernel-path filesystem.
+struct Saver(Arc<Fs>);
+
+impl Fs {
+    /// What the persister saves beside the store (`Persister::set_outer`):
+    /// with `--data-path kernel`, the files' data in the hot tier.
+    pub fn outer_pages(self: &Arc<Self>) -> Option<Box<dyn OuterPages>> {
+        self.hot.get()?;
+        Some(Box::new(Saver(self.clone())))
+    }
+}
+
+impl OuterPages for Saver {
+    fn switch(&self, full: bool) -> Box<dyn OuterSave> {
+        let fs = &self.0;
+        let hot = fs.hot.get().expect("a saver only for a hot tier");
+        let st = fs.state.read();
+        let mut inner = fs.saves.inner.lock();
+        let mut picks = Vec::new();
+        let mut cleared = Vec::new();
+        let mut error = None;
+        let candidates: Vec<Ino> = if full {
+            st.inodes
+                .iter()
+                .filter(|(_, i)| i.kind == Kind::File)
+                .map(|(&ino, _)| ino)
+                .collect()
+        } else {
+            inner.changed.iter().copied().collect()
+        };
+        for ino in candidates {
+            let Some(inode) = st.inodes.get(&ino) else {
+                continue;
+            };
+            let Data::File { slot, .. } = inode.data else {
+                continue;
+            };
+            if inode.opens == 0 && inner.changed.contains(&ino) {
+                cleared.push(ino);
+            }
+            // The tree names linked files only: an unlinked one's data
+            // would load as nobody's.
+            if inode.nlink == 0 {
+                continue;
+            }
+            let file = match hot.open(ino, false) {
+                Ok(f) => f,
+                Err(e) => {
+                    error.get_or_insert(file_err(format!("the data of inode {ino}"), e));
+                    None
+                }
+            };
+            let old = if full {
+                None
+            } else {
+                inner.saved.get(&slot).cloned()
+            };
+            picks.push(Pick {
+                slot,
+                ino,
+                file,
+                old,
+            });
+        }
+        for ino in &cleared {
+            inner.changed.remove(ino);
+        }
+        picks.sort_unstable_by_key(|p| p.slot);
+        let taken = std::mem::take(&mut inner.dead);
+        // A full save starts from an empty image: nothing to clear.
+        let gone = if full {
+            Vec::new()
+        } else {
+            taken.iter().copied().collect()
+        };
+        inner.saving = true;
+        inner.freed_in_save.clear();
+        Box::new(Save {
+            fs: fs.clone(),
+            full,
+            picks,
+            gone,
+            taken,
+            cleared,
+            written: Vec::new(),
+            error,
+            committed: false,
+        })
+    }
+}
+
+/// One save's share: see [`OuterSave`].
+struct Save {
+    fs: Arc<Fs>,
+    full: bool,
+    picks: Vec<Pick>,
+    gone: Vec<u64>,
+    /// The dead chunks taken at the switch (given back if the save fails).
+    taken: BTreeSet<u64>,
+    /// Files unmarked at the switch (marked again if the save fails).
+    cleared: Vec<Ino>,
+    /// Per slot read: the hashes of what was written, for the commit.
+    written: Vec<(u64, Arc<[Hash]>)>,
+    /// A backing file that could not be opened at the switch.
+    error: Option<Error>,
+    committed: bool,
+}
+
+impl OuterSave for Save {
+    fn gone(&self) -> &[u64] {
+        &self.gone
+    }
+
+    fn changed(&self) -> bool {
+        !self.picks.is_empty() || !self.gone.is_empty() || self.error.is_some()
+    }
+
+    fn write(
+        &mut self,
+        out: &mut dyn FnMut(u64, PageRef<'_>) -> ramd_store::Result<()>,
+    ) -> ramd_store::Result<u64> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let mut buf = vec![0u8; BLOCK];
+        let mut pages = 0;
+        for p in &self.picks {
+            let hashes = save_file(p, &mut buf, out, &mut pages)?;
+            self.written.push((p.slot, hashes));
+        }
+        Ok(pages)
+    }
+
+    fn committed(mut self: Box<Self>) {
+        self.committed = true;
+        let mut inner = self.fs.saves.inner.lock();
+        if self.full {
+            inner.saved.clear();
+        }
+        for (slot, hashes) in std::mem::take(&mut self.written) {
+            if inner.freed_in_save.contains(&slot) {
+                // Its file went during the save: what it wrote goes next.
+                let chunks: Vec<u64> = data_chunks(slot, &hashes).collect();
+                inner.dead.extend(chunks);
+            } else if hashes.is_empty() {
+                inner.saved.remove(&slot);
+            } else {
+                inner.saved.insert(slot, hashes);
+            }
+        }
+        inner.saving = false;
+        inner.freed_in_save.clear();
+    }
+}
+
+impl Drop for Save {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        // The save failed: as if it had not begun.
+        let mut inner = self.fs.saves.inner.lock();
+        let taken = std::mem::take(&mut self.taken);
+        inner.dead.extend(taken);
+        inner.changed.extend(self.cleared.drain(..));
+        inner.saving = false;
+        inner.freed_in_save.clear();
+    }
+}
+
+/// Hands `out` the pages of `p` that differ from the image's copy, in page
+/// order; returns the hashes of the file's pages as read.
+fn save_file(
+    p: &Pick,
+    buf: &mut [u8],
+    out: &mut dyn FnMut(u64, PageRef<'_>) -> ramd_store::Result<()>,
+    pages: &mut u64,
+) -> ramd_store::Result<Arc<[Hash]>> {
+    let base = p.slot << SLOT_PAGE_SHIFT;
+    let old = p.old.as_deref().unwrap_or(&[]);
+    let what = || format!("the data of inode {}", p.ino);
+    let mut new: Vec<Hash> = Vec::new();
+    let mut done = 0u64; // pages looked at so far
+    if let Some(f) = &p.file {
+        let size = f.metadata().map_err(|e| file_err(what(), e))?.len();
+        let end_page = size.div_ceil(PAGE);
+        new.resize(end_page as usize, 0);
+        while done < end_page {
+            let Some((data, hole)) = next_data(f, done * PAGE).map_err(|e| file_err(what(), e))?
+            else {
+                break;
+            };
+            let (first, last) = (data / PAGE, hole.div_ceil(PAGE).min(end_page));
+            holes(base, old, done..first, out, pages)?;
+            let mut at = first;
+            while at < last {
+                let n = ((last - at) as usize).min(buf.len() / PAGE_SIZE);
+                let want = &mut buf[..n * PAGE_SIZE];
+                let got = read_full(f, want, at * PAGE).map_err(|e| file_err(what(), e))?;
+                want[got..].fill(0);
+                for (k, page) in want.chunks_exact(PAGE_SIZE).enumerate() {
+                    let i = at + k as u64;
+                    let h = page_hash(page);
+                    new[i as usize] = h;
+                    if h == old.get(i as usize).copied().unwrap_or(0) {
+                        continue;
+                    }
+                    let r = match (h, fill_of(page)) {
+                        (0, _) => PageRef::Hole,
+                        (_, Some(pat)) => PageRef::Fill(pat),
+                        _ => PageRef::Raw {
+                            data: page,
+                            hot: true,
+                        },
+                    };
+                    out(base + i, r)?;
+                    *pages += 1;
+                }
+                at += n as u64;
+            }
+            done = last.max(first + 1);
+        }
+    }
+    holes(base, old, done..u64::MAX, out, pages)?;
+    while new.last() == Some(&0) {
+        new.pop();
+    }
+    Ok(new.into())
+}
+
+/// Pages `range` of a file are holes now: the image's copies of them go.
+fn holes(
+    base: u64,
+    old: &[Hash],
+    range: std::ops::Range<u64>,
+    out: &mut dyn FnMut(u64, PageRef<'_>) -> ramd_store::Result<()>,
+    pages: &mut u64,
+) -> ramd_store::Result<()> {
+    for i in range.start..range.end.min(old.len() as u64) {
+        if old[i as usize] != 0 {
+            out(base + i, PageRef::Hole)?;
+            *pages += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The next data extent at or after `from`: (its start, its end), or
+/// `None` past the last.
+fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
+    // SAFETY: lseek on an fd we own.
+    let data = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
+    if data < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+    if hole < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some((data as u64, hole as u64)))
+}
+
+/// Reads until `buf` is full or the file ends; returns how much was read.
+fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Hashes of a whole file's pages as it is (trailing holes left out).
+fn hash_file(f: &File, buf: &mut [u8]) -> io::Result<Vec<Hash>> {
+    let size = f.metadata()?.len();
+    let end_page = size.div_ceil(PAGE);
+    let mut new = vec![0; end_page as usize];
+    let mut done = 0;
+    while done < end_page {
+        let Some((data, hole)) = next_data(f, done * PAGE)? else {
+            break;
+        };
+        let (first, last) = (data / PAGE, hole.div_ceil(PAGE).min(end_page));
+        let mut at = first;
+        while at < last {
+            let n = ((last - at) as usize).min(buf.len() / PAGE_SIZE);
+            let want = &mut buf[..n * PAGE_SIZE];
+            let got = read_full(f, want, at * PAGE)?;
+            want[got..].fill(0);
+            for (k, page) in want.chunks_exact(PAGE_SIZE).enumerate() {
+                new[(at + k as u64) as usize] = page_hash(page);
+            }
+            at += n as u64;
+        }
+        done = last.max(first + 1);
+    }
+    while new.last() == Some(&0) {
+        new.pop();
+    }
+    Ok(new)
+}
+
+/// Writes an image's pages into per-slot files of the hot tier (named
+/// `s<slot>`) as a load reads them; later records win, as in the store.
+struct SlotFiles<'a> {
+    hot: &'a HotTier,
+    /// The file being written (records come in page order within a save).
+    cur: Option<(u64, File)>,
+    /// Slots with a file.
+    made: HashSet<u64>,
+    /// Consecutive data pages not written yet: slot, byte offset, bytes.
+    pending: Option<(u64, u64)>,
+    buf: Vec<u8>,
+}
+
+impl SlotFiles<'_> {
+    fn file(&mut self, slot: u64, create: bool) -> io::Result<Option<&File>> {
+        if self.cur.as_ref().is_none_or(|(s, _)| *s != slot) {
+            self.cur = None;
+            if !create && !self.made.contains(&slot) {
+                return Ok(None);
+            }
+            let f = self
+                .hot
+                .open_named(&slot_name(slot), true)?
+                .expect("created");
+            self.made.insert(slot);
+            self.cur = Some((slot, f));
+        }
+        Ok(self.cur.as_ref().map(|(_, f)| f))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if let Some((slot, off)) = self.pending.take() {
+            let buf = std::mem::take(&mut self.buf);
+            let r = match self.file(slot, true)? {
+                Some(f) => f.write_all_at(&buf, off),
+                None => Ok(()),
+            };
+            self.buf = buf;
+            self.buf.clear();
+            r?;
+        }
+        Ok(())
+    }
+
+    fn page(&mut self, page: u64, bytes: &[u8]) -> io::Result<()> {
+        let slot = page >> SLOT_PAGE_SHIFT;
+        let off = (page & ((1 << SLOT_PAGE_SHIFT) - 1)) * PAGE;
+        if is_zero(bytes) {
+            self.flush()?;
+            return self.punch(slot, off, PAGE);
+        }
+        match self.pending {
+            Some((s, o))
+                if s == slot && o + self.buf.len() as u64 == off && self.buf.len() < BLOCK => {}
+            _ => {
+                self.flush()?;
+                self.pending = Some((slot, off));
+            }
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Makes `len` bytes at `off` of the slot's file a hole, if it has one.
+    fn punch(&mut self, slot: u64, off: u64, len: u64) -> io::Result<()> {
+        let Some(f) = self.file(slot, false)? else {
+            return Ok(());
+        };
+        // SAFETY: fallocate on an fd we own; no memory is passed.
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as i64,
+                len as i64,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+fn slot_name(slot: u64) -> String {
+    format!("s{slot}")
+}
+
+impl Fs {
+    /// Loads `image` (an fs image) with its files' data in `tier`
+    /// (`--data-path kernel`): the pages go straight from the image into
+    /// the tier's files, never through the store. Returns the filesystem
+    /// and its tree as the image holds it.
+    pub fn load_kernel(
+        store: Arc<Store>,
+        cfg: FsConfig,
+        tier: HotTier,
+        image: &ImageDir,
+    ) -> ramd_store::Result<(Fs, Vec<u8>)> {
+        let t0 = std::time::Instant::now();
+        let path = image.path().display().to_string();
+        let mut files = SlotFiles {
+            hot: &tier,
+            cur: None,
+            made: HashSet::new(),
+            pending: None,
+            buf: Vec::with_capacity(BLOCK),
+        };
+        let mut meta = None;
+        let mut logged = 0;
+        let io = |e: io::Error| {
+            let hint = if e.raw_os_error() == Some(libc::ENOSPC) {
+                ": the image holds more than the disk's size allows: give a larger --size SIZE"
+            } else {
+                ""
+            };
+            Error::Context {
+                what: format!("loading image {path} into the kernel's tmpfs"),
+                inner: Box::new(Error::File {
+                    path: PathBuf::from("the private tmpfs"),
+                    err: e,
+                }),
+                hint,
+            }
+        };
+        image.read_chain(
+            |rec| {
+                if ramd_store::persist::loading_stopped() {
+                    return Err(Error::Unusable(
+                        "stopped by a signal (the image is untouched)".into(),
+                    ));
+                }
+                match rec {
+                    Record::Meta(m) => {
+                        meta = Some(m.to_vec());
+                        Ok(())
+                    }
+                    Record::Gone(key) => {
+                        let page = key.saturating_mul(CHUNK_PAGES);
+                        let slot = page >> SLOT_PAGE_SHIFT;
+                        let off = (page & ((1 << SLOT_PAGE_SHIFT) - 1)) * PAGE;
+                        files.flush().map_err(io)?;
+                        files.punch(slot, off, CHUNK_PAGES * PAGE).map_err(io)
+                    }
+                    rec => decode_record(&rec, |page, bytes| files.page(page, bytes).map_err(io)),
+                }
+            },
+            |done, total| {
+                let quarter = done * 4 / total.max(1);
+                if quarter > logged && quarter < 4 {
+                    logged = quarter;
+                    log::info!("loading: {}%", quarter * 25);
+                }
+            },
+        )?;
+        files.flush().map_err(io)?;
+        files.cur = None;
+        let meta = meta.ok_or_else(|| {
+            Error::Unusable(format!(
+                "image {path}: an fs image without its tree (no META record)"
+            ))
+        })?;
+        let fs = Fs::load_tree(store, cfg, &meta)
+            .map_err(|e| Error::Unusable(format!("loading image {path}: the tree: {e}")))?;
+        let made = std::mem::take(&mut files.made);
+        fs.adopt_slot_files(&tier, made).map_err(io)?;
+        fs.saves.loaded_at.store(now_ns(), Relaxed);
+        fs.hot
+            .set(tier)
+            .unwrap_or_else(|_| unreachable!("a new filesystem has no tier"));
+        log::info!(
+            "loaded image {path} into the kernel's tmpfs: {} in {:.2} s",
+            ramd_store::human(fs.hot.get().expect("set").used_bytes()),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok((fs, meta))
+    }
+
+    /// Gives each file of the loaded tree its slot's file (renamed to its
+    /// inode's name, cut to its size, with its times), records the hashes
+    /// of what the image holds, and marks the chunks of slots no file owns
+    /// as dead (their files go).
+    fn adopt_slot_files(&self, tier: &HotTier, mut made: HashSet<u64>) -> io::Result<()> {
+        let st = self.state.read();
+        let mut inner = self.saves.inner.lock();
+        let mut buf = vec![0u8; BLOCK];
+        for (&ino, inode) in &st.inodes {
+            let Data::File { slot, .. } = inode.data else {
+                continue;
+            };
+            let f = if made.remove(&slot) {
+                let f = tier.open_named(&slot_name(slot), false)?.expect("made");
+                // What the image holds, before the cut: pages past the end
+                // stay in the image until a save writes them as holes.
+                let hashes = hash_file(&f, &mut buf)?;
+                if !hashes.is_empty() {
+                    inner.saved.insert(slot, hashes.into());
+                }
+                tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
+                f
+            } else if inode.size > 0 {
+                tier.open(ino, true)?.expect("created")
+            } else {
+                continue;
+            };
+            f.set_len(inode.size)?;
+            let ts = [inode.atime, inode.mtime].map(|t| {
+                let (tv_sec, nsec) = super::split_time(t);
+                libc::timespec {
+                    tv_sec,
+                    tv_nsec: nsec.into(),
+                }
+            });
+            // SAFETY: futimens reads two timespecs from `ts`.
+            if unsafe { libc::futimens(f.as_raw_fd(), ts.as_ptr()) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        for slot in made {
+            if let Some(f) = tier.open_named(&slot_name(slot), false)? {
+                let chunks: Vec<u64> = data_chunks(slot, &hash_file(&f, &mut buf)?).collect();
+                inner.dead.extend(chunks);
+            }
+            tier.remove_named(&slot_name(slot));
+        }
+        Ok(())
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
