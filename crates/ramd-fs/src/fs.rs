@@ -1421,7 +1421,8 @@ impl Fs {
         if inode.kind == Kind::Dir {
             return err(Errno::EISDIR);
         }
-        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+        let writing = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        if writing {
             inode.check_mutable()?;
             if inode.flags & FL_APPEND != 0
                 && (flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0)
@@ -1432,6 +1433,11 @@ impl Fs {
         }
         self.opened(inode);
         Ok(())
+    }
+
+    /// Whether `ino` is open (the kernel's opens of it, not yet released).
+    pub fn is_open(&self, ino: Ino) -> bool {
+        self.state.read().get(ino).is_ok_and(|i| i.opens > 0)
     }
 
     /// Takes the gate: the last close of an unlinked file frees its data.

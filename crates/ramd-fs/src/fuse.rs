@@ -419,11 +419,15 @@ fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
 }
 
 /// How long the kernel may keep an inode's attributes. A regular file's
-/// on the hot tier (`--data-path kernel`) not at all: its size, blocks and
-/// times change in the backing file without a request here (a write
-/// through mmap, atime on a passed-through read), so every stat asks.
+/// on the hot tier (`--data-path kernel`) not at all while it is open:
+/// its blocks change in the backing file without a request here (a write
+/// through mmap; the kernel itself drops what it knows of size and times
+/// after a passed-through write, and of atime after a read). A closed one
+/// cannot change behind ramd's back; what the kernel cached while it was
+/// closed goes at the first read, write or mmap of an open (each drops
+/// the kernel's atime, and a stat then asks for everything).
 fn attr_ttl(fs: &Fs, a: &Attr) -> u64 {
-    if a.kind == Kind::File && fs.hot_tier().is_some() {
+    if a.kind == Kind::File && fs.hot_tier().is_some() && fs.is_open(a.ino) {
         0
     } else {
         TTL

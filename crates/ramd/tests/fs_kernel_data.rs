@@ -184,6 +184,42 @@ fn mmap_writes_show_in_stat_and_read_back() {
     disk.stop();
 }
 
+/// A closed file's attributes stay in the kernel's cache; a file opened
+/// again and written through a mapping (no request reaches ramd) must not
+/// show the blocks cached before, while mapped or after.
+const MMAP_CACHED: &str = r#"
+import mmap, os, sys
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 1 << 20)
+os.close(fd)
+out = []
+for _ in range(2):
+    out.append(os.stat(p).st_blocks)  # cached while closed
+fd = os.open(p, os.O_RDWR)
+m = mmap.mmap(fd, 1 << 20)
+os.close(fd)
+for i, off in enumerate((0, 512 << 10)):
+    m[off:off + 4] = b'map!'
+    out.append(os.stat(p).st_blocks)  # while mapped, no fd open
+m.close()
+out.append(os.stat(p).st_blocks)
+out.append(os.stat(p).st_blocks)
+print(out)
+"#;
+
+#[test]
+fn stat_after_mmap_writes_is_not_stale() {
+    let tmpfs = KernelTmpfs::mount("size=16M");
+    let want = py_ok(MMAP_CACHED, &[s(&tmpfs.path().join("m"))]);
+    let mut disk = kernel_disk("16M");
+    let got = py_ok(MMAP_CACHED, &[s(&disk.join("m"))]);
+    assert_eq!(got, want, "ramd --data-path kernel vs kernel tmpfs");
+    assert_eq!(got.trim(), "[0, 0, 8, 16, 16, 16]", "blocks: {got}");
+    disk.assert_alive();
+    disk.stop();
+}
+
 /// truncate, fallocate (allocate, keep size, punch), SEEK_DATA and
 /// SEEK_HOLE, copy_file_range: one line of results per step.
 const SPARSE: &str = r#"
