@@ -808,7 +808,7 @@ impl Fs {
             self.drop_privileges(inode, who, Kill::Modify);
         }
         if inode.kind == Kind::File && self.hot.get().is_some() {
-            if set.size.is_some_and(|s| s > MAX_FILE_SIZE) {
+            if set.size.is_some_and(|s| s > self.max_file_size()) {
                 return err(Errno::EFBIG);
             }
             let times = (inode.atime, inode.mtime);
@@ -1514,7 +1514,7 @@ impl Fs {
         }
         let end = off
             .checked_add(data.len() as u64)
-            .filter(|&e| e <= MAX_FILE_SIZE + 1)
+            .filter(|&e| e <= self.max_file_size() + 1)
             .ok_or(Errno::EFBIG)?;
         if self.hot.get().is_some() {
             let n = self.hot_write(ino, off, data)?;
@@ -1615,7 +1615,7 @@ impl Fs {
         }
         let end = off
             .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE + 1)
+            .filter(|&e| e <= self.max_file_size() + 1)
             .ok_or(Errno::EFBIG)?;
         if len == 0 {
             return err(Errno::EINVAL);

@@ -75,6 +75,17 @@ impl Fs {
         self.hot.get()
     }
 
+    /// The largest file size: the store's 1 TiB per file, which an image
+    /// also holds; with a hot tier and no image, tmpfs's own limit (the
+    /// kernel's, 2^63 - 1), which passed-through writes have anyway.
+    pub(super) fn max_file_size(&self) -> u64 {
+        if self.hot.get().is_some() && !self.saves.imaged() {
+            i64::MAX as u64
+        } else {
+            super::MAX_FILE_SIZE
+        }
+    }
+
     /// `ino`'s data may differ from the image's from now on (a save reads
     /// it again); only with a hot tier.
     pub(super) fn hot_changed(&self, ino: Ino) {

@@ -81,6 +81,9 @@ fn file_err(what: impl std::fmt::Display, err: io::Error) -> Error {
 #[derive(Default)]
 pub(crate) struct HotSaves {
     inner: Mutex<Inner>,
+    /// An image is kept ([`Fs::outer_pages`] was asked for): files are
+    /// held to what an image holds.
+    imaged: std::sync::atomic::AtomicBool,
     /// When a load set the backing files up (ns since the epoch; 0: never):
     /// their ctime is the load's, not the file's (see [`HotSaves::ctime_counts`]).
     loaded_at: AtomicU64,
@@ -131,6 +134,10 @@ impl HotSaves {
         }
     }
 
+    pub(super) fn imaged(&self) -> bool {
+        self.imaged.load(Relaxed)
+    }
+
     /// Whether a backing file's ctime says more than the inode's own: not
     /// when it is only the moment a load made the file.
     pub(super) fn ctime_counts(&self, ctime: SystemTime) -> bool {
@@ -161,6 +168,7 @@ impl Fs {
     /// with `--data-path kernel`, the files' data in the hot tier.
     pub fn outer_pages(self: &Arc<Self>) -> Option<Box<dyn OuterPages>> {
         self.hot.get()?;
+        self.saves.imaged.store(true, Relaxed);
         Some(Box::new(Saver(self.clone())))
     }
 }
@@ -339,6 +347,15 @@ fn save_file(
     if let Some(f) = &p.file {
         let size = f.metadata().map_err(|e| file_err(what(), e))?.len();
         let end_page = size.div_ceil(PAGE);
+        if end_page > 1 << SLOT_PAGE_SHIFT {
+            // Its pages would land on the next slot's in the image.
+            return Err(Error::Unusable(format!(
+                "inode {} is {size} bytes long; an image holds files of at most {} bytes \
+                 (shrink it, or serve the disk without --image)",
+                p.ino,
+                super::MAX_FILE_SIZE
+            )));
+        }
         new.resize(end_page as usize, 0);
         while done < end_page {
             let Some((data, hole)) = next_data(f, done * PAGE).map_err(|e| file_err(what(), e))?
