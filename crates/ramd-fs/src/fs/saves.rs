@@ -199,7 +199,7 @@ impl OuterPages for Saver {
                 continue;
             }
             let file = match hot.open(ino, false) {
-                Ok(f) => f,
+                Ok(f) => f.inspect(no_atime),
                 Err(e) => {
                     error.get_or_insert(file_err(format!("the data of inode {ino}"), e));
                     None
@@ -418,6 +418,21 @@ fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
         return Err(io::Error::last_os_error());
     }
     Ok(Some((data as u64, hole as u64)))
+}
+
+/// A save's reads are no client's: they must not move the file's atime
+/// (the tree's, saved with it), or every save of a file open for writing
+/// would find the tree changed and write a new save. The fd is the
+/// save's own (`HotTier::open` opens anew), so the flag touches no
+/// client's reads. If it cannot be set, the atime moves, nothing worse.
+fn no_atime(f: &File) {
+    // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NOATIME);
+        }
+    }
 }
 
 /// Reads until `buf` is full or the file ends; returns how much was read.
