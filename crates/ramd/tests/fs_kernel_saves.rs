@@ -219,6 +219,13 @@ touch -d '2003-04-05 06:07:08' a/b/c
 /// equals `want`, and the sparse file still takes little room.
 fn check_tree(what: &str, root: &Path, want: &Tree) {
     assert_same_tree(what, want, &tree(root));
+    // `tree` read every file: reads change no ctime (nor anything else
+    // it compares).
+    assert_same_tree(
+        &format!("{what}, once every file was read"),
+        want,
+        &tree(root),
+    );
     let used = du(&root.join("sparse"), false);
     assert!(
         used <= 64 * KIB,
