@@ -679,10 +679,11 @@ impl Fs {
                 }
                 tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
                 f
-            } else if inode.size > 0 {
-                tier.open(ino, true)?.expect("created")
             } else {
-                continue;
+                // Empty files too: a backing file made later (at the
+                // first open, even a read) would have a ctime after the
+                // load's, which counts as the file's (`ctime_counts`).
+                tier.open(ino, true)?.expect("created")
             };
             f.set_len(inode.size)?;
             let ts = [inode.atime, inode.mtime].map(|t| {
