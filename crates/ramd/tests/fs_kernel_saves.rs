@@ -547,6 +547,17 @@ fallocate -p -o 8187000 -l 4096 d
     assert!(!d.join("a").exists());
     let second = snapshot(&d);
     assert_eq!(second["full"], false, "{second}");
+    // a's chunks are cleared in the image (FORMAT.md: GONE, type 6).
+    let segs = common::layout::segments(&img);
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    let gone = common::layout::records(&segs[1])
+        .iter()
+        .filter(|r| r.kind == 6)
+        .count();
+    assert!(
+        gone >= (64 * MIB / PAGE / 64) as usize,
+        "the save after rm a wrote {gone} GONE records, fewer than a's chunks"
+    );
 
     d.kill();
     let d = kernel_disk(&img, &[]);
