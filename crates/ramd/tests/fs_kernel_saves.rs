@@ -662,6 +662,32 @@ fn an_unchanged_disk_saves_nothing() {
     assert_eq!(chain(&img), after_stop, "the stop saved again");
 }
 
+/// A long chain makes the next save a full one (a compaction), but only
+/// when something changed: a snapshot of an unchanged disk rewrites
+/// nothing, however long the chain.
+#[test]
+fn a_long_chain_of_an_unchanged_disk_is_not_rewritten() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let d = kernel_disk(&img, &[]);
+    seeded_file(&d.join("big"), (16 * MIB) as usize, 23);
+    snapshot(&d);
+    // 15 small incremental saves: the chain is 16 long (the compaction
+    // threshold, policy.rs MAX_CHAIN).
+    for i in 0..15 {
+        fs::write(d.join("small"), format!("{i}")).unwrap();
+        let snap = snapshot(&d);
+        assert_eq!(snap["full"], false, "save {i}: {snap}");
+    }
+    let long = chain(&img);
+    assert_eq!(long.len(), 16, "{long:?}");
+    let snap = snapshot(&d);
+    assert_nothing_saved("an unchanged disk with a long chain", &snap, &img, &long);
+    d.stop();
+    let after = chain(&img);
+    assert_eq!(after, long, "the stop rewrote an unchanged disk");
+}
+
 // ---------------------------------------------------------------------------
 // 5. Writes through a shared mapping
 
