@@ -174,6 +174,9 @@ impl OuterPages for Saver {
         let mut picks = Vec::new();
         let mut cleared = Vec::new();
         let mut error = None;
+        // Whether anything changed since the last save: a full switch
+        // picks every file, changed or not.
+        let dirty = !inner.changed.is_empty() || !inner.dead.is_empty();
         let candidates: Vec<Ino> = if full {
             st.inodes
                 .iter()
@@ -233,6 +236,7 @@ impl OuterPages for Saver {
         Box::new(Save {
             fs: fs.clone(),
             full,
+            dirty,
             picks,
             gone,
             taken,
@@ -248,6 +252,8 @@ impl OuterPages for Saver {
 struct Save {
     fs: Arc<Fs>,
     full: bool,
+    /// Files were marked or slots freed at the switch.
+    dirty: bool,
     picks: Vec<Pick>,
     gone: Vec<u64>,
     /// The dead chunks taken at the switch (given back if the save fails).
@@ -267,7 +273,14 @@ impl OuterSave for Save {
     }
 
     fn changed(&self) -> bool {
-        !self.picks.is_empty() || !self.gone.is_empty() || self.error.is_some()
+        // A full save picks every file: only the marks say whether any
+        // changed (a compaction of an unchanged disk writes nothing).
+        let picked = if self.full {
+            self.dirty
+        } else {
+            !self.picks.is_empty() || !self.gone.is_empty()
+        };
+        picked || self.error.is_some()
     }
 
     fn write(
