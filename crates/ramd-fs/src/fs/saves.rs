@@ -182,6 +182,9 @@ impl OuterPages for Saver {
         let mut picks = Vec::new();
         let mut cleared = Vec::new();
         let mut error = None;
+        // Whether anything changed since the last save: a full switch
+        // picks every file, changed or not.
+        let dirty = !inner.changed.is_empty() || !inner.dead.is_empty();
         let candidates: Vec<Ino> = if full {
             st.inodes
                 .iter()
@@ -207,7 +210,7 @@ impl OuterPages for Saver {
                 continue;
             }
             let file = match hot.open(ino, false) {
-                Ok(f) => f,
+                Ok(f) => f.inspect(no_atime),
                 Err(e) => {
                     error.get_or_insert(file_err(format!("the data of inode {ino}"), e));
                     None
@@ -241,6 +244,7 @@ impl OuterPages for Saver {
         Box::new(Save {
             fs: fs.clone(),
             full,
+            dirty,
             picks,
             gone,
             taken,
@@ -256,6 +260,8 @@ impl OuterPages for Saver {
 struct Save {
     fs: Arc<Fs>,
     full: bool,
+    /// Files were marked or slots freed at the switch.
+    dirty: bool,
     picks: Vec<Pick>,
     gone: Vec<u64>,
     /// The dead chunks taken at the switch (given back if the save fails).
@@ -275,7 +281,14 @@ impl OuterSave for Save {
     }
 
     fn changed(&self) -> bool {
-        !self.picks.is_empty() || !self.gone.is_empty() || self.error.is_some()
+        // A full save picks every file: only the marks say whether any
+        // changed (a compaction of an unchanged disk writes nothing).
+        let picked = if self.full {
+            self.dirty
+        } else {
+            !self.picks.is_empty() || !self.gone.is_empty()
+        };
+        picked || self.error.is_some()
     }
 
     fn write(
@@ -435,6 +448,21 @@ fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
         return Err(io::Error::last_os_error());
     }
     Ok(Some((data as u64, hole as u64)))
+}
+
+/// A save's reads are no client's: they must not move the file's atime
+/// (the tree's, saved with it), or every save of a file open for writing
+/// would find the tree changed and write a new save. The fd is the
+/// save's own (`HotTier::open` opens anew), so the flag touches no
+/// client's reads. If it cannot be set, the atime moves, nothing worse.
+fn no_atime(f: &File) {
+    // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NOATIME);
+        }
+    }
 }
 
 /// Reads until `buf` is full or the file ends; returns how much was read.
@@ -681,10 +709,11 @@ impl Fs {
                 }
                 tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
                 f
-            } else if inode.size > 0 {
-                tier.open(ino, true)?.expect("created")
             } else {
-                continue;
+                // Empty files too: a backing file made later (at the
+                // first open, even a read) would have a ctime after the
+                // load's, which counts as the file's (`ctime_counts`).
+                tier.open(ino, true)?.expect("created")
             };
             f.set_len(inode.size)?;
             let ts = [inode.atime, inode.mtime].map(|t| {
