@@ -220,6 +220,37 @@ fn stat_after_mmap_writes_is_not_stale() {
     disk.stop();
 }
 
+/// A file made without an open (mknod) gets its backing file at its first
+/// open, a read: that must not move its ctime, as nothing changed it.
+const MKNOD_THEN_READ: &str = r#"
+import os, stat, sys, time
+p = os.path.join(sys.argv[1], 'f')
+os.mknod(p, 0o644 | stat.S_IFREG)
+before = os.stat(p).st_ctime_ns
+# Until the kernel's coarse clock has surely moved on (a few ticks).
+while time.clock_gettime_ns(5) < before + 50_000_000:  # CLOCK_REALTIME_COARSE
+    pass
+with open(p, 'rb') as f:
+    f.read()
+after = os.stat(p).st_ctime_ns
+with open(p, 'ab') as f:
+    f.write(b'x')
+written = os.stat(p).st_ctime_ns
+print(after == before, written > after)
+"#;
+
+#[test]
+fn reading_a_file_never_opened_keeps_its_ctime() {
+    let tmpfs = KernelTmpfs::mount("size=16M");
+    let want = py_ok(MKNOD_THEN_READ, &[s(tmpfs.path())]);
+    let mut disk = kernel_disk("16M");
+    let got = py_ok(MKNOD_THEN_READ, &[s(disk.path())]);
+    assert_eq!(got, want, "ramd --data-path kernel vs kernel tmpfs");
+    assert_eq!(got.trim(), "True True", "{got}");
+    disk.assert_alive();
+    disk.stop();
+}
+
 /// truncate, fallocate (allocate, keep size, punch), SEEK_DATA and
 /// SEEK_HOLE, copy_file_range: one line of results per step.
 const SPARSE: &str = r#"

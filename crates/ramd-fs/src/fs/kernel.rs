@@ -110,9 +110,12 @@ impl Fs {
                 a.blocks = st.st_blocks as u64;
                 a.atime = time_of(st.st_atime, st.st_atime_nsec);
                 a.mtime = time_of(st.st_mtime, st.st_mtime_nsec);
-                let ctime = time_of(st.st_ctime, st.st_ctime_nsec);
-                if self.saves.ctime_counts(ctime) {
-                    a.ctime = a.ctime.max(ctime);
+                // A write sets the backing file's mtime and ctime to one
+                // value; a ctime alone moved only by our making the file
+                // (the first open, a load) or setting its times says
+                // nothing ours does not.
+                if (st.st_ctime, st.st_ctime_nsec) == (st.st_mtime, st.st_mtime_nsec) {
+                    a.ctime = a.ctime.max(time_of(st.st_ctime, st.st_ctime_nsec));
                 }
             }
             Ok(None) => {}

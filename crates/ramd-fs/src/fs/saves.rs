@@ -29,9 +29,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use ramd_store::persist::{decode_record, ImageDir, OuterPages, OuterSave, PageRef, Record};
@@ -84,9 +83,6 @@ pub(crate) struct HotSaves {
     /// An image is kept ([`Fs::outer_pages`] was asked for): files are
     /// held to what an image holds.
     imaged: std::sync::atomic::AtomicBool,
-    /// When a load set the backing files up (ns since the epoch; 0: never):
-    /// their ctime is the load's, not the file's (see [`HotSaves::ctime_counts`]).
-    loaded_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -136,17 +132,6 @@ impl HotSaves {
 
     pub(super) fn imaged(&self) -> bool {
         self.imaged.load(Relaxed)
-    }
-
-    /// Whether a backing file's ctime says more than the inode's own: not
-    /// when it is only the moment a load made the file.
-    pub(super) fn ctime_counts(&self, ctime: SystemTime) -> bool {
-        let at = self.loaded_at.load(Relaxed);
-        at == 0
-            || ctime
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-                > at
     }
 }
 
@@ -675,7 +660,6 @@ impl Fs {
             .map_err(|e| Error::Unusable(format!("loading image {path}: the tree: {e}")))?;
         let made = std::mem::take(&mut files.made);
         fs.adopt_slot_files(&tier, made).map_err(io)?;
-        fs.saves.loaded_at.store(now_ns(), Relaxed);
         fs.hot
             .set(tier)
             .unwrap_or_else(|_| unreachable!("a new filesystem has no tier"));
@@ -709,11 +693,11 @@ impl Fs {
                 }
                 tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
                 f
-            } else {
-                // Empty files too: a backing file made later (at the
-                // first open, even a read) would have a ctime after the
-                // load's, which counts as the file's (`ctime_counts`).
+            } else if inode.size > 0 {
                 tier.open(ino, true)?.expect("created")
+            } else {
+                // Made at its first open, as for a new file.
+                continue;
             };
             f.set_len(inode.size)?;
             let ts = [inode.atime, inode.mtime].map(|t| {
@@ -737,10 +721,4 @@ impl Fs {
         }
         Ok(())
     }
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
