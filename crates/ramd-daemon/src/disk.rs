@@ -466,7 +466,9 @@ impl Disk {
 
     /// What a stop without a save loses, in words.
     fn unsaved_text(&self, p: &Persister) -> String {
-        let used = human(self.store.stats().used_bytes);
+        // With the kernel data path, file data is in its tmpfs, not the store.
+        let hot = self.fs.as_ref().and_then(|f| f.hot_tier());
+        let used = human(self.store.stats().used_bytes + hot.map_or(0, |h| h.used_bytes()));
         match p.status().last_save {
             Some(r) => format!(
                 "what changed since its save {} of {} (it holds {used})",
