@@ -27,6 +27,9 @@ pub struct Manifest {
     pub kind: DiskKind,
     /// The disk's size in bytes (an fs disk's capacity; 0: unlimited).
     pub size: u64,
+    /// The disk's identity (`None` in a version 1 MANIFEST, written before
+    /// there were identities).
+    pub id: Option<DiskId>,
     /// The full save first, then the incremental saves in order.
     pub chain: Vec<SegEntry>,
 }
@@ -45,11 +48,18 @@ impl Manifest {
     }
 
     pub(super) fn encode(&self) -> String {
-        let mut t = format!(
-            "{MANIFEST_MAGIC}\nkind {}\nsize {}\n",
-            self.kind.name(),
-            self.size
-        );
+        let mut t = match self.id {
+            Some(id) => format!(
+                "{MANIFEST_MAGIC}\nkind {}\nsize {}\nid {id}\n",
+                self.kind.name(),
+                self.size
+            ),
+            None => format!(
+                "{MANIFEST_MAGIC_V1}\nkind {}\nsize {}\n",
+                self.kind.name(),
+                self.size
+            ),
+        };
         for s in &self.chain {
             t += &format!(
                 "seg {} {} pages={} records={} bytes={} time={}\n",
@@ -85,6 +95,8 @@ impl Manifest {
         }
         let mut kind = None;
         let mut size = None;
+        let mut id = None;
+        let mut v1 = false;
         let mut chain = Vec::new();
         let mut offset = 0;
         for (n, line) in text[..at].lines().enumerate() {
@@ -93,10 +105,17 @@ impl Manifest {
             let words: Vec<&str> = line.split(' ').collect();
             match (n, words.as_slice()) {
                 (0, _) if line == MANIFEST_MAGIC => {}
+                (0, _) if line == MANIFEST_MAGIC_V1 => v1 = true,
                 (0, _) => return Err(bad(0, "not a ramd image MANIFEST, or a newer version")),
                 (_, ["kind", "block"]) => kind = Some(DiskKind::Block),
                 (_, ["kind", "fs"]) => kind = Some(DiskKind::Fs),
                 (_, ["size", v]) => size = v.parse().ok(),
+                (_, ["id", v]) if !v1 && id.is_none() => {
+                    id = Some(
+                        v.parse::<DiskId>()
+                            .map_err(|e| bad(here, &format!("bad id: {e}")))?,
+                    )
+                }
                 (_, ["seg", seq, full, rest @ ..]) if rest.len() == 4 => {
                     let field = |i: usize, name: &str| -> Option<u64> {
                         rest[i].strip_prefix(name)?.strip_prefix('=')?.parse().ok()
@@ -123,6 +142,9 @@ impl Manifest {
         }
         let kind = kind.ok_or_else(|| bad(0, "no kind line"))?;
         let size = size.ok_or_else(|| bad(0, "no size line"))?;
+        if !v1 && id.is_none() {
+            return Err(bad(0, "no id line"));
+        }
         let ok = chain.first().is_some_and(|s| s.full)
             && chain.iter().skip(1).all(|s| !s.full)
             && chain.windows(2).all(|w| w[0].seq < w[1].seq);
@@ -132,7 +154,12 @@ impl Manifest {
                 "the chain must be one full save then incremental ones in order",
             ));
         }
-        Ok(Manifest { kind, size, chain })
+        Ok(Manifest {
+            kind,
+            size,
+            id,
+            chain,
+        })
     }
 }
 
@@ -176,6 +203,9 @@ pub struct ImageDir {
     /// released (`release_lease`, a clean stop) or dropped.
     pub(super) lease: Option<Lease>,
     pub(super) manifest: Option<Manifest>,
+    /// The disk's identity: the MANIFEST's, or made at open for an image
+    /// that has none yet; every commit writes it.
+    pub(super) id: DiskId,
     /// Highest sequence number a segment was begun with: never reused, even
     /// when a commit failed after its MANIFEST was already renamed.
     pub(super) last_seq: u64,
@@ -205,14 +235,19 @@ impl ImageDir {
             .as_ref()
             .and_then(|m| m.chain.last())
             .map_or(0, |s| s.seq);
-        let dir = ImageDir {
+        let mut dir = ImageDir {
             path: path.to_path_buf(),
             remote: None,
             lease: None,
+            id: manifest
+                .as_ref()
+                .and_then(|m| m.id)
+                .unwrap_or_else(DiskId::random),
             manifest,
             last_seq,
         };
         dir.remove_debris();
+        dir.stamp_id();
         Ok(dir)
     }
 
@@ -226,6 +261,7 @@ impl ImageDir {
                 path: path.to_path_buf(),
                 remote: None,
                 lease: None,
+                id: m.id.unwrap_or_else(DiskId::random),
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
             }),
@@ -264,9 +300,13 @@ impl ImageDir {
                 io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
             ));
         }
-        let dir = ImageDir {
+        let mut dir = ImageDir {
             lease,
             path: PathBuf::from(remote.url()),
+            id: manifest
+                .as_ref()
+                .and_then(|m| m.id)
+                .unwrap_or_else(DiskId::random),
             last_seq: manifest
                 .as_ref()
                 .and_then(|m| m.chain.last())
@@ -276,6 +316,7 @@ impl ImageDir {
         };
         if for_saving {
             dir.remove_debris();
+            dir.stamp_id();
         }
         Ok(dir)
     }
@@ -318,6 +359,49 @@ impl ImageDir {
 
     pub fn manifest(&self) -> Option<&Manifest> {
         self.manifest.as_ref()
+    }
+
+    /// The disk's identity: the MANIFEST's, or (an image without one yet,
+    /// or a new image) the one the next commit writes.
+    pub fn id(&self) -> DiskId {
+        self.id
+    }
+
+    /// Makes the next commit write `id`: a copy of a disk into a new image
+    /// (`snapshot --to`, salvage) is the same disk.
+    pub fn set_id(&mut self, id: DiskId) {
+        self.id = id;
+    }
+
+    /// Gives a version 1 image (no id) opened for saving its id now, by
+    /// writing its MANIFEST again with the same chain: the disk then
+    /// presents one identity from this start on, even if it never saves.
+    /// A failure leaves the image as it was (the next commit writes the
+    /// id): a disk whose image cannot be written still serves.
+    fn stamp_id(&mut self) {
+        let Some(m) = self.manifest.as_ref().filter(|m| m.id.is_none()) else {
+            return;
+        };
+        let m = Manifest {
+            id: Some(self.id),
+            ..m.clone()
+        };
+        match self.put_manifest(&m, false) {
+            Ok(()) => {
+                log::info!(
+                    "image {}: gave the disk its identity {} (MANIFEST version 2)",
+                    self.path.display(),
+                    self.id
+                );
+                self.manifest = Some(m);
+            }
+            Err(e) => log::warn!(
+                "image {}: could not write the disk's identity {} into its MANIFEST yet \
+                 (the next save will): {e}",
+                self.path.display(),
+                self.id
+            ),
+        }
     }
 
     /// The sequence number for the next save.
@@ -380,12 +464,29 @@ impl ImageDir {
             _ => Manifest {
                 kind,
                 size,
+                id: None,
                 chain: Vec::new(),
             },
         };
         m.kind = kind;
         m.size = size;
+        m.id = Some(self.id);
         m.chain.push(seg);
+        self.put_manifest(&m, true)?;
+        self.manifest = Some(m);
+        self.remove_debris();
+        Ok(())
+    }
+
+    /// Replaces the MANIFEST with `m`: a conditional put in object storage
+    /// (while the lease is held), else written, fsynced and renamed over
+    /// the old one. `crash`: the `RAMD_TEST_CRASH` points of a save apply.
+    fn put_manifest(&mut self, m: &Manifest, crash: bool) -> Result<()> {
+        let crash_if = |at| {
+            if crash {
+                crash_if(at)
+            }
+        };
         if let Some(remote) = &mut self.remote {
             if let Some(l) = &self.lease {
                 l.check()?;
@@ -393,8 +494,6 @@ impl ImageDir {
             crash_if(Crash::ManifestWritten);
             remote.commit_manifest(m.encode())?;
             crash_if(Crash::ManifestRenamed);
-            self.manifest = Some(m);
-            self.remove_debris();
             return Ok(());
         }
         let path = self.path.join(MANIFEST);
@@ -413,10 +512,7 @@ impl ImageDir {
         crash_if(Crash::ManifestWritten);
         fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
         crash_if(Crash::ManifestRenamed);
-        sync_dir(&self.path)?;
-        self.manifest = Some(m);
-        self.remove_debris();
-        Ok(())
+        sync_dir(&self.path)
     }
 }
 

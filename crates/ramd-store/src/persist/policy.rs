@@ -307,6 +307,8 @@ impl Persister {
                 dir.display()
             )));
         }
+        // The same disk in a new place: the same identity.
+        new.set_id(image.id());
         *self.path.lock() = dir.to_path_buf();
         *self.lease.lock() = new.lease_watch();
         std::mem::swap(&mut *image, &mut new);
