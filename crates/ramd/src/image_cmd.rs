@@ -53,6 +53,11 @@ fn info(dir: &Path, as_json: bool) -> Result<()> {
     }
     println!("image:  {}", dir.display());
     println!("kind:   {}", m.kind.name());
+    match m.id {
+        Some(id) => println!("id:     {id}"),
+        // A version 1 MANIFEST: `ramd serve` gives it one when it opens it.
+        None => println!("id:     none yet (given at the next `ramd serve` of the image)"),
+    }
     match (m.kind, m.size) {
         (DiskKind::Fs, 0) => println!("size:   unlimited"),
         (_, n) => println!("size:   {} ({n} bytes)", human(n)),
