@@ -105,6 +105,17 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn salvage(args: &Args) -> Result<i32> {
+    // Salvage maps segment files; it has no object-storage reader.
+    for (what, path) in [("the image", Some(&args.dir)), ("--to", args.to.as_ref())] {
+        if let Some(p) = path.filter(|p| ramd_store::persist::is_url(p)) {
+            bail!(
+                "{}: ramd image salvage works on image directories only, and {what} is in \
+                 object storage; `ramd image verify` checks it, `ramd image export` writes \
+                 out what loads",
+                p.display()
+            );
+        }
+    }
     let chain = SalvageChain::open(&args.dir)?;
     // Refuse bad destinations before the long part.
     if let Some(to) = &args.to {

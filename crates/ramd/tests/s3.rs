@@ -823,3 +823,114 @@ fn crash_during_a_save_keeps_the_previous_save() {
         );
     }
 }
+
+/// `ramd image ls|prune` on a URL as on a directory: ls lists the chain,
+/// prune is refused while a writer holds the lease and afterwards removes
+/// segment objects no MANIFEST names (only those); the disk's identity is
+/// in the object-store image and comes back with it; import onto a prefix
+/// that holds an image is refused.
+#[test]
+fn image_ls_prune_and_identity_on_a_url() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("tools");
+    let d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x21 0 64k".into()]);
+    snapshot(&run, d.name(), &env);
+    qemu_io(d.uri(), &["write -P 0x22 1M 4k".into()]);
+    snapshot(&run, d.name(), &env);
+    let id_of = |run: &Path, name: &str| {
+        let status = status_json(run);
+        disk_entry(&status, name).expect("the disk in status")["id"]
+            .as_str()
+            .expect("an id in status")
+            .to_string()
+    };
+    let id = id_of(&run, d.name());
+
+    let out = ramd(&run, &["image", "prune", &img], &env).failed();
+    let pid = format!("pid {}", d.pid());
+    for want in [img.as_str(), "lease is held by", pid.as_str()] {
+        assert!(
+            out.stderr.contains(want),
+            "prune refusal lacks {want:?}:\n{}",
+            out.stderr
+        );
+    }
+    drop(d);
+
+    let info: Value =
+        serde_json::from_str(&ramd(&run, &["image", "info", &img, "--json"], &env).ok()).unwrap();
+    assert_eq!(info["id"], id.as_str(), "{info}");
+    let ls = ramd(&run, &["image", "ls", &img], &env).ok();
+    let rows: Vec<&str> = ls.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{ls}");
+    assert!(
+        rows[0].contains("full") && rows[1].contains("incremental"),
+        "{ls}"
+    );
+    let chain: Value =
+        serde_json::from_str(&ramd(&run, &["image", "ls", &img, "--json"], &env).ok()).unwrap();
+    assert_eq!(chain, info["chain"], "ls --json is not info's chain");
+
+    // A segment object of a save that never committed, and an object
+    // that is not ramd's.
+    let put = |key: &str, len: usize| {
+        block_on(w.client().put(
+            &Key::from(key),
+            object_store::PutPayload::from(vec![7u8; len]),
+        ))
+        .unwrap_or_else(|e| panic!("putting {key}: {e}"));
+    };
+    let debris = "seg-00000009-0000000000000001";
+    put(&format!("tools/{debris}"), 3000);
+    put("tools/notes.txt", 10);
+    let manifest = w.read("tools/MANIFEST");
+    let out: Value =
+        serde_json::from_str(&ramd(&run, &["image", "prune", &img, "--json"], &env).ok()).unwrap();
+    assert_eq!(out["removed"][0]["name"], debris, "{out}");
+    assert_eq!(out["removed"].as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(field(&out, "bytes"), 3000, "{out}");
+    let names: Vec<String> = w.objects("tools").into_iter().map(|(n, _)| n).collect();
+    assert!(!names.iter().any(|n| n == debris), "{names:?}");
+    assert!(names.iter().any(|n| n == "notes.txt"), "{names:?}");
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "prune changed the MANIFEST"
+    );
+    let again = ramd(&run, &["image", "prune", &img], &env).ok();
+    assert!(again.contains("no debris"), "{again}");
+
+    // The lease prune took is given back: a writer starts at once, as
+    // the same disk.
+    let d = serve(&run, &["--image", &img], &env);
+    assert_eq!(id_of(&run, d.name()), id, "the disk came back as another");
+    qemu_io(
+        d.uri(),
+        &["read -P 0x21 0 64k".into(), "read -P 0x22 1M 4k".into()],
+    );
+    drop(d);
+
+    let manifest = w.read("tools/MANIFEST");
+    let raw = tmp.path().join("raw");
+    fs::write(&raw, vec![1u8; 8192]).unwrap();
+    let out = ramd(
+        &run,
+        &["image", "import", raw.to_str().unwrap(), &img],
+        &env,
+    )
+    .failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("holds an image already"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "import changed the image"
+    );
+}

@@ -192,6 +192,14 @@ pub(super) fn crash_if(at: Crash) {
     }
 }
 
+/// What an image in object storage is opened for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Read,
+    Save,
+    Prune,
+}
+
 /// An image directory, or its like in object storage.
 pub struct ImageDir {
     /// The directory, or the `s3://bucket/prefix` URL (segment and MANIFEST
@@ -202,6 +210,10 @@ pub struct ImageDir {
     /// An image in object storage opened for saving: its lease, held until
     /// released (`release_lease`, a clean stop) or dropped.
     pub(super) lease: Option<Lease>,
+    /// An image directory opened for saving: the directory itself, open
+    /// and flock()ed, so that no other ramd saves to it or removes its
+    /// debris (a save in progress) meanwhile. Released with the lease.
+    pub(super) lock: Option<File>,
     pub(super) manifest: Option<Manifest>,
     /// The disk's identity: the MANIFEST's, or made at open for an image
     /// that has none yet; every commit writes it.
@@ -218,7 +230,7 @@ impl ImageDir {
     /// but such debris (a new image), never someone's files.
     pub fn open(path: &Path) -> Result<ImageDir> {
         if is_url(path) {
-            return ImageDir::open_remote(path, true);
+            return ImageDir::open_remote(path, Open::Save);
         }
         if !path.exists() {
             fs::DirBuilder::new()
@@ -227,6 +239,7 @@ impl ImageDir {
                 .create(path)
                 .map_err(|e| Error::file(path, e))?;
         }
+        let lock = lock_dir(path)?;
         let manifest = read_manifest(path)?;
         if manifest.is_none() {
             refuse_foreign(path)?;
@@ -239,6 +252,7 @@ impl ImageDir {
             path: path.to_path_buf(),
             remote: None,
             lease: None,
+            lock: Some(lock),
             id: manifest
                 .as_ref()
                 .and_then(|m| m.id)
@@ -254,13 +268,14 @@ impl ImageDir {
     /// Opens an existing image for reading only (`ramd image ...`).
     pub fn open_existing(path: &Path) -> Result<ImageDir> {
         if is_url(path) {
-            return ImageDir::open_remote(path, false);
+            return ImageDir::open_remote(path, Open::Read);
         }
         match read_manifest(path)? {
             Some(m) => Ok(ImageDir {
                 path: path.to_path_buf(),
                 remote: None,
                 lease: None,
+                lock: None,
                 id: m.id.unwrap_or_else(DiskId::random),
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
@@ -272,10 +287,30 @@ impl ImageDir {
         }
     }
 
+    /// `ramd image prune`: removes the debris of an existing image (save
+    /// files or segment objects its MANIFEST does not name), holding the
+    /// directory's lock or the prefix's lease meanwhile, so never while a
+    /// ramd saves to it; changes nothing else (not even a version 1
+    /// MANIFEST's missing id). Returns what it removed.
+    pub fn prune(path: &Path) -> Result<Vec<(String, u64)>> {
+        let mut image = if is_url(path) {
+            ImageDir::open_remote(path, Open::Prune)?
+        } else {
+            let lock = lock_dir(path)?;
+            let mut image = ImageDir::open_existing(path)?;
+            image.lock = Some(lock);
+            image
+        };
+        let removed = image.remove_debris();
+        image.release_lease();
+        Ok(removed)
+    }
+
     /// An image in object storage: `open` (for saving: a prefix without
-    /// a MANIFEST must hold nothing but save debris, which goes) or
-    /// `open_existing` (reading: there must be a MANIFEST).
-    fn open_remote(url: &Path, for_saving: bool) -> Result<ImageDir> {
+    /// a MANIFEST must hold nothing but save debris, which goes),
+    /// `open_existing` (reading: there must be a MANIFEST) or `prune`.
+    fn open_remote(url: &Path, how: Open) -> Result<ImageDir> {
+        let for_saving = how == Open::Save;
         let mut remote = Remote::connect(url)?;
         // Listing first: a missing bucket is told apart from a new image.
         let names = remote.list()?;
@@ -289,9 +324,9 @@ impl ImageDir {
         }
         // The lease before anything is read or removed: debris may be the
         // segment another writer is uploading.
-        let lease = match for_saving {
-            true => Some(Lease::take(&remote)?),
-            false => None,
+        let lease = match how {
+            Open::Save | Open::Prune => Some(Lease::take(&remote)?),
+            Open::Read => None,
         };
         let manifest = remote.read_manifest()?;
         if manifest.is_none() && !for_saving {
@@ -302,6 +337,7 @@ impl ImageDir {
         }
         let mut dir = ImageDir {
             lease,
+            lock: None,
             path: PathBuf::from(remote.url()),
             id: manifest
                 .as_ref()
@@ -336,6 +372,7 @@ impl ImageDir {
         if let Some(l) = &mut self.lease {
             l.release();
         }
+        self.lock = None;
     }
 
     /// The lease's state for status (an image in object storage opened for
@@ -415,8 +452,11 @@ impl ImageDir {
 
     /// Save files not named by the MANIFEST: `.tmp` files and segments of
     /// chains that a later full save replaced (nothing else: a file of
-    /// another name is not ours to remove).
-    pub(super) fn remove_debris(&self) {
+    /// another name is not ours to remove). Returns what it removed, with
+    /// sizes; a failure to remove one is logged and the rest go on (the
+    /// next save tries again).
+    pub(super) fn remove_debris(&self) -> Vec<(String, u64)> {
+        let mut removed = Vec::new();
         if let Some(remote) = &self.remote {
             let keep: Vec<String> = self
                 .manifest
@@ -425,16 +465,17 @@ impl ImageDir {
                 .map(|s| object_name(s.seq, s.time_ns))
                 .collect();
             let Ok(names) = remote.list() else {
-                return; // the next save tries again
+                return removed;
             };
-            for (name, _) in names {
+            for (name, size) in names {
                 if save_object(&name) && !keep.contains(&name) {
-                    if let Err(err) = remote.delete(&name) {
-                        log::warn!("removing debris: {err}");
+                    match remote.delete(&name) {
+                        Ok(()) => removed.push((name, size)),
+                        Err(err) => log::warn!("removing debris: {err}"),
                     }
                 }
             }
-            return;
+            return removed;
         }
         let keep: Vec<PathBuf> = self
             .manifest
@@ -443,16 +484,19 @@ impl ImageDir {
             .map(|s| self.seg_path(s.seq))
             .collect();
         let Ok(entries) = fs::read_dir(&self.path) else {
-            return;
+            return removed;
         };
         for e in entries.flatten() {
-            let name = e.file_name();
-            if save_file(&name.to_string_lossy()) && !keep.contains(&e.path()) {
-                if let Err(err) = fs::remove_file(e.path()) {
-                    log::warn!("removing {}: {err}", e.path().display());
+            let name = e.file_name().to_string_lossy().into_owned();
+            if save_file(&name) && !keep.contains(&e.path()) {
+                let size = e.metadata().map_or(0, |m| m.len());
+                match fs::remove_file(e.path()) {
+                    Ok(()) => removed.push((name, size)),
+                    Err(err) => log::warn!("removing {}: {err}", e.path().display()),
                 }
             }
         }
+        removed
     }
 
     /// Makes a finished segment part of the image: the new MANIFEST is
@@ -548,6 +592,64 @@ pub(super) fn save_object(name: &str) -> bool {
         .is_some_and(|(seq, time)| {
             seq_digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
         })
+}
+
+/// Takes the image directory's lock (flock on the directory itself, held
+/// while the returned file is open): one ramd saves to a directory, as
+/// one holds an object-storage image's lease. Refused while another
+/// process holds it, naming that process where /proc/locks tells.
+fn lock_dir(dir: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let f = File::open(dir).map_err(|e| Error::file(dir, e))?;
+    // SAFETY: flock on our own descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(f);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(Error::file(dir, err));
+    }
+    let holder = f
+        .metadata()
+        .ok()
+        .and_then(|m| lock_holder(m.dev(), m.ino()))
+        .map_or_else(String::new, |pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let args: Vec<String> = c
+                        .split(|&b| b == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect();
+                    args.join(" ")
+                })
+                .unwrap_or_default();
+            match cmd.as_str() {
+                "" => format!(" (pid {pid})"),
+                c => format!(" (pid {pid}: {c})"),
+            }
+        });
+    Err(Error::Unusable(format!(
+        "image directory {} is in use by another process{holder}: only one ramd may save \
+         to an image (or prune it) at a time; stop the other one, or give another directory",
+        dir.display()
+    )))
+}
+
+/// The pid /proc/locks names for a flock on inode `ino` of device `dev`.
+fn lock_holder(dev: u64, ino: u64) -> Option<u32> {
+    let text = fs::read_to_string("/proc/locks").ok()?;
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    // "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF"
+    text.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.get(1) == Some(&"FLOCK") && w.get(5) == Some(&want.as_str()) {
+            w.get(4)?.parse().ok()
+        } else {
+            None
+        }
+    })
 }
 
 /// Refuses a directory with no MANIFEST that holds anything but an
