@@ -2347,3 +2347,51 @@ fn image_ls_and_prune_of_a_directory() {
     assert!(again.contains("no debris"), "{again}");
     verify_ok(&img);
 }
+
+/// An image an older ramd wrote (MANIFEST version 1, no id): `image info`
+/// says it has none and changes nothing; the first `ramd serve` gives the
+/// disk one and writes it at once, even with nothing to save, and every
+/// start after presents the same one.
+#[test]
+fn a_version_1_image_gets_an_identity_that_stays() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let mut d = Ramd::start(&["--size", "16M", "--image", p(&img)]);
+    qemu_io(d.uri(), &["write -P 0x51 0 64k".into()]);
+    d.stop();
+    let path = img.join("MANIFEST");
+    let text = fs::read_to_string(&path).unwrap();
+    let body = &text[..text.rfind("crc32c ").unwrap()];
+    assert!(body.starts_with("ramd image 2\n"), "{text}");
+    let old: String = body
+        .replacen("ramd image 2\n", "ramd image 1\n", 1)
+        .lines()
+        .filter(|l| !l.starts_with("id "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let old = format!("{old}crc32c {:08x}\n", crc32c(old.as_bytes()));
+    fs::write(&path, &old).unwrap();
+
+    let info = ramd(&["image", "info", p(&img)]).ok();
+    assert!(info.contains("id:     none yet"), "{info}");
+    assert_eq!(fs::read_to_string(&path).unwrap(), old, "info changed it");
+
+    let id_of = |d: &Ramd| {
+        let status = status_json(d.run_dir());
+        disk_entry(&status, d.name()).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut d = Ramd::start(&["--image", p(&img)]);
+    let id = id_of(&d);
+    let now = fs::read_to_string(&path).unwrap();
+    assert!(
+        now.starts_with("ramd image 2\n") && now.contains(&format!("\nid {id}\n")),
+        "the MANIFEST did not get the disk's id {id} at the start:\n{now}"
+    );
+    d.stop_with(libc::SIGKILL);
+    let d = Ramd::start(&["--image", p(&img)]);
+    assert_eq!(id_of(&d), id, "the identity changed across starts");
+    qemu_io(d.uri(), &["read -P 0x51 0 64k".into()]);
+}
