@@ -597,7 +597,8 @@ pub(super) fn save_object(name: &str) -> bool {
 /// Takes the image directory's lock (flock on the directory itself, held
 /// while the returned file is open): one ramd saves to a directory, as
 /// one holds an object-storage image's lease. Refused while another
-/// process holds it, naming that process where /proc/locks tells.
+/// process holds it, naming that process where /proc/locks tells; on a
+/// filesystem that cannot lock, the file comes back unlocked.
 fn lock_dir(dir: &Path) -> Result<File> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
@@ -608,7 +609,14 @@ fn lock_dir(dir: &Path) -> Result<File> {
     }
     let err = io::Error::last_os_error();
     if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(Error::file(dir, err));
+        // A filesystem without flock (some network and FUSE ones): the
+        // image works as before locks, unguarded.
+        log::warn!(
+            "image directory {}: cannot lock it ({err}): nothing keeps a second ramd from \
+             saving to it",
+            dir.display()
+        );
+        return Ok(f);
     }
     let holder = f
         .metadata()
