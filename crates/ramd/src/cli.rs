@@ -224,7 +224,15 @@ pub enum ImageCommand {
     /// objects) that its MANIFEST does not name, left by interrupted saves
     /// or by chains a full save replaced; says what it removed.
     #[command(
-        after_help = "Only names a save writes are candidates (seg-N, seg-N.tmp, MANIFEST.tmp;                       in object storage seg-N-T): other files and objects are left alone. The                       image must not be in use: prune takes the directory's lock or the                       prefix's lease as `ramd serve` does, and is refused while a ramd holds                       it. `ramd serve` removes the same debris when it opens the image.                       Incomplete multipart uploads in object storage are not listed by the                       client library ramd uses, so prune cannot remove them: a bucket                       lifecycle rule (AbortIncompleteMultipartUpload) does.\n\n\
+        after_help = "Only names a save writes are candidates (seg-N, seg-N.tmp, MANIFEST.tmp; \
+                      in object storage seg-N-T and seg-N-T.upload): other files and objects are \
+                      left alone. The image must not be in use: prune takes the directory's lock \
+                      or the prefix's lease as `ramd serve` does, and is refused while a ramd \
+                      holds it. `ramd serve` removes the same debris when it opens the image. In \
+                      object storage, the incomplete multipart upload of a ramd killed mid-save \
+                      is aborted through its record (seg-N-T.upload, listed as removed); uploads \
+                      without a record need a bucket lifecycle rule \
+                      (AbortIncompleteMultipartUpload).\n\n\
                       Examples:\n  \
             ramd image prune /var/lib/ramd/vm\n  \
             ramd image prune s3://backups/vm --json"

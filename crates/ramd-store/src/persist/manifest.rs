@@ -468,7 +468,16 @@ impl ImageDir {
                 return removed;
             };
             for (name, size) in names {
-                if save_object(&name) && !keep.contains(&name) {
+                if name.ends_with(UPLOAD_SUFFIX) && save_object(&name) {
+                    // Only with the lease held: no live writer's upload.
+                    if self.lease.is_none() {
+                        continue;
+                    }
+                    match remote.abort_recorded(&name) {
+                        Ok(()) => removed.push((name, size)),
+                        Err(err) => log::warn!("aborting an incomplete upload: {err}"),
+                    }
+                } else if save_object(&name) && !keep.contains(&name) {
                     match remote.delete(&name) {
                         Ok(()) => removed.push((name, size)),
                         Err(err) => log::warn!("removing debris: {err}"),
@@ -584,9 +593,11 @@ fn seq_digits(n: &str) -> bool {
     n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Whether `name` is a segment object's (`object_name`): in object storage
-/// the only objects a save writes before a MANIFEST names them.
+/// Whether `name` is a segment object's (`object_name`) or the record of
+/// its upload (`upload_marker`): in object storage the only objects a save
+/// writes before a MANIFEST names them.
 pub(super) fn save_object(name: &str) -> bool {
+    let name = name.strip_suffix(UPLOAD_SUFFIX).unwrap_or(name);
     name.strip_prefix("seg-")
         .and_then(|n| n.split_once('-'))
         .is_some_and(|(seq, time)| {

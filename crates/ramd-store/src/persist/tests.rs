@@ -202,7 +202,12 @@ fn debris_names_are_exactly_the_saves_own() {
     let object = object_name(3, 0x18eb_9d31_b88e_5c1b);
     assert_eq!(object, "seg-00000003-18eb9d31b88e5c1b");
     assert!(save_object(&object) && !save_file(&object));
+    let marker = upload_marker(&object);
+    assert_eq!(marker, "seg-00000003-18eb9d31b88e5c1b.upload");
+    assert!(save_object(&marker) && !save_file(&marker));
     for name in [
+        "seg-00000003.upload",
+        "seg-00000003-18eb9d31b88e5c1b.upload.upload",
         "MANIFEST",
         "LEASE",
         "seg-1",
