@@ -14,8 +14,8 @@
 //!
 //! Apache Arrow's `object_store` does the HTTP, signing, retries and
 //! multipart requests (ramd sends the parts itself, to know each upload's
-//! id: the library cannot list incomplete uploads), and takes credentials and endpoint from the standard
-//! `AWS_*` environment variables. Its calls are async: they run on one small
+//! id: the library cannot list incomplete uploads), and takes credentials
+//! and endpoint from the standard `AWS_*` environment variables. Its calls are async: they run on one small
 //! runtime shared by the process, entered from ramd's own threads.
 
 use std::sync::atomic::AtomicBool;
