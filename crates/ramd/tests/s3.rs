@@ -980,6 +980,25 @@ fn image_ls_prune_and_identity_on_a_url() {
         manifest,
         "import changed the image"
     );
+
+    // Nor does `snapshot --to` replace an image in object storage.
+    let other_run = tmp.path().join("other");
+    let other = serve(
+        &other_run,
+        &["--size", "16M", "--image", &url("other")],
+        &env,
+    );
+    let out = ramd(&other_run, &["snapshot", other.name(), "--to", &img], &env).failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("is not empty"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "snapshot --to replaced the image"
+    );
 }
 
 /// A writer killed part way through a segment's multipart upload leaves
