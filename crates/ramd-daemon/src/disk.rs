@@ -33,6 +33,7 @@ use ramd_fs::{Fs, FsConfig};
 use ramd_store::metrics::DiskMetrics;
 use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
+use ramd_store::DiskId;
 use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
 use crate::args::{DataPath, DiskArgs, DiskSize};
@@ -84,6 +85,8 @@ impl Drop for Saving {
 pub struct Disk {
     args: DiskArgs,
     kind: DiskKind,
+    /// Its identity: its image's, or new at this start without one.
+    id: DiskId,
     /// A filesystem's capacity (`None`: unlimited); a block disk's size.
     size: Option<u64>,
     store: Arc<Store>,
@@ -140,6 +143,9 @@ impl Disk {
             Some(dir) => Some(persist::open_image(dir, kind, given)?),
             None => None,
         };
+        let id = image
+            .as_ref()
+            .map_or_else(DiskId::random, |(image, _)| image.id());
         let size = match (image.as_ref().map(|(_, n)| *n), given) {
             (Some(n), _) | (None, Some(n)) => n,
             (None, None) => bail!(
@@ -201,6 +207,7 @@ impl Disk {
         let ctx = DiskContext {
             args: &args,
             kind,
+            id,
             store: &store,
             fs: fs.as_ref(),
             run_dir: &shared.run_dir,
@@ -213,6 +220,7 @@ impl Disk {
         let disk = Arc::new(Disk {
             args,
             kind,
+            id,
             size,
             store,
             fs,
@@ -259,7 +267,7 @@ impl Disk {
 
     fn describe(&self) -> String {
         let ends = self.endpoints().join(", ");
-        match self.kind {
+        let what = match self.kind {
             DiskKind::Block => format!(
                 "block disk {:?}: size {} ({} bytes), max memory {}{}; {ends}",
                 self.args.name,
@@ -279,7 +287,8 @@ impl Disk {
                 human(self.store.max_memory()),
                 self.fs.as_ref().map_or(0, |f| f.config().nr_inodes)
             ),
-        }
+        };
+        format!("{what}; id {}", self.id)
     }
 
     /// Step 2: every frontend serves on its own thread; each tells
@@ -633,6 +642,7 @@ impl Disk {
         DiskStatus {
             name: self.args.name.clone(),
             kind: self.kind.name().into(),
+            id: self.id.to_string(),
             pid: std::process::id(),
             uri: frontends
                 .first()

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use ramd_fs::Fs;
 use ramd_store::metrics::DiskMetrics;
 use ramd_store::persist::DiskKind;
-use ramd_store::Store;
+use ramd_store::{DiskId, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::args::DiskArgs;
@@ -40,6 +40,9 @@ pub struct FrontendStatus {
 pub struct DiskContext<'a> {
     pub args: &'a DiskArgs,
     pub kind: DiskKind,
+    /// The disk's identity: what a protocol's device identifiers (iSCSI
+    /// NAA and serial, NBD description) come from.
+    pub id: DiskId,
     pub store: &'a Arc<Store>,
     /// The filesystem of an `fs` disk.
     pub fs: Option<&'a Arc<Fs>>,

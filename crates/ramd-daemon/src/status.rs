@@ -19,6 +19,11 @@ pub struct DiskStatus {
     pub name: String,
     /// `block` or `fs`.
     pub kind: String,
+    /// The disk's identity (a UUID, kept in its image; a disk without one
+    /// gets a new one at each start): its iSCSI NAA and serial, its NBD
+    /// description. Empty from a daemon older than identities.
+    #[serde(default)]
+    pub id: String,
     /// The process serving it.
     pub pid: u32,
     /// Where clients reach it first: an NBD URI, a mount point.

@@ -10,6 +10,7 @@
 
 mod codec;
 mod error;
+mod identity;
 pub mod metrics;
 pub mod numa;
 pub mod persist;
@@ -21,6 +22,7 @@ mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
+pub use identity::DiskId;
 pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::{map_anonymous, mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
 pub use procmem::ProcessMemory;

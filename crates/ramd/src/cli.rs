@@ -197,9 +197,9 @@ pub struct SnapshotArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCommand {
-    /// What an image holds: kind, size, its chain of saves.
+    /// What an image holds: kind, size, identity, its chain of saves.
     Info {
-        /// The image directory (serve's --image).
+        /// The image (serve's --image): a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
         /// Print JSON for scripts.
         #[arg(long)]
@@ -208,8 +208,41 @@ pub enum ImageCommand {
     /// Read every save of an image and check every checksum and every
     /// compressed page; names the first bad place and exits 1.
     Verify {
-        /// The image directory.
+        /// The image: a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
+    },
+    /// List the saves of an image's chain: sequence number, full or
+    /// incremental, pages, bytes, time of its switch.
+    Ls {
+        /// The image: a directory or s3://BUCKET/PREFIX.
+        dir: PathBuf,
+        /// Print JSON for scripts (an array of saves).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image's debris: save files (in object storage, segment
+    /// objects) that its MANIFEST does not name, left by interrupted saves
+    /// or by chains a full save replaced; says what it removed.
+    #[command(
+        after_help = "Only names a save writes are candidates (seg-N, seg-N.tmp, MANIFEST.tmp; \
+                      in object storage seg-N-T and seg-N-T.upload): other files and objects are \
+                      left alone. The image must not be in use: prune takes the directory's lock \
+                      or the prefix's lease as `ramd serve` does, and is refused while a ramd \
+                      holds it. `ramd serve` removes the same debris when it opens the image. In \
+                      object storage, the incomplete multipart upload of a ramd killed mid-save \
+                      is aborted through its record (seg-N-T.upload, listed as removed); uploads \
+                      without a record need a bucket lifecycle rule \
+                      (AbortIncompleteMultipartUpload).\n\n\
+                      Examples:\n  \
+            ramd image prune /var/lib/ramd/vm\n  \
+            ramd image prune s3://backups/vm --json"
+    )]
+    Prune {
+        /// The image: a directory or s3://BUCKET/PREFIX.
+        dir: PathBuf,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// Write an image's data out: a block disk as a raw disk image
     /// (sparse), for qemu-img, dd, losetup; a filesystem disk as a
@@ -229,7 +262,7 @@ pub enum ImageCommand {
             ramd image export /var/lib/ramd/scratch --to scratch.tar"
     )]
     Export {
-        /// The image directory.
+        /// The image: a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
         /// Where to write (as --to; kept for scripts that name it second).
         #[arg(value_name = "PATH", conflicts_with = "to")]
@@ -294,7 +327,8 @@ pub enum ImageCommand {
     Import {
         /// The raw disk image to read.
         raw: PathBuf,
-        /// The image directory to create (must not exist, or be empty).
+        /// The image to create: a directory (must not exist, or be empty)
+        /// or s3://BUCKET/PREFIX (must hold no objects).
         dir: PathBuf,
         /// Store pages compressed with this codec (as `serve --compress`).
         #[arg(long, default_value = "none", value_parser = parse_codec, value_name = "CODEC")]

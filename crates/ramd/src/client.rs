@@ -208,6 +208,9 @@ pub fn snapshot(
 ) -> Result<()> {
     let path = disk_socket(run_dir, name);
     let line = match to {
+        // An image in object storage goes as given (made "absolute", it
+        // would be a directory named `s3:` in our working directory).
+        Some(url) if ramd_store::persist::is_url(url) => format!("snapshot to {}", url.display()),
         // The daemon's working directory is not ours.
         Some(dir) => format!(
             "snapshot to {}",

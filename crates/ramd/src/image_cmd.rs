@@ -1,5 +1,6 @@
-//! `ramd image info|verify|export|import`: images offline, without a
-//! running disk.
+//! `ramd image info|ls|verify|export|import|prune`: images offline,
+//! without a running disk, in a directory or in object storage alike
+//! (`ImageDir` hides which).
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -18,6 +19,8 @@ pub fn run(cmd: ImageCommand) -> Result<()> {
     match cmd {
         ImageCommand::Info { dir, json } => info(&dir, json),
         ImageCommand::Verify { dir } => verify(&dir),
+        ImageCommand::Ls { dir, json } => ls(&dir, json),
+        ImageCommand::Prune { dir, json } => prune(&dir, json),
         ImageCommand::Export {
             dir,
             raw,
@@ -53,11 +56,21 @@ fn info(dir: &Path, as_json: bool) -> Result<()> {
     }
     println!("image:  {}", dir.display());
     println!("kind:   {}", m.kind.name());
+    match m.id {
+        Some(id) => println!("id:     {id}"),
+        // A version 1 MANIFEST: `ramd serve` gives it one when it opens it.
+        None => println!("id:     none yet (given at the next `ramd serve` of the image)"),
+    }
     match (m.kind, m.size) {
         (DiskKind::Fs, 0) => println!("size:   unlimited"),
         (_, n) => println!("size:   {} ({n} bytes)", human(n)),
     }
     println!("saves:  {} ({} in all)", m.chain.len(), human(m.bytes()));
+    print_chain(m);
+    Ok(())
+}
+
+fn print_chain(m: &persist::Manifest) {
     println!(
         "{:>8}  {:<11}  {:>10}  {:>10}  TIME",
         "SEQ", "TYPE", "PAGES", "BYTES"
@@ -71,6 +84,40 @@ fn info(dir: &Path, as_json: bool) -> Result<()> {
             human(s.bytes),
             time_text(s.time_ns)
         );
+    }
+}
+
+fn ls(dir: &Path, as_json: bool) -> Result<()> {
+    let image = ImageDir::open_existing(dir)?;
+    let m = image.manifest().expect("open_existing has a manifest");
+    if as_json {
+        println!("{}", serde_json::to_string(&m.chain)?);
+    } else {
+        print_chain(m);
+    }
+    Ok(())
+}
+
+fn prune(dir: &Path, as_json: bool) -> Result<()> {
+    let removed = ImageDir::prune(dir)?;
+    let bytes: u64 = removed.iter().map(|(_, n)| n).sum();
+    if as_json {
+        let names: Vec<serde_json::Value> = removed
+            .iter()
+            .map(|(name, size)| serde_json::json!({"name": name, "bytes": size}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"image": dir.display().to_string(), "removed": names, "bytes": bytes})
+        );
+        return Ok(());
+    }
+    for (name, size) in &removed {
+        println!("removed {name} ({})", human(*size));
+    }
+    match removed.len() {
+        0 => println!("{}: no debris", dir.display()),
+        n => println!("{}: removed {n} ({})", dir.display(), human(bytes)),
     }
     Ok(())
 }
@@ -235,6 +282,14 @@ fn import(raw: &Path, dir: &Path, compress: Codec) -> Result<()> {
     if busy {
         bail!(
             "{} is not empty: import makes a new image (remove it, or pick another directory)",
+            dir.display()
+        );
+    }
+    // A prefix in object storage is not a directory to list: one holding
+    // an image is refused here, one holding other objects by `open`.
+    if persist::is_url(dir) && ImageDir::open_existing(dir).is_ok() {
+        bail!(
+            "{} holds an image already: import makes a new image (give another prefix)",
             dir.display()
         );
     }

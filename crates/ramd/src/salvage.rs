@@ -105,6 +105,15 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn salvage(args: &Args) -> Result<i32> {
+    // The new image's emptiness is checked as a directory's: a prefix in
+    // object storage holding an image would be replaced by it.
+    if let Some(to) = args.to.as_ref().filter(|p| ramd_store::persist::is_url(p)) {
+        bail!(
+            "--to {}: salvage writes its new image to a directory only; `ramd image import` \
+             can take it to object storage from an export",
+            to.display()
+        );
+    }
     let chain = SalvageChain::open(&args.dir)?;
     // Refuse bad destinations before the long part.
     if let Some(to) = &args.to {
@@ -157,7 +166,14 @@ fn salvage(args: &Args) -> Result<i32> {
         DiskKind::Block => {
             report.lost = block_losses(&store, chain.size, &read.lost)?;
             if let Some(to) = &args.to {
-                report.new_image = Some(save_new(&store, to, DiskKind::Block, chain.size, None)?);
+                report.new_image = Some(save_new(
+                    &store,
+                    to,
+                    DiskKind::Block,
+                    chain.size,
+                    chain.id,
+                    None,
+                )?);
                 report.new_image_dir = Some(to.clone());
             }
             if let Some(out) = &args.export {
@@ -179,6 +195,7 @@ fn salvage(args: &Args) -> Result<i32> {
                     to,
                     DiskKind::Fs,
                     chain.size,
+                    chain.id,
                     Some(Box::new(move || f.save_meta())),
                 )?);
                 report.new_image_dir = Some(to.clone());
@@ -211,9 +228,15 @@ fn save_new(
     to: &Path,
     kind: DiskKind,
     size: u64,
+    id: Option<ramd_store::DiskId>,
     meta: Option<persist::MetaFn>,
 ) -> Result<SaveReport> {
-    let image = ImageDir::open(to)?;
+    let mut image = ImageDir::open(to)?;
+    // What was recovered is the same disk: the same identity, if the
+    // damaged image's MANIFEST still said which.
+    if let Some(id) = id {
+        image.set_id(id);
+    }
     let mut p = Persister::new(store.clone(), image, kind, size, None, false);
     if let Some(f) = meta {
         p.set_meta(f, None);

@@ -820,3 +820,163 @@ fn hostile_bytes_drop_that_connection_only() {
     qemu_io(&t.url(), &["read -P 0x77 0 4M".into()]);
     qemu_io(t.d.uri(), &["read -P 0x77 0 4M".into()]);
 }
+
+// ---------------------------------------------------------------------------
+// Identity
+
+/// What an initiator identifies a LUN by, as libiscsi's `iscsi-inq`
+/// reads it: the unit serial number (VPD 0x80), the T10 vendor id and the
+/// NAA designator's bytes (VPD 0x83; iscsi-inq prints the NAA raw).
+#[derive(Debug, PartialEq, Eq)]
+struct LunIdentity {
+    serial: String,
+    t10: String,
+    naa: Vec<u8>,
+}
+
+fn lun_identity(url: &str) -> LunIdentity {
+    require_tool("iscsi-inq");
+    let serial = run_ok(&mut cmd("iscsi-inq", ["-e", "1", "-c", "128", url]));
+    let serial = serial
+        .split_once("Unit Serial Number:[")
+        .and_then(|(_, r)| r.split_once(']'))
+        .unwrap_or_else(|| panic!("no serial number in iscsi-inq's answer:\n{serial}"))
+        .0
+        .to_string();
+    let out = std::process::Command::new("iscsi-inq")
+        .args(["-e", "1", "-c", "131", url])
+        .output()
+        .expect("running iscsi-inq");
+    assert!(out.status.success(), "iscsi-inq -c 131 {url}: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let t10 = text
+        .split_once("Designator:[RAMD    ")
+        .and_then(|(_, r)| r.split_once(']'))
+        .unwrap_or_else(|| panic!("no T10 vendor id in iscsi-inq's answer:\n{text}"))
+        .0
+        .to_string();
+    let mark = b"Designator Type:(3) NAA\nDesignator:[";
+    let at = out
+        .stdout
+        .windows(mark.len())
+        .position(|w| w == mark)
+        .unwrap_or_else(|| panic!("no NAA designator in iscsi-inq's answer:\n{text}"))
+        + mark.len();
+    // The NAA is the page's last designator; its 8 bytes may hold any
+    // byte, `]` too (a zero byte would end iscsi-inq's print early).
+    let end = out.stdout.iter().rposition(|&b| b == b']').unwrap();
+    let naa = out.stdout[at..end].to_vec();
+    LunIdentity { serial, t10, naa }
+}
+
+/// `ramd serve --name ram0 --iscsi PORT ARGS` in `run`: its LUN's URL.
+fn ram0(run: &Path, port: u16, extra: &[&str]) -> (Ramd, String) {
+    let p = port.to_string();
+    let mut args = vec!["--name", "ram0", "--iscsi", &p, "--iscsi-target", IQN];
+    args.extend_from_slice(extra);
+    let d = Ramd::start_in(run, &args);
+    (d, format!("iscsi://127.0.0.1:{port}/{IQN}/0"))
+}
+
+/// The disk's id as `ramd status --json` and nbdinfo's description show
+/// it, checked against the LUN's serial and designators.
+fn checked_identity(d: &Ramd, url: &str) -> LunIdentity {
+    let status = status_json(d.run_dir());
+    let id = disk_entry(&status, "ram0").expect("ram0 in status")["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in status: {status}"))
+        .to_string();
+    assert_eq!(id.len(), 36, "{id}");
+    let lun = lun_identity(url);
+    assert_eq!(lun.serial, id, "the unit serial is not the disk's id");
+    // NAA 3 (locally assigned) and the T10 id's 60 low bits.
+    let t10 = u64::from_str_radix(&lun.t10, 16).unwrap();
+    let naa = (3u64 << 60) | (t10 & 0x0FFF_FFFF_FFFF_FFFF);
+    assert!(
+        naa.to_be_bytes().starts_with(&lun.naa) && !lun.naa.is_empty(),
+        "NAA {:02x?} is not 3 + T10 id {}",
+        lun.naa,
+        lun.t10
+    );
+    let info = run_ok(&mut cmd("nbdinfo", ["--json", d.uri()]));
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let desc = info["exports"][0]["description"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        desc.contains(&id),
+        "NBD description {desc:?} lacks the id {id}"
+    );
+    lun
+}
+
+/// Two hosts' disks named ram0, each with its own image, present two
+/// devices (serials, NAAs and NBD descriptions differ); a disk restarted
+/// from its image presents the same one; a disk without an image a new
+/// one at each start.
+#[test]
+fn identity_comes_from_the_image_not_the_name() {
+    require_tool("nbdinfo");
+    let tmp = scratch();
+    let (img_a, img_b) = (tmp.path().join("img-a"), tmp.path().join("img-b"));
+    let (run_a, run_b) = (tmp.path().join("run-a"), tmp.path().join("run-b"));
+    let img = |p: &Path| p.to_str().unwrap().to_string();
+    let a_args = ["--size", "16M", "--image", &img(&img_a)];
+    let (mut a, a_url) = ram0(&run_a, free_tcp_port(), &a_args);
+    let (mut b, b_url) = ram0(
+        &run_b,
+        free_tcp_port(),
+        &["--size", "16M", "--image", &img(&img_b)],
+    );
+    let a1 = checked_identity(&a, &a_url);
+    let b1 = checked_identity(&b, &b_url);
+    assert_ne!(a1.serial, b1.serial);
+    assert_ne!(a1.t10, b1.t10);
+    assert_ne!(a1.naa, b1.naa);
+    // Something to save: the stop commits the image, and its id with it.
+    qemu_io(a.uri(), &["write -P 0x3c 0 64k".into()]);
+    a.stop();
+    b.stop();
+
+    let (a, a_url) = ram0(&run_a, free_tcp_port(), &["--image", &img(&img_a)]);
+    assert_eq!(
+        checked_identity(&a, &a_url),
+        a1,
+        "the restarted disk is another device"
+    );
+    let has_id = |dir: &Path| {
+        let info = ramd_cmd(&run_a, &["image", "info", &img(dir), "--json"]).ok();
+        assert!(
+            info.contains(&format!("\"id\":\"{}\"", a1.serial)),
+            "{} does not keep the disk's id {}: {info}",
+            dir.display(),
+            a1.serial
+        );
+    };
+    has_id(&img_a);
+    // A full save (a new chain), and the disk moved to a new image by
+    // `snapshot --to`: still the same disk.
+    qemu_io(a.uri(), &["write -P 0x3d 64k 64k".into()]);
+    ramd_cmd(&run_a, &["snapshot", "ram0", "--full"]).ok();
+    has_id(&img_a);
+    let moved = tmp.path().join("img-moved");
+    ramd_cmd(&run_a, &["snapshot", "ram0", "--to", &img(&moved)]).ok();
+    has_id(&moved);
+    drop(a);
+    let (a, a_url) = ram0(&run_a, free_tcp_port(), &["--image", &img(&moved)]);
+    assert_eq!(
+        checked_identity(&a, &a_url),
+        a1,
+        "the moved disk is another device"
+    );
+    drop(a);
+
+    let run_c = tmp.path().join("run-c");
+    let (c, c_url) = ram0(&run_c, free_tcp_port(), &["--size", "16M"]);
+    let c1 = checked_identity(&c, &c_url);
+    drop(c);
+    let (c, c_url) = ram0(&run_c, free_tcp_port(), &["--size", "16M"]);
+    let c2 = checked_identity(&c, &c_url);
+    assert_ne!(c1.serial, c2.serial, "a disk without an image kept its id");
+    assert_ne!(c1.naa, c2.naa);
+}

@@ -2275,3 +2275,123 @@ fn manifest_with_a_valid_checksum_but_a_wrong_segment_length_is_refused() {
         d
     });
 }
+
+/// `ramd image ls` lists the chain; `ramd image prune` removes save files
+/// the MANIFEST does not name and says so, leaves other files, and is
+/// refused (naming the process) while a ramd serves the image, as is a
+/// second `ramd serve` of it.
+#[test]
+fn image_ls_and_prune_of_a_directory() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let mut d = Ramd::start(&["--size", "16M", "--image", p(&img)]);
+    qemu_io(d.uri(), &["write -P 0x41 0 64k".into()]);
+    snapshot(d.run_dir(), d.name(), false);
+    qemu_io(d.uri(), &["write -P 0x42 1M 4k".into()]);
+    snapshot(d.run_dir(), d.name(), false);
+
+    let out = ramd(&["image", "prune", p(&img)]).failed();
+    let pid = format!("pid {}", d.pid());
+    for want in [p(&img), "in use", pid.as_str()] {
+        assert!(
+            out.stderr.contains(want),
+            "prune refusal lacks {want:?}: {}",
+            out.stderr
+        );
+    }
+    let (_, err) = serve_refused(&["--image", p(&img)]);
+    assert!(err.contains("in use") && err.contains(&pid), "{err}");
+    d.stop();
+
+    let ls = ramd(&["image", "ls", p(&img)]).ok();
+    let rows: Vec<&str> = ls.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{ls}");
+    assert!(
+        rows[0].contains("full") && rows[1].contains("incremental"),
+        "{ls}"
+    );
+    let chain: Value =
+        serde_json::from_str(&ramd(&["image", "ls", p(&img), "--json"]).ok()).unwrap();
+    let chain = chain.as_array().expect("ls --json is an array");
+    assert_eq!(chain.len(), 2, "{chain:?}");
+    assert_eq!(chain[1]["pages"], 1, "{chain:?}");
+    assert!(field(&chain[0], "bytes") > 0 && field(&chain[1], "time_ns") > 0);
+
+    // Debris as interrupted saves leave it, and a file that is not ramd's.
+    fs::write(img.join("seg-00000007.tmp"), vec![1u8; 5000]).unwrap();
+    fs::write(img.join("seg-00000009"), vec![2u8; 3000]).unwrap();
+    fs::write(img.join("MANIFEST.tmp"), b"half a manifest").unwrap();
+    fs::write(img.join("notes.txt"), b"mine").unwrap();
+    let manifest = fs::read(img.join("MANIFEST")).unwrap();
+    let out: Value =
+        serde_json::from_str(&ramd(&["image", "prune", p(&img), "--json"]).ok()).unwrap();
+    let mut removed: Vec<String> = out["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    removed.sort();
+    assert_eq!(
+        removed,
+        ["MANIFEST.tmp", "seg-00000007.tmp", "seg-00000009"],
+        "{out}"
+    );
+    assert_eq!(field(&out, "bytes"), 5000 + 3000 + 15, "{out}");
+    assert!(
+        img.join("notes.txt").exists(),
+        "prune removed a foreign file"
+    );
+    assert_eq!(fs::read(img.join("MANIFEST")).unwrap(), manifest);
+    let again = ramd(&["image", "prune", p(&img)]).ok();
+    assert!(again.contains("no debris"), "{again}");
+    verify_ok(&img);
+}
+
+/// An image an older ramd wrote (MANIFEST version 1, no id): `image info`
+/// says it has none and changes nothing; the first `ramd serve` gives the
+/// disk one and writes it at once, even with nothing to save, and every
+/// start after presents the same one.
+#[test]
+fn a_version_1_image_gets_an_identity_that_stays() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let mut d = Ramd::start(&["--size", "16M", "--image", p(&img)]);
+    qemu_io(d.uri(), &["write -P 0x51 0 64k".into()]);
+    d.stop();
+    let path = img.join("MANIFEST");
+    let text = fs::read_to_string(&path).unwrap();
+    let body = &text[..text.rfind("crc32c ").unwrap()];
+    assert!(body.starts_with("ramd image 2\n"), "{text}");
+    let old: String = body
+        .replacen("ramd image 2\n", "ramd image 1\n", 1)
+        .lines()
+        .filter(|l| !l.starts_with("id "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let old = format!("{old}crc32c {:08x}\n", crc32c(old.as_bytes()));
+    fs::write(&path, &old).unwrap();
+
+    let info = ramd(&["image", "info", p(&img)]).ok();
+    assert!(info.contains("id:     none yet"), "{info}");
+    assert_eq!(fs::read_to_string(&path).unwrap(), old, "info changed it");
+
+    let id_of = |d: &Ramd| {
+        let status = status_json(d.run_dir());
+        disk_entry(&status, d.name()).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut d = Ramd::start(&["--image", p(&img)]);
+    let id = id_of(&d);
+    let now = fs::read_to_string(&path).unwrap();
+    assert!(
+        now.starts_with("ramd image 2\n") && now.contains(&format!("\nid {id}\n")),
+        "the MANIFEST did not get the disk's id {id} at the start:\n{now}"
+    );
+    d.stop_with(libc::SIGKILL);
+    let d = Ramd::start(&["--image", p(&img)]);
+    assert_eq!(id_of(&d), id, "the identity changed across starts");
+    qemu_io(d.uri(), &["read -P 0x51 0 64k".into()]);
+}

@@ -52,6 +52,7 @@ fn weed_bin() -> PathBuf {
 struct Weed {
     child: Option<Child>,
     s3_port: u16,
+    filer_port: u16,
     dir: TempDir,
 }
 
@@ -147,6 +148,7 @@ impl Weed {
         Weed {
             child: Some(child),
             s3_port: ports[6],
+            filer_port: ports[4],
             dir,
         }
     }
@@ -202,6 +204,38 @@ impl Weed {
         })
         .unwrap_or_else(|e| panic!("reading {key}: {e}"));
         String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// The multipart uploads the server holds unfinished in the bucket:
+    /// SeaweedFS keeps each as a directory under `/buckets/BUCKET/.uploads`
+    /// of its filer, which lists them over HTTP (S3 clients cannot: ramd's
+    /// client library has no ListMultipartUploads).
+    fn incomplete_uploads(&self) -> Vec<String> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.filer_port))
+            .unwrap_or_else(|e| panic!("the filer on port {}: {e}", self.filer_port));
+        write!(
+            c,
+            "GET /buckets/{BUCKET}/.uploads/?limit=1000 HTTP/1.0\r\nAccept: application/json\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).unwrap();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        if head.starts_with("HTTP/1.1 404") || head.starts_with("HTTP/1.0 404") {
+            return Vec::new(); // no upload was ever started
+        }
+        assert!(head.contains(" 200 "), "filer listing: {reply}");
+        let v: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("filer listing is not JSON ({e}): {reply}"));
+        v["Entries"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| e["FullPath"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn signal(&self, sig: i32) {
@@ -822,4 +856,241 @@ fn crash_during_a_save_keeps_the_previous_save() {
             "{crash}: debris left after the next start: {segs:?}"
         );
     }
+}
+
+/// `ramd image ls|prune` on a URL as on a directory: ls lists the chain,
+/// prune is refused while a writer holds the lease and afterwards removes
+/// segment objects no MANIFEST names (only those); the disk's identity is
+/// in the object-store image and comes back with it; import onto a prefix
+/// that holds an image is refused.
+#[test]
+fn image_ls_prune_and_identity_on_a_url() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("tools");
+    let d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x21 0 64k".into()]);
+    snapshot(&run, d.name(), &env);
+    qemu_io(d.uri(), &["write -P 0x22 1M 4k".into()]);
+    snapshot(&run, d.name(), &env);
+    let id_of = |run: &Path, name: &str| {
+        let status = status_json(run);
+        disk_entry(&status, name).expect("the disk in status")["id"]
+            .as_str()
+            .expect("an id in status")
+            .to_string()
+    };
+    let id = id_of(&run, d.name());
+
+    let out = ramd(&run, &["image", "prune", &img], &env).failed();
+    let pid = format!("pid {}", d.pid());
+    for want in [img.as_str(), "lease is held by", pid.as_str()] {
+        assert!(
+            out.stderr.contains(want),
+            "prune refusal lacks {want:?}:\n{}",
+            out.stderr
+        );
+    }
+    drop(d);
+
+    let info: Value =
+        serde_json::from_str(&ramd(&run, &["image", "info", &img, "--json"], &env).ok()).unwrap();
+    assert_eq!(info["id"], id.as_str(), "{info}");
+    let ls = ramd(&run, &["image", "ls", &img], &env).ok();
+    let rows: Vec<&str> = ls.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{ls}");
+    assert!(
+        rows[0].contains("full") && rows[1].contains("incremental"),
+        "{ls}"
+    );
+    let chain: Value =
+        serde_json::from_str(&ramd(&run, &["image", "ls", &img, "--json"], &env).ok()).unwrap();
+    assert_eq!(chain, info["chain"], "ls --json is not info's chain");
+
+    // A segment object of a save that never committed, and an object
+    // that is not ramd's.
+    let put = |key: &str, data: &[u8]| {
+        block_on(w.client().put(
+            &Key::from(key),
+            object_store::PutPayload::from(data.to_vec()),
+        ))
+        .unwrap_or_else(|e| panic!("putting {key}: {e}"));
+    };
+    let debris = "seg-00000009-0000000000000001";
+    put(&format!("tools/{debris}"), &[7u8; 3000]);
+    put("tools/notes.txt", b"not ramd's");
+    // The record of an upload the server no longer has (completed, or
+    // aborted already): only the record goes.
+    let record = "seg-00000010-0000000000000002.upload";
+    put(&format!("tools/{record}"), b"no-such-upload-0123456789");
+    let manifest = w.read("tools/MANIFEST");
+    let out: Value =
+        serde_json::from_str(&ramd(&run, &["image", "prune", &img, "--json"], &env).ok()).unwrap();
+    let mut removed: Vec<&str> = out["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    removed.sort();
+    assert_eq!(removed, [debris, record], "{out}");
+    assert_eq!(field(&out, "bytes"), 3000 + 25, "{out}");
+    let names: Vec<String> = w.objects("tools").into_iter().map(|(n, _)| n).collect();
+    assert!(
+        !names.iter().any(|n| n == debris || n == record),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n == "notes.txt"), "{names:?}");
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "prune changed the MANIFEST"
+    );
+    let again = ramd(&run, &["image", "prune", &img], &env).ok();
+    assert!(again.contains("no debris"), "{again}");
+
+    // The lease prune took is given back: a writer starts at once, as
+    // the same disk.
+    let d = serve(&run, &["--image", &img], &env);
+    assert_eq!(id_of(&run, d.name()), id, "the disk came back as another");
+    qemu_io(
+        d.uri(),
+        &["read -P 0x21 0 64k".into(), "read -P 0x22 1M 4k".into()],
+    );
+    drop(d);
+
+    let manifest = w.read("tools/MANIFEST");
+    let raw = tmp.path().join("raw");
+    fs::write(&raw, vec![1u8; 8192]).unwrap();
+    let out = ramd(
+        &run,
+        &["image", "import", raw.to_str().unwrap(), &img],
+        &env,
+    )
+    .failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("holds an image already"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "import changed the image"
+    );
+
+    // Nor does `snapshot --to` replace an image in object storage.
+    let other_run = tmp.path().join("other");
+    let other = serve(
+        &other_run,
+        &["--size", "16M", "--image", &url("other")],
+        &env,
+    );
+    let out = ramd(&other_run, &["snapshot", other.name(), "--to", &img], &env).failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("is not empty"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        w.read("tools/MANIFEST"),
+        manifest,
+        "snapshot --to replaced the image"
+    );
+}
+
+/// A writer killed part way through a segment's multipart upload leaves
+/// the upload unfinished on the server, and its record
+/// (`seg-N-T.upload`); the next writer, once it holds the lease, aborts
+/// the upload (the server drops it and its parts) and removes the record.
+#[test]
+fn killed_upload_is_aborted_by_the_next_writer() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let data = tmp.path().join("data");
+    random_file(&data, 64 * MIB);
+    let img = url("mpu");
+    let run = tmp.path().join("run");
+    let d = serve(&run, &["--size", "96M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
+    drop(d);
+    assert!(
+        w.incomplete_uploads().is_empty(),
+        "{:?}",
+        w.incomplete_uploads()
+    );
+
+    // A save of 64 MiB: once its upload's record is there, the server is
+    // stopped (the upload cannot finish) and ramd killed, then the server
+    // goes on.
+    let mut d = serve(&run, &["--image", &img], &env);
+    qemu_io(d.uri(), &[format!("write -s {} 0 64M", data.display())]);
+    let mut snap = Command::new(ramd_bin());
+    snap.arg("--run-dir")
+        .arg(&run)
+        .args(["snapshot", d.name()])
+        .envs(pairs(&env));
+    let _snap = Background::spawn(&mut snap);
+    let is_record = |n: &String| n.starts_with("seg-00000002-") && n.ends_with(".upload");
+    wait_until(
+        Duration::from_secs(60),
+        "the save's upload to be recorded",
+        || w.objects("mpu").iter().any(|(n, _)| is_record(n)),
+    );
+    w.signal(libc::SIGSTOP);
+    d.stop_with(libc::SIGKILL);
+    w.signal(libc::SIGCONT);
+    let records: Vec<String> = w
+        .objects("mpu")
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(is_record)
+        .collect();
+    assert_eq!(records.len(), 1, "{:?}", w.objects("mpu"));
+    let left = w.incomplete_uploads();
+    assert_eq!(
+        left.len(),
+        1,
+        "the server holds no unfinished upload: {left:?}"
+    );
+
+    let mut next = None;
+    wait_until(
+        Duration::from_secs(60),
+        "a new writer to take over the killed one's lease",
+        || match try_serve(&run, &["--image", &img], &env) {
+            Ok(r) => {
+                next = Some(r);
+                true
+            }
+            Err((_, err)) => {
+                assert!(err.contains("is in use"), "not a lease refusal:\n{err}");
+                false
+            }
+        },
+    );
+    let next = next.unwrap();
+    assert!(
+        next.stderr()
+            .contains("aborted the incomplete multipart upload"),
+        "{}",
+        next.stderr()
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the server to drop the aborted upload",
+        || w.incomplete_uploads().is_empty(),
+    );
+    let names: Vec<String> = w.objects("mpu").into_iter().map(|(n, _)| n).collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.ends_with(".upload") || n.starts_with("seg-00000002")),
+        "{names:?}"
+    );
+    qemu_io(next.uri(), &["read -P 0x31 0 1M".into()]);
 }

@@ -342,6 +342,20 @@ fn salvage_block_reports_byte_ranges_and_falls_back_to_older_copies() {
     let back = tmp.path().join("back.raw");
     nbdcopy(&[d.uri(), p(&back)]);
     assert_same_file(&raw, &back);
+    // What was recovered is the same disk: the damaged MANIFEST's id.
+    let id = |img: &Path| {
+        let info: Value =
+            serde_json::from_str(&ramd(&["image", "info", p(img), "--json"]).ok()).unwrap();
+        info["id"]
+            .as_str()
+            .expect("an id in image info")
+            .to_string()
+    };
+    assert_eq!(
+        id(&new),
+        id(&img),
+        "the salvaged image has another identity"
+    );
 }
 
 /// An image with nothing wrong: exit 0, nothing lost.

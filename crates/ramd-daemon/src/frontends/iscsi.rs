@@ -80,18 +80,6 @@ fn target_config(args: &DiskArgs) -> TargetConfig {
     }
 }
 
-/// A stable 64-bit id from the disk's name (FNV-1a): the LUN's NAA/EUI
-/// designators stay the same across restarts, so initiators (multipath,
-/// ESXi's datastore signatures) recognize the disk.
-fn lun_id(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 impl FrontendFactory for Iscsi {
     fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
         let Some(addr) = args.iscsi else {
@@ -167,8 +155,12 @@ impl FrontendFactory for Iscsi {
                 LunConfig {
                     block_size: args.block_size,
                     read_only: args.read_only,
-                    id: lun_id(&args.name),
-                    serial: args.name.clone(),
+                    // From the disk's identity, not its name: two hosts'
+                    // disks of one name are two devices to a multipath
+                    // initiator, and an image's disk is the same device
+                    // across restarts.
+                    id: disk.id.folded(),
+                    serial: disk.id.to_string(),
                     product: "ramd disk".into(),
                     // Saved to an image: written data is durable only after a
                     // flush, so initiators are told to send SYNCHRONIZE CACHE.
@@ -294,11 +286,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stable_ids_and_names() {
-        assert_eq!(lun_id("ram0"), lun_id("ram0"));
-        assert_ne!(lun_id("ram0"), lun_id("ram1"));
-        // FNV-1a's offset basis for the empty string.
-        assert_eq!(lun_id(""), 0xcbf2_9ce4_8422_2325);
+    fn default_iqn_is_ramds() {
         assert!(default_iqn().starts_with("iqn.2026-11.org.ramd:"));
     }
 }

@@ -109,7 +109,7 @@ impl FrontendFactory for Nbd {
             let server = Server::new(
                 Exports::new(vec![Export {
                     name: args.name.clone(),
-                    description: format!("ramd block disk {}", args.name),
+                    description: format!("ramd block disk {} id {}", args.name, disk.id),
                     store: disk.store.clone(),
                     read_only: args.read_only,
                     metrics: Some(metrics.clone()),

@@ -66,8 +66,9 @@ pub struct LunConfig {
     /// Every command that would change the disk fails with DATA PROTECT,
     /// WRITE PROTECTED, and MODE SENSE sets WP.
     pub read_only: bool,
-    /// Stable for the disk across restarts (derived from its name): the
-    /// NAA/EUI designators of VPD page 0x83 come from it.
+    /// The disk's identity, as 64 bits: the NAA and T10 vendor
+    /// designators of VPD page 0x83 come from it (ramd gives 64 bits of
+    /// the disk's UUID, kept in its image).
     pub id: u64,
     /// VPD page 0x80.
     pub serial: String,

@@ -7,7 +7,10 @@ pub const MANIFEST: &str = "MANIFEST";
 /// An image in object storage: the object naming the one writer allowed
 /// to commit (FORMAT.md, *Object storage*).
 pub const LEASE: &str = "LEASE";
-pub(super) const MANIFEST_MAGIC: &str = "ramd image 1";
+/// The MANIFEST's first line: version 2 adds the disk's `id` line.
+pub(super) const MANIFEST_MAGIC: &str = "ramd image 2";
+/// A MANIFEST without an `id` (written before version 2), still read.
+pub(super) const MANIFEST_MAGIC_V1: &str = "ramd image 1";
 pub(super) const SEG_MAGIC: &[u8; 8] = b"RAMDSEG\0";
 pub(super) const SEG_VERSION: u16 = 1;
 pub const SEG_HEADER: usize = 64;

@@ -27,6 +27,9 @@ pub struct Manifest {
     pub kind: DiskKind,
     /// The disk's size in bytes (an fs disk's capacity; 0: unlimited).
     pub size: u64,
+    /// The disk's identity (`None` in a version 1 MANIFEST, written before
+    /// there were identities).
+    pub id: Option<DiskId>,
     /// The full save first, then the incremental saves in order.
     pub chain: Vec<SegEntry>,
 }
@@ -45,11 +48,18 @@ impl Manifest {
     }
 
     pub(super) fn encode(&self) -> String {
-        let mut t = format!(
-            "{MANIFEST_MAGIC}\nkind {}\nsize {}\n",
-            self.kind.name(),
-            self.size
-        );
+        let mut t = match self.id {
+            Some(id) => format!(
+                "{MANIFEST_MAGIC}\nkind {}\nsize {}\nid {id}\n",
+                self.kind.name(),
+                self.size
+            ),
+            None => format!(
+                "{MANIFEST_MAGIC_V1}\nkind {}\nsize {}\n",
+                self.kind.name(),
+                self.size
+            ),
+        };
         for s in &self.chain {
             t += &format!(
                 "seg {} {} pages={} records={} bytes={} time={}\n",
@@ -85,6 +95,8 @@ impl Manifest {
         }
         let mut kind = None;
         let mut size = None;
+        let mut id = None;
+        let mut v1 = false;
         let mut chain = Vec::new();
         let mut offset = 0;
         for (n, line) in text[..at].lines().enumerate() {
@@ -93,10 +105,17 @@ impl Manifest {
             let words: Vec<&str> = line.split(' ').collect();
             match (n, words.as_slice()) {
                 (0, _) if line == MANIFEST_MAGIC => {}
+                (0, _) if line == MANIFEST_MAGIC_V1 => v1 = true,
                 (0, _) => return Err(bad(0, "not a ramd image MANIFEST, or a newer version")),
                 (_, ["kind", "block"]) => kind = Some(DiskKind::Block),
                 (_, ["kind", "fs"]) => kind = Some(DiskKind::Fs),
                 (_, ["size", v]) => size = v.parse().ok(),
+                (_, ["id", v]) if !v1 && id.is_none() => {
+                    id = Some(
+                        v.parse::<DiskId>()
+                            .map_err(|e| bad(here, &format!("bad id: {e}")))?,
+                    )
+                }
                 (_, ["seg", seq, full, rest @ ..]) if rest.len() == 4 => {
                     let field = |i: usize, name: &str| -> Option<u64> {
                         rest[i].strip_prefix(name)?.strip_prefix('=')?.parse().ok()
@@ -123,6 +142,9 @@ impl Manifest {
         }
         let kind = kind.ok_or_else(|| bad(0, "no kind line"))?;
         let size = size.ok_or_else(|| bad(0, "no size line"))?;
+        if !v1 && id.is_none() {
+            return Err(bad(0, "no id line"));
+        }
         let ok = chain.first().is_some_and(|s| s.full)
             && chain.iter().skip(1).all(|s| !s.full)
             && chain.windows(2).all(|w| w[0].seq < w[1].seq);
@@ -132,7 +154,12 @@ impl Manifest {
                 "the chain must be one full save then incremental ones in order",
             ));
         }
-        Ok(Manifest { kind, size, chain })
+        Ok(Manifest {
+            kind,
+            size,
+            id,
+            chain,
+        })
     }
 }
 
@@ -165,6 +192,14 @@ pub(super) fn crash_if(at: Crash) {
     }
 }
 
+/// What an image in object storage is opened for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Read,
+    Save,
+    Prune,
+}
+
 /// An image directory, or its like in object storage.
 pub struct ImageDir {
     /// The directory, or the `s3://bucket/prefix` URL (segment and MANIFEST
@@ -175,7 +210,14 @@ pub struct ImageDir {
     /// An image in object storage opened for saving: its lease, held until
     /// released (`release_lease`, a clean stop) or dropped.
     pub(super) lease: Option<Lease>,
+    /// An image directory opened for saving: the directory itself, open
+    /// and flock()ed, so that no other ramd saves to it or removes its
+    /// debris (a save in progress) meanwhile. Released with the lease.
+    pub(super) lock: Option<File>,
     pub(super) manifest: Option<Manifest>,
+    /// The disk's identity: the MANIFEST's, or made at open for an image
+    /// that has none yet; every commit writes it.
+    pub(super) id: DiskId,
     /// Highest sequence number a segment was begun with: never reused, even
     /// when a commit failed after its MANIFEST was already renamed.
     pub(super) last_seq: u64,
@@ -188,7 +230,7 @@ impl ImageDir {
     /// but such debris (a new image), never someone's files.
     pub fn open(path: &Path) -> Result<ImageDir> {
         if is_url(path) {
-            return ImageDir::open_remote(path, true);
+            return ImageDir::open_remote(path, Open::Save);
         }
         if !path.exists() {
             fs::DirBuilder::new()
@@ -197,6 +239,7 @@ impl ImageDir {
                 .create(path)
                 .map_err(|e| Error::file(path, e))?;
         }
+        let lock = lock_dir(path)?;
         let manifest = read_manifest(path)?;
         if manifest.is_none() {
             refuse_foreign(path)?;
@@ -205,27 +248,35 @@ impl ImageDir {
             .as_ref()
             .and_then(|m| m.chain.last())
             .map_or(0, |s| s.seq);
-        let dir = ImageDir {
+        let mut dir = ImageDir {
             path: path.to_path_buf(),
             remote: None,
             lease: None,
+            lock: Some(lock),
+            id: manifest
+                .as_ref()
+                .and_then(|m| m.id)
+                .unwrap_or_else(DiskId::random),
             manifest,
             last_seq,
         };
         dir.remove_debris();
+        dir.stamp_id();
         Ok(dir)
     }
 
     /// Opens an existing image for reading only (`ramd image ...`).
     pub fn open_existing(path: &Path) -> Result<ImageDir> {
         if is_url(path) {
-            return ImageDir::open_remote(path, false);
+            return ImageDir::open_remote(path, Open::Read);
         }
         match read_manifest(path)? {
             Some(m) => Ok(ImageDir {
                 path: path.to_path_buf(),
                 remote: None,
                 lease: None,
+                lock: None,
+                id: m.id.unwrap_or_else(DiskId::random),
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
             }),
@@ -236,10 +287,30 @@ impl ImageDir {
         }
     }
 
+    /// `ramd image prune`: removes the debris of an existing image (save
+    /// files or segment objects its MANIFEST does not name), holding the
+    /// directory's lock or the prefix's lease meanwhile, so never while a
+    /// ramd saves to it; changes nothing else (not even a version 1
+    /// MANIFEST's missing id). Returns what it removed.
+    pub fn prune(path: &Path) -> Result<Vec<(String, u64)>> {
+        let mut image = if is_url(path) {
+            ImageDir::open_remote(path, Open::Prune)?
+        } else {
+            let lock = lock_dir(path)?;
+            let mut image = ImageDir::open_existing(path)?;
+            image.lock = Some(lock);
+            image
+        };
+        let removed = image.remove_debris();
+        image.release_lease();
+        Ok(removed)
+    }
+
     /// An image in object storage: `open` (for saving: a prefix without
-    /// a MANIFEST must hold nothing but save debris, which goes) or
-    /// `open_existing` (reading: there must be a MANIFEST).
-    fn open_remote(url: &Path, for_saving: bool) -> Result<ImageDir> {
+    /// a MANIFEST must hold nothing but save debris, which goes),
+    /// `open_existing` (reading: there must be a MANIFEST) or `prune`.
+    fn open_remote(url: &Path, how: Open) -> Result<ImageDir> {
+        let for_saving = how == Open::Save;
         let mut remote = Remote::connect(url)?;
         // Listing first: a missing bucket is told apart from a new image.
         let names = remote.list()?;
@@ -253,9 +324,9 @@ impl ImageDir {
         }
         // The lease before anything is read or removed: debris may be the
         // segment another writer is uploading.
-        let lease = match for_saving {
-            true => Some(Lease::take(&remote)?),
-            false => None,
+        let lease = match how {
+            Open::Save | Open::Prune => Some(Lease::take(&remote)?),
+            Open::Read => None,
         };
         let manifest = remote.read_manifest()?;
         if manifest.is_none() && !for_saving {
@@ -264,9 +335,14 @@ impl ImageDir {
                 io::Error::new(io::ErrorKind::NotFound, "no image here (no MANIFEST)"),
             ));
         }
-        let dir = ImageDir {
+        let mut dir = ImageDir {
             lease,
+            lock: None,
             path: PathBuf::from(remote.url()),
+            id: manifest
+                .as_ref()
+                .and_then(|m| m.id)
+                .unwrap_or_else(DiskId::random),
             last_seq: manifest
                 .as_ref()
                 .and_then(|m| m.chain.last())
@@ -276,6 +352,7 @@ impl ImageDir {
         };
         if for_saving {
             dir.remove_debris();
+            dir.stamp_id();
         }
         Ok(dir)
     }
@@ -295,6 +372,7 @@ impl ImageDir {
         if let Some(l) = &mut self.lease {
             l.release();
         }
+        self.lock = None;
     }
 
     /// The lease's state for status (an image in object storage opened for
@@ -320,6 +398,49 @@ impl ImageDir {
         self.manifest.as_ref()
     }
 
+    /// The disk's identity: the MANIFEST's, or (an image without one yet,
+    /// or a new image) the one the next commit writes.
+    pub fn id(&self) -> DiskId {
+        self.id
+    }
+
+    /// Makes the next commit write `id`: a copy of a disk into a new image
+    /// (`snapshot --to`, salvage) is the same disk.
+    pub fn set_id(&mut self, id: DiskId) {
+        self.id = id;
+    }
+
+    /// Gives a version 1 image (no id) opened for saving its id now, by
+    /// writing its MANIFEST again with the same chain: the disk then
+    /// presents one identity from this start on, even if it never saves.
+    /// A failure leaves the image as it was (the next commit writes the
+    /// id): a disk whose image cannot be written still serves.
+    fn stamp_id(&mut self) {
+        let Some(m) = self.manifest.as_ref().filter(|m| m.id.is_none()) else {
+            return;
+        };
+        let m = Manifest {
+            id: Some(self.id),
+            ..m.clone()
+        };
+        match self.put_manifest(&m, false) {
+            Ok(()) => {
+                log::info!(
+                    "image {}: gave the disk its identity {} (MANIFEST version 2)",
+                    self.path.display(),
+                    self.id
+                );
+                self.manifest = Some(m);
+            }
+            Err(e) => log::warn!(
+                "image {}: could not write the disk's identity {} into its MANIFEST yet \
+                 (the next save will): {e}",
+                self.path.display(),
+                self.id
+            ),
+        }
+    }
+
     /// The sequence number for the next save.
     pub fn next_seq(&self) -> u64 {
         self.last_seq + 1
@@ -331,8 +452,11 @@ impl ImageDir {
 
     /// Save files not named by the MANIFEST: `.tmp` files and segments of
     /// chains that a later full save replaced (nothing else: a file of
-    /// another name is not ours to remove).
-    pub(super) fn remove_debris(&self) {
+    /// another name is not ours to remove). Returns what it removed, with
+    /// sizes; a failure to remove one is logged and the rest go on (the
+    /// next save tries again).
+    pub(super) fn remove_debris(&self) -> Vec<(String, u64)> {
+        let mut removed = Vec::new();
         if let Some(remote) = &self.remote {
             let keep: Vec<String> = self
                 .manifest
@@ -341,16 +465,26 @@ impl ImageDir {
                 .map(|s| object_name(s.seq, s.time_ns))
                 .collect();
             let Ok(names) = remote.list() else {
-                return; // the next save tries again
+                return removed;
             };
-            for (name, _) in names {
-                if save_object(&name) && !keep.contains(&name) {
-                    if let Err(err) = remote.delete(&name) {
-                        log::warn!("removing debris: {err}");
+            for (name, size) in names {
+                if name.ends_with(UPLOAD_SUFFIX) && save_object(&name) {
+                    // Only with the lease held: no live writer's upload.
+                    if self.lease.is_none() {
+                        continue;
+                    }
+                    match remote.abort_recorded(&name) {
+                        Ok(()) => removed.push((name, size)),
+                        Err(err) => log::warn!("aborting an incomplete upload: {err}"),
+                    }
+                } else if save_object(&name) && !keep.contains(&name) {
+                    match remote.delete(&name) {
+                        Ok(()) => removed.push((name, size)),
+                        Err(err) => log::warn!("removing debris: {err}"),
                     }
                 }
             }
-            return;
+            return removed;
         }
         let keep: Vec<PathBuf> = self
             .manifest
@@ -359,16 +493,19 @@ impl ImageDir {
             .map(|s| self.seg_path(s.seq))
             .collect();
         let Ok(entries) = fs::read_dir(&self.path) else {
-            return;
+            return removed;
         };
         for e in entries.flatten() {
-            let name = e.file_name();
-            if save_file(&name.to_string_lossy()) && !keep.contains(&e.path()) {
-                if let Err(err) = fs::remove_file(e.path()) {
-                    log::warn!("removing {}: {err}", e.path().display());
+            let name = e.file_name().to_string_lossy().into_owned();
+            if save_file(&name) && !keep.contains(&e.path()) {
+                let size = e.metadata().map_or(0, |m| m.len());
+                match fs::remove_file(e.path()) {
+                    Ok(()) => removed.push((name, size)),
+                    Err(err) => log::warn!("removing {}: {err}", e.path().display()),
                 }
             }
         }
+        removed
     }
 
     /// Makes a finished segment part of the image: the new MANIFEST is
@@ -380,12 +517,29 @@ impl ImageDir {
             _ => Manifest {
                 kind,
                 size,
+                id: None,
                 chain: Vec::new(),
             },
         };
         m.kind = kind;
         m.size = size;
+        m.id = Some(self.id);
         m.chain.push(seg);
+        self.put_manifest(&m, true)?;
+        self.manifest = Some(m);
+        self.remove_debris();
+        Ok(())
+    }
+
+    /// Replaces the MANIFEST with `m`: a conditional put in object storage
+    /// (while the lease is held), else written, fsynced and renamed over
+    /// the old one. `crash`: the `RAMD_TEST_CRASH` points of a save apply.
+    fn put_manifest(&mut self, m: &Manifest, crash: bool) -> Result<()> {
+        let crash_if = |at| {
+            if crash {
+                crash_if(at)
+            }
+        };
         if let Some(remote) = &mut self.remote {
             if let Some(l) = &self.lease {
                 l.check()?;
@@ -393,8 +547,6 @@ impl ImageDir {
             crash_if(Crash::ManifestWritten);
             remote.commit_manifest(m.encode())?;
             crash_if(Crash::ManifestRenamed);
-            self.manifest = Some(m);
-            self.remove_debris();
             return Ok(());
         }
         let path = self.path.join(MANIFEST);
@@ -413,10 +565,7 @@ impl ImageDir {
         crash_if(Crash::ManifestWritten);
         fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
         crash_if(Crash::ManifestRenamed);
-        sync_dir(&self.path)?;
-        self.manifest = Some(m);
-        self.remove_debris();
-        Ok(())
+        sync_dir(&self.path)
     }
 }
 
@@ -444,14 +593,82 @@ fn seq_digits(n: &str) -> bool {
     n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Whether `name` is a segment object's (`object_name`): in object storage
-/// the only objects a save writes before a MANIFEST names them.
+/// Whether `name` is a segment object's (`object_name`) or the record of
+/// its upload (`upload_marker`): in object storage the only objects a save
+/// writes before a MANIFEST names them.
 pub(super) fn save_object(name: &str) -> bool {
+    let name = name.strip_suffix(UPLOAD_SUFFIX).unwrap_or(name);
     name.strip_prefix("seg-")
         .and_then(|n| n.split_once('-'))
         .is_some_and(|(seq, time)| {
             seq_digits(seq) && time.len() == 16 && time.bytes().all(|b| b.is_ascii_hexdigit())
         })
+}
+
+/// Takes the image directory's lock (flock on the directory itself, held
+/// while the returned file is open): one ramd saves to a directory, as
+/// one holds an object-storage image's lease. Refused while another
+/// process holds it, naming that process where /proc/locks tells; on a
+/// filesystem that cannot lock, the file comes back unlocked.
+fn lock_dir(dir: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let f = File::open(dir).map_err(|e| Error::file(dir, e))?;
+    // SAFETY: flock on our own descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(f);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        // A filesystem without flock (some network and FUSE ones): the
+        // image works as before locks, unguarded.
+        log::warn!(
+            "image directory {}: cannot lock it ({err}): nothing keeps a second ramd from \
+             saving to it",
+            dir.display()
+        );
+        return Ok(f);
+    }
+    let holder = f
+        .metadata()
+        .ok()
+        .and_then(|m| lock_holder(m.dev(), m.ino()))
+        .map_or_else(String::new, |pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    let args: Vec<String> = c
+                        .split(|&b| b == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect();
+                    args.join(" ")
+                })
+                .unwrap_or_default();
+            match cmd.as_str() {
+                "" => format!(" (pid {pid})"),
+                c => format!(" (pid {pid}: {c})"),
+            }
+        });
+    Err(Error::Unusable(format!(
+        "image directory {} is in use by another process{holder}: only one ramd may save \
+         to an image (or prune it) at a time; stop the other one, or give another directory",
+        dir.display()
+    )))
+}
+
+/// The pid /proc/locks names for a flock on inode `ino` of device `dev`.
+fn lock_holder(dev: u64, ino: u64) -> Option<u32> {
+    let text = fs::read_to_string("/proc/locks").ok()?;
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    // "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF"
+    text.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.get(1) == Some(&"FLOCK") && w.get(5) == Some(&want.as_str()) {
+            w.get(4)?.parse().ok()
+        } else {
+            None
+        }
+    })
 }
 
 /// Refuses a directory with no MANIFEST that holds anything but an

@@ -27,6 +27,7 @@ use aligned_vec::{AVec, ConstAlign};
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
+use crate::DiskId;
 use crate::PAGE_SIZE;
 
 mod format;

@@ -345,6 +345,9 @@ impl Persister {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => return Err(Error::file(dir, e)),
         };
+        // A URL is no directory to list (read_dir finds nothing): an
+        // image there would be replaced by this full save.
+        let empty = empty && !(super::is_url(dir) && ImageDir::open_existing(dir).is_ok());
         if !empty {
             return Err(Error::Unusable(format!(
                 "{} is not empty: `snapshot --to` writes a new image into a new or empty \
@@ -360,6 +363,8 @@ impl Persister {
                 dir.display()
             )));
         }
+        // The same disk in a new place: the same identity.
+        new.set_id(image.id());
         *self.path.lock() = dir.to_path_buf();
         *self.lease.lock() = new.lease_watch();
         std::mem::swap(&mut *image, &mut new);

@@ -13,8 +13,9 @@
 //! never overwritten.
 //!
 //! Apache Arrow's `object_store` does the HTTP, signing, retries and
-//! multipart uploads, and takes credentials and endpoint from the standard
-//! `AWS_*` environment variables. Its calls are async: they run on one small
+//! multipart requests (ramd sends the parts itself, to know each upload's
+//! id: the library cannot list incomplete uploads), and takes credentials
+//! and endpoint from the standard `AWS_*` environment variables. Its calls are async: they run on one small
 //! runtime shared by the process, entered from ramd's own threads.
 
 use std::sync::atomic::AtomicBool;
@@ -22,10 +23,11 @@ use std::sync::{mpsc, Arc, OnceLock};
 
 use futures::StreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{
     ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
-    UpdateVersion, WriteMultipart,
+    UpdateVersion,
 };
 
 use super::*;
@@ -36,6 +38,15 @@ pub const S3_SCHEME: &str = "s3://";
 /// Whether `--image` names an object-storage image rather than a directory.
 pub fn is_url(image: &Path) -> bool {
     image.to_str().is_some_and(|s| s.starts_with(S3_SCHEME))
+}
+
+/// The suffix of the object that records a segment's multipart upload
+/// while it is in progress (`Remote::upload_recorded`).
+pub(super) const UPLOAD_SUFFIX: &str = ".upload";
+
+/// The name of the record of object `name`'s upload.
+pub(super) fn upload_marker(name: &str) -> String {
+    format!("{name}{UPLOAD_SUFFIX}")
 }
 
 /// Size of each part of a segment's multipart upload (S3 wants 5 MiB or
@@ -70,6 +81,8 @@ pub(super) struct Remote {
     url: String,
     bucket: String,
     store: Arc<dyn ObjectStore>,
+    /// The same store's multipart calls (the upload ids ramd records).
+    multipart: Arc<dyn MultipartStore>,
     prefix: Key,
     /// The MANIFEST's version as this process last read or wrote it: the
     /// precondition of the next commit (`None`: there is none yet).
@@ -120,10 +133,12 @@ impl Remote {
             .build()
             .map_err(|e| Error::Unusable(format!("image {url}: {}", redact(&e.to_string()))))?;
         let prefix = Key::from(prefix);
+        let store = Arc::new(store);
         Ok(Remote {
             url,
             bucket: bucket.to_string(),
-            store: Arc::new(store),
+            store: store.clone(),
+            multipart: store,
             prefix,
             version: None,
         })
@@ -326,35 +341,153 @@ impl Remote {
         back: mpsc::Sender<Buf>,
         abort: Arc<AtomicBool>,
     ) -> io::Result<std::thread::JoinHandle<io::Result<Option<File>>>> {
-        let store = self.store.clone();
-        let key = self.key(name);
         let me = self.clone_handle();
+        let name = name.to_string();
         std::thread::Builder::new()
             .name("ramd-seg-upload".into())
-            .spawn(move || {
-                // WriteMultipart spawns its part uploads on the runtime.
-                let _in = runtime().enter();
-                let fail = |e: object_store::Error| io::Error::other(me.explain(&e));
-                let upload = block_on(store.put_multipart(&key)).map_err(fail)?;
-                let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
-                for mut b in rx {
-                    if let Err(e) = block_on(w.wait_for_capacity(PARTS_IN_FLIGHT)) {
-                        let _ = block_on(w.abort());
-                        return Err(fail(e));
+            .spawn(move || me.upload_recorded(&name, rx, back, &abort).map(|()| None))
+    }
+
+    /// A multipart upload whose id is kept in the object `NAME.upload`
+    /// while it is in progress: the id is the only handle on an upload the
+    /// server holds (the client library cannot list them), so a ramd
+    /// killed mid-upload leaves it for the next writer of the prefix to
+    /// abort (`abort_recorded`). An upload that fails is aborted here.
+    fn upload_recorded(
+        &self,
+        name: &str,
+        rx: mpsc::Receiver<Buf>,
+        back: mpsc::Sender<Buf>,
+        abort: &AtomicBool,
+    ) -> io::Result<()> {
+        let fail = |e: object_store::Error| io::Error::other(self.explain(&e));
+        let key = self.key(name);
+        let id = block_on(self.multipart.create_multipart(&key)).map_err(fail)?;
+        let marker = upload_marker(name);
+        let recorded = block_on(self.store.put(
+            &self.key(&marker),
+            PutPayload::from(id.clone().into_bytes()),
+        ));
+        if let Err(e) = recorded {
+            let _ = block_on(self.multipart.abort_multipart(&key, &id));
+            return Err(fail(e));
+        }
+        let sent = self.send_parts(&key, &id, rx, back, abort);
+        if sent.is_err() {
+            let _ = block_on(self.multipart.abort_multipart(&key, &id));
+        }
+        // Done or aborted: the record goes (if this fails, the next
+        // writer's abort finds the upload gone and removes the record).
+        if let Err(e) = block_on(self.store.delete(&self.key(&marker))) {
+            log::warn!("{}: {}", self.named(&marker).display(), self.explain(&e));
+        }
+        sent
+    }
+
+    /// The parts of upload `id`: PART bytes each (the last may be
+    /// shorter), PARTS_IN_FLIGHT at a time, then the completion.
+    fn send_parts(
+        &self,
+        key: &Key,
+        id: &str,
+        rx: mpsc::Receiver<Buf>,
+        back: mpsc::Sender<Buf>,
+        abort: &AtomicBool,
+    ) -> io::Result<()> {
+        let fail = |e: object_store::Error| io::Error::other(self.explain(&e));
+        let mut flying = std::collections::VecDeque::new();
+        let mut done: Vec<object_store::multipart::PartId> = Vec::new();
+        let mut part: Vec<u8> = Vec::with_capacity(PART);
+        let mut idx = 0;
+        let send = |data: Vec<u8>, idx: usize| {
+            let (mp, key, id) = (self.multipart.clone(), key.clone(), id.to_string());
+            runtime()
+                .spawn(async move { mp.put_part(&key, &id, idx, PutPayload::from(data)).await })
+        };
+        // Waits for the oldest part in flight; on the first failure waits
+        // for the others too, so that none lands after the abort.
+        let mut wait_oldest = |flying: &mut std::collections::VecDeque<
+            tokio::task::JoinHandle<object_store::Result<object_store::multipart::PartId>>,
+        >|
+         -> io::Result<()> {
+            let Some(h) = flying.pop_front() else {
+                return Ok(());
+            };
+            match block_on(h)
+                .map_err(io::Error::other)
+                .and_then(|r| r.map_err(fail))
+            {
+                Ok(p) => {
+                    done.push(p);
+                    Ok(())
+                }
+                Err(e) => {
+                    for h in flying.drain(..) {
+                        let _ = block_on(h);
                     }
-                    // Copied into the part being filled: the buffer goes
-                    // back empty for the encoder to reuse.
-                    w.write(&b);
-                    b.clear();
-                    let _ = back.send(b);
+                    Err(e)
                 }
-                if abort.load(std::sync::atomic::Ordering::SeqCst) {
-                    let _ = block_on(w.abort());
-                    return Err(io::Error::other("the save was abandoned"));
+            }
+        };
+        for mut b in rx {
+            let mut at = 0;
+            while at < b.len() {
+                let n = (PART - part.len()).min(b.len() - at);
+                part.extend_from_slice(&b[at..at + n]);
+                at += n;
+                if part.len() == PART {
+                    if flying.len() >= PARTS_IN_FLIGHT {
+                        wait_oldest(&mut flying)?;
+                    }
+                    let full = std::mem::replace(&mut part, Vec::with_capacity(PART));
+                    flying.push_back(send(full, idx));
+                    idx += 1;
                 }
-                block_on(w.finish()).map_err(fail)?;
-                Ok(None)
-            })
+            }
+            // Copied into the part being filled: the buffer goes back
+            // empty for the encoder to reuse.
+            b.clear();
+            let _ = back.send(b);
+        }
+        if !part.is_empty() && !abort.load(std::sync::atomic::Ordering::SeqCst) {
+            flying.push_back(send(part, idx));
+        }
+        while !flying.is_empty() {
+            wait_oldest(&mut flying)?;
+        }
+        if abort.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::other("the save was abandoned"));
+        }
+        block_on(
+            self.multipart
+                .complete_multipart(key, &id.to_string(), done),
+        )
+        .map_err(fail)?;
+        Ok(())
+    }
+
+    /// Aborts the multipart upload that the record `marker` (`NAME.upload`)
+    /// names and removes the record: the debris of a writer killed while
+    /// uploading. Only a writer holding the lease calls this, so the
+    /// upload is no live writer's. An upload the server no longer has
+    /// (completed, or aborted already) just loses its record.
+    pub(super) fn abort_recorded(&self, marker: &str) -> Result<()> {
+        let name = marker.strip_suffix(UPLOAD_SUFFIX).unwrap_or(marker);
+        let got = block_on(async { self.store.get(&self.key(marker)).await?.bytes().await });
+        let id = match got {
+            Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+            Err(object_store::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(self.error(marker, e)),
+        };
+        match block_on(self.multipart.abort_multipart(&self.key(name), &id)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.error(name, e)),
+        }
+        log::info!(
+            "{}: aborted the incomplete multipart upload {id} of a save that never finished",
+            self.named(name).display()
+        );
+        self.delete(marker)
     }
 
     /// The same place, for another thread (without the MANIFEST version).
@@ -363,6 +496,7 @@ impl Remote {
             url: self.url.clone(),
             bucket: self.bucket.clone(),
             store: self.store.clone(),
+            multipart: self.multipart.clone(),
             prefix: self.prefix.clone(),
             version: None,
         }

@@ -88,6 +88,8 @@ pub struct SalvageChain {
     pub dir: PathBuf,
     pub kind: DiskKind,
     pub size: u64,
+    /// The disk's identity, from a MANIFEST that could be read (version 2).
+    pub id: Option<DiskId>,
     /// The saves to read, in chain order.
     pub chain: Vec<SegEntry>,
     /// Why the MANIFEST could not be used.
@@ -115,8 +117,12 @@ impl SalvageChain {
                 dir.display()
             )));
         }
+        let mut id = None;
         let (kind, size, chain, manifest_error) = match read_manifest(dir) {
-            Ok(Some(m)) => (m.kind, m.size, m.chain, None),
+            Ok(Some(m)) => {
+                id = m.id;
+                (m.kind, m.size, m.chain, None)
+            }
             Ok(None) => {
                 let (k, s, c) = chain_from_headers(dir)?;
                 let why = format!("{}: missing", dir.join(MANIFEST).display());
@@ -131,6 +137,7 @@ impl SalvageChain {
             dir: dir.to_path_buf(),
             kind,
             size,
+            id,
             chain,
             manifest_error,
         })

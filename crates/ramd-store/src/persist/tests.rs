@@ -202,7 +202,12 @@ fn debris_names_are_exactly_the_saves_own() {
     let object = object_name(3, 0x18eb_9d31_b88e_5c1b);
     assert_eq!(object, "seg-00000003-18eb9d31b88e5c1b");
     assert!(save_object(&object) && !save_file(&object));
+    let marker = upload_marker(&object);
+    assert_eq!(marker, "seg-00000003-18eb9d31b88e5c1b.upload");
+    assert!(save_object(&marker) && !save_file(&marker));
     for name in [
+        "seg-00000003.upload",
+        "seg-00000003-18eb9d31b88e5c1b.upload.upload",
         "MANIFEST",
         "LEASE",
         "seg-1",
@@ -213,4 +218,123 @@ fn debris_names_are_exactly_the_saves_own() {
     ] {
         assert!(!save_file(name) && !save_object(name), "{name}");
     }
+}
+
+/// A MANIFEST `text` (without its checksum line) with the checksum added.
+fn with_crc(text: &str) -> String {
+    format!("{text}crc32c {:08x}\n", crc32c::crc32c(text.as_bytes()))
+}
+
+/// Version 1 (no id) and version 2 (an id) both read; an id line where
+/// its version says none, none where it says one, or a malformed one is
+/// refused.
+#[test]
+fn manifest_versions_and_the_id_line() {
+    let p = Path::new("MANIFEST");
+    let seg = "seg 1 full pages=1 records=1 bytes=128 time=5\n";
+    let id = "0f8c1d2e-3a4b-4c5d-8e6f-7a8b9c0d1e2f";
+    let v1 = with_crc(&format!("ramd image 1\nkind block\nsize 4096\n{seg}"));
+    let m = Manifest::decode(p, v1.as_bytes()).unwrap();
+    assert_eq!(m.id, None);
+    // Written again as it was read: still version 1, byte for byte.
+    assert_eq!(m.encode(), v1);
+    let v2 = with_crc(&format!(
+        "ramd image 2\nkind block\nsize 4096\nid {id}\n{seg}"
+    ));
+    let m = Manifest::decode(p, v2.as_bytes()).unwrap();
+    assert_eq!(m.id.unwrap().to_string(), id);
+    assert_eq!(m.encode(), v2);
+    for (bad, why) in [
+        (
+            format!("ramd image 1\nkind block\nsize 4096\nid {id}\n{seg}"),
+            "unknown line",
+        ),
+        (
+            format!("ramd image 2\nkind block\nsize 4096\n{seg}"),
+            "no id line",
+        ),
+        (
+            format!("ramd image 2\nkind block\nsize 4096\nid x\n{seg}"),
+            "bad id",
+        ),
+        (
+            format!("ramd image 2\nid {id}\nkind block\nsize 4096\nid {id}\n{seg}"),
+            "unknown line",
+        ),
+        (
+            format!("ramd image 3\nkind block\nsize 4096\nid {id}\n{seg}"),
+            "newer version",
+        ),
+    ] {
+        let err = Manifest::decode(p, with_crc(&bad).as_bytes())
+            .expect_err(&bad)
+            .to_string();
+        assert!(err.contains(why), "{bad:?}: {err}");
+    }
+}
+
+/// A version 1 image opened for saving gets an id written at once (the
+/// same chain), which every later open and save keeps, a full save too;
+/// opening it for reading changes nothing.
+#[test]
+fn an_image_keeps_its_id_and_an_old_one_gets_one() {
+    let dir = std::env::temp_dir().join(format!("ramd-id-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let save = |img: &mut ImageDir, full: bool| {
+        let seq = img.next_seq();
+        let mut w = img
+            .begin_segment(seq, full, DiskKind::Block, 1 << 20)
+            .unwrap();
+        w.meta(b"x").unwrap();
+        let e = w.finish().unwrap();
+        img.commit(DiskKind::Block, 1 << 20, e).unwrap();
+    };
+    let mut img = ImageDir::open(&dir).unwrap();
+    save(&mut img, true);
+    let id = img.id();
+    assert_eq!(img.manifest().unwrap().id, Some(id));
+    drop(img);
+    // Made version 1 again, as an older ramd wrote it.
+    let path = dir.join(MANIFEST);
+    let mut m = Manifest::decode(&path, &fs::read(&path).unwrap()).unwrap();
+    m.id = None;
+    fs::write(&path, m.encode()).unwrap();
+    let before = fs::read(&path).unwrap();
+    let ro = ImageDir::open_existing(&dir).unwrap();
+    assert_eq!(ro.manifest().unwrap().id, None);
+    drop(ro);
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        before,
+        "a reader changed the MANIFEST"
+    );
+
+    let img = ImageDir::open(&dir).unwrap();
+    let given = img.id();
+    assert_ne!(given, id);
+    assert_eq!(img.manifest().unwrap().id, Some(given));
+    let text = fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("ramd image 2\n"), "{text}");
+    assert!(text.contains(&format!("\nid {given}\n")), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("seg ")).count(),
+        1,
+        "{text}"
+    );
+    drop(img);
+    let mut img = ImageDir::open(&dir).unwrap();
+    assert_eq!(img.id(), given);
+    save(&mut img, false);
+    save(&mut img, true);
+    assert_eq!(img.manifest().unwrap().chain.len(), 1);
+    drop(img);
+    assert_eq!(
+        ImageDir::open_existing(&dir)
+            .unwrap()
+            .manifest()
+            .unwrap()
+            .id,
+        Some(given)
+    );
+    fs::remove_dir_all(&dir).unwrap();
 }
