@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Filesystem benchmark: ramd's `fs` disks (FUSE) against kernel tmpfs, the
-# same jobs on every mount in one run. See BENCHMARKS.md ("Filesystem: ramd
-# vs kernel tmpfs") for what the figures mean.
+# Filesystem benchmark: ramd's `fs` disks (FUSE) against kernel tmpfs and
+# libfuse's passthrough_hp over a tmpfs, the same jobs on every mount in one
+# run. See BENCHMARKS.md ("Filesystem: ramd vs kernel tmpfs") for what the
+# figures mean.
 #
 # usage: bench/fs.sh [--quick] [--runs N] [--threads N] [--ramd-opts "OPTS"] [--out DIR]
 #
 #   --quick        smoke run: 1 run (unless --runs), small sizes, 3 s timed
-#                  jobs: about 2 min; a full run takes about 15 min
+#                  jobs: about 3 min; a full run takes about 20 min
 #   --runs N       runs of every job; the table shows medians (default 3)
 #   --threads N    ramd FUSE worker threads (default: ramd's own, 8)
 #   --ramd-opts "OPTS"
 #                  more `ramd serve` options for both ramd mounts, e.g.
-#                  "--no-writeback-cache"
+#                  "--no-writeback-cache" or "--data-path kernel"
 #   --out DIR      also keep the raw results (TSV, fio JSON, tool output) in DIR
 #
 # Targets, all 2 GiB, mounted under one mktemp directory:
@@ -19,6 +20,15 @@
 #             the kernel has it, the write-back cache)
 #   ramd-dev  the same with --fuse-transport dev (read/write on /dev/fuse)
 #   tmpfs     mount -t tmpfs -o size=2G
+#   pthp      libfuse 3.17.2's example/passthrough_hp (C++, multi-threaded
+#             low-level API) mirroring a directory of its own
+#             `mount -t tmpfs -o size=2G`, with FUSE passthrough (its
+#             default: reads and writes of an open file go to the tmpfs file
+#             in the kernel), attribute and entry caching (its default, 1
+#             day), --clone-fd (a /dev/fuse descriptor per worker thread).
+#             The source comes from Debian's archive (the fuse3 .orig
+#             tarball, sha256 pinned below), built once with meson and ninja
+#             under ${XDG_CACHE_HOME:-~/.cache}/ramd-bench/ and reused
 #
 # Jobs (each run visits the targets in a rotated order):
 #   dd        1 MiB sequential write of 1 GiB (conv=fsync) from /dev/zero and
@@ -29,11 +39,11 @@
 #             file, 15 s each: IOPS and p99 completion latency; then 5 s of
 #             randread with the page cache kept (--invalidate=0) after a
 #             sequential read of the file
-#   bench     `ramd bench TMPFS RAMD RAMD-DEV --runs N --size 1G --json --only
-#             seqwr,seqrd,rndrw,pg-fsync,metadata` (it alternates the mounts
-#             itself): sysbench-fileio-style seqwr, seqrd, rndrw (16 KiB
-#             blocks, 16 files), pg_test_fsync-style 8 kB write + fdatasync,
-#             untar/stat/remove of a tree of small files
+#   bench     `ramd bench TMPFS RAMD RAMD-DEV PTHP --runs N --size 1G --json
+#             --only seqwr,seqrd,rndrw,pg-fsync,metadata` (it alternates the
+#             mounts itself): sysbench-fileio-style seqwr, seqrd, rndrw (16
+#             KiB blocks, 16 files), pg_test_fsync-style 8 kB write +
+#             fdatasync, untar/stat/remove of a tree of small files
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -90,8 +100,9 @@ need fio fio
 need python3 python3
 need findmnt util-linux
 avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
-# Three 2 GiB mounts (each job removes its files before the next) and the
-# random source file; 6 GiB leaves room for everyone else.
+# Four 2 GiB mounts (each job removes its files before the next; pthp's data
+# lives on its source tmpfs only) and the random source file; 6 GiB leaves
+# room for everyone else.
 ((avail_kib > 6 * 1024 * 1024)) || die "needs 6 GiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
 
 # --- build --------------------------------------------------------------------
@@ -104,11 +115,57 @@ built=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
 commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
 
+# passthrough_hp: libfuse's own example of a fast passthrough filesystem, as
+# the FUSE peer. Debian's archive keeps libfuse's release tarball (as the
+# fuse3 source package's .orig), so a fresh machine can fetch it.
+libfuse_version=3.17.2
+libfuse_sha256=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
+libfuse_url=https://deb.debian.org/debian/pool/main/f/fuse3/fuse3_$libfuse_version.orig.tar.gz
+bench_cache=${XDG_CACHE_HOME:-$HOME/.cache}/ramd-bench
+libfuse_dir=$bench_cache/fuse-$libfuse_version
+pthp_built=$libfuse_dir/build/example/passthrough_hp
+# The built tree moves into place only once complete: a half build is never
+# reused.
+build_pthp() {
+    local tgz=$bench_cache/fuse3_$libfuse_version.orig.tar.gz tmp
+    need curl curl
+    need meson meson
+    need ninja ninja-build
+    need pkg-config pkg-config
+    need c++ g++
+    mkdir -p "$bench_cache"
+    if [[ ! -s $tgz ]]; then
+        note "downloading $libfuse_url"
+        curl -fsSL --retry 3 -o "$tgz.part" "$libfuse_url" || die "could not download $libfuse_url"
+        mv "$tgz.part" "$tgz"
+    fi
+    [[ $(sha256sum "$tgz" | cut -d' ' -f1) == "$libfuse_sha256" ]] ||
+        die "$tgz: sha256 is not $libfuse_sha256 (remove it to download it again)"
+    tmp=$(mktemp -d "$bench_cache/build.XXXXXX")
+    note "building libfuse $libfuse_version's passthrough_hp in $tmp (meson + ninja, about 15 s)"
+    tar -xzf "$tgz" -C "$tmp" || die "could not unpack $tgz"
+    (cd "$tmp/fuse-$libfuse_version" &&
+        meson setup build --buildtype=release -Dutils=false -Dtests=false -Dexamples=true &&
+        ninja -C build example/passthrough_hp) >"$tmp/build.log" 2>&1 ||
+        die "building passthrough_hp failed: see $tmp/build.log"
+    rm -rf "$libfuse_dir"
+    mv "$tmp/fuse-$libfuse_version" "$libfuse_dir"
+    rm -rf "$tmp"
+}
+[[ -x $pthp_built ]] || build_pthp
+[[ -x $pthp_built ]] || die "$pthp_built was not built"
+# The binary finds its libfuse3.so through an $ORIGIN-relative rpath, inside
+# the build tree: run it from there.
+pthp_sha=$(sha256sum "$pthp_built" | cut -c1-12)
+
 # --- mounts -------------------------------------------------------------------
 work=$(mktemp -d -t ramd-fsbench.XXXXXX)
-targets=(ramd ramd-dev tmpfs)
-declare -A pid_of=() mnt_of=()
+targets=(ramd ramd-dev tmpfs pthp)
+# pid_of: the server process of each FUSE target; what_of: its name in messages.
+declare -A pid_of=() mnt_of=() what_of=([ramd]="ramd (ramd)" [ramd-dev]="ramd (ramd-dev)" [pthp]=passthrough_hp)
 for t in "${targets[@]}"; do mnt_of[$t]=$work/mnt-$t; done
+# pthp's source directory: a tmpfs of its own.
+pthp_src=$work/pthp-src
 
 mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
 
@@ -116,23 +173,26 @@ cleanup() {
     local rc=$? ok=0 t m
     trap - EXIT INT TERM
     cd /
-    for t in ramd ramd-dev; do
-        # SIGTERM: ramd unmounts its mount point and exits.
-        [[ -n ${pid_of[$t]:-} ]] && { stop_pid "${pid_of[$t]}" "ramd ($t)" || ok=1; }
+    for t in ramd ramd-dev pthp; do
+        # SIGTERM: ramd, and passthrough_hp (libfuse's signal handlers),
+        # unmount their mount point and exit.
+        # passthrough_hp exits 1 when a signal ends its loop.
+        [[ -n ${pid_of[$t]:-} ]] && { stop_pid "${pid_of[$t]}" "${what_of[$t]}" "$([[ $t != pthp ]] || echo 1)" || ok=1; }
     done
-    for m in "$work"/mnt-* "$work/src"; do
+    # FUSE mounts before pthp's source below them.
+    for m in "$work"/mnt-* "$work/src" "$pthp_src"; do
         [[ -d $m ]] || continue
         if mounted "$m"; then
             umount "$m" 2>/dev/null || umount -l "$m" || { note "could not unmount $m"; ok=1; }
         fi
     done
     if ((rc != 0)); then
-        for log in "$work"/ramd*.log; do
+        for log in "$work"/ramd*.log "$work"/pthp.log; do
             [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
         done
     fi
     if [[ -n $out && -d $work/raw ]]; then
-        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && cp "$work"/ramd*.log "$out"/ 2>/dev/null &&
+        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && cp "$work"/ramd*.log "$work"/pthp.log "$out"/ 2>/dev/null &&
             note "raw results kept in $out"
     fi
     # --one-file-system: never reach into a mount that refused to go.
@@ -144,7 +204,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-mkdir -p "$work/raw" "${mnt_of[@]}" "$work/src"
+mkdir -p "$work/raw" "${mnt_of[@]}" "$work/src" "$pthp_src"
 ramd=$work/ramd
 cp "$built" "$ramd"
 ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
@@ -172,12 +232,40 @@ fuse_transport() {
     RAMD_RUN_DIR=$work/run-$1 "$ramd" status --json |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["disks"][0]["frontends"][0].get("transport"))'
 }
+# passthrough_hp's options (see the header): --foreground keeps it this
+# script's child, so it is stopped like ramd; passthrough and caching are its
+# defaults (no --nopassthrough, --nocache, --direct-io).
+pthp_opts=(--foreground --clone-fd)
+start_pthp() {
+    mount -t tmpfs -o size=2G tmpfs "$pthp_src"
+    # Its stdin, and not the benchmark lock: a leftover must not hold it.
+    "$pthp_built" "${pthp_opts[@]}" "$pthp_src" "${mnt_of[pthp]}" \
+        </dev/null >"$work/pthp.out" 2>"$work/pthp.log" {bench_lock_fd}>&- &
+    pid_of[pthp]=$!
+}
+pthp_ready() {
+    alive "${pid_of[pthp]}" passthrough_hp
+    # A low-level libfuse mount without a subtype: "fuse", named after its source.
+    [[ $(findmnt -n -o FSTYPE --mountpoint "${mnt_of[pthp]}") == fuse &&
+        $(findmnt -n -o SOURCE --mountpoint "${mnt_of[pthp]}") == "$(realpath "$pthp_src")" ]]
+}
 start_ramd ramd
 start_ramd ramd-dev --fuse-transport dev
+start_pthp
 mount -t tmpfs -o size=2G tmpfs "${mnt_of[tmpfs]}"
 mount -t tmpfs -o size=$((dd_mib + 64))M tmpfs "$work/src"
 wait_until 30 "ramd mount at ${mnt_of[ramd]}" ramd_ready ramd
 wait_until 30 "ramd --fuse-transport dev mount at ${mnt_of[ramd-dev]}" ramd_ready ramd-dev
+wait_until 30 "passthrough_hp mount at ${mnt_of[pthp]}" pthp_ready
+# passthrough_hp falls back to passing reads and writes through itself, with
+# only a line on stderr, when the kernel refuses a backing file: open, write
+# and read a file once and refuse to measure that fallback.
+pthp_probe=${mnt_of[pthp]}/probe
+if ! { dd if=/dev/zero of="$pthp_probe" bs=1M count=4 conv=fsync 2>/dev/null && cat "$pthp_probe" >/dev/null; }; then
+    die "passthrough_hp: probe write/read failed: $(cat "$work/pthp.log")"
+fi
+rm -f "$pthp_probe"
+! grep -qi passthrough "$work/pthp.log" || die "passthrough_hp runs without FUSE passthrough: $(cat "$work/pthp.log")"
 for t in "${targets[@]}"; do
     got=$(df -B1 --output=size "${mnt_of[$t]}" | tail -n 1 | tr -d ' ')
     [[ $got == $((2 << 30)) ]] || die "$t: ${mnt_of[$t]} is $got bytes, expected 2 GiB"
@@ -272,17 +360,17 @@ job_fio() {
 }
 
 # job_bench: sysbench-, pg_test_fsync- and untar-style jobs by `ramd bench`,
-# on all three mounts in one call (it alternates them per measurement
+# on all four mounts in one call (it alternates them per measurement
 # itself); each run's figure becomes one record.
 job_bench() {
     local raw=$work/raw/ramd-bench.json
-    timeout 1800 "$ramd" bench "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-dev]}" \
+    timeout 2400 "$ramd" bench "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-dev]}" "${mnt_of[pthp]}" \
         --only seqwr,seqrd,rndrw,pg-fsync,metadata --size "$bench_size" --runs "$runs" --json \
         >"$raw" 2>"$work/raw/ramd-bench.log" || die "ramd bench failed: $(cat "$work/raw/ramd-bench.log")"
-    python3 - "$raw" "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-dev]}" >>"$results" <<'EOF'
+    python3 - "$raw" "${mnt_of[tmpfs]}" "${mnt_of[ramd]}" "${mnt_of[ramd-dev]}" "${mnt_of[pthp]}" >>"$results" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))
-name = dict(zip(sys.argv[2:], ["tmpfs", "ramd", "ramd-dev"]))
+name = dict(zip(sys.argv[2:], ["tmpfs", "ramd", "ramd-dev", "pthp"]))
 # (workload, figure) -> (key, label, goal): issue 13's goals.
 rows = {
     ("seqwr", "mib_s"): ("sb-seqwr", "ramd bench seqwr: 16 KiB, 16 files (sysbench-style)", "half"),
@@ -315,28 +403,33 @@ for job in "${jobs[@]}"; do
         for t in "${order[@]}"; do
             note "run $r/$runs: $job on $t ($((SECONDS - t_start)) s so far)"
             c0=0
-            [[ -n ${pid_of[$t]:-} ]] && { alive "${pid_of[$t]}" "ramd ($t)"; c0=$(cpu_ticks "${pid_of[$t]}"); }
+            [[ -n ${pid_of[$t]:-} ]] && { alive "${pid_of[$t]}" "${what_of[$t]}"; c0=$(cpu_ticks "${pid_of[$t]}"); }
             w0=$(date +%s%N)
             "job_$job" "$t" "$r"
             w1=$(date +%s%N)
             if [[ -n ${pid_of[$t]:-} ]]; then
-                alive "${pid_of[$t]}" "ramd ($t)"
+                alive "${pid_of[$t]}" "${what_of[$t]}"
                 printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$job" "$r" "$(($(cpu_ticks "${pid_of[$t]}") - c0))" "$((w1 - w0))" >>"$cpu_log"
             fi
         done
     done
 done
-note "ramd bench: seqwr, seqrd, rndrw, pg-fsync, metadata on all three mounts ($((SECONDS - t_start)) s so far)"
+note "ramd bench: seqwr, seqrd, rndrw, pg-fsync, metadata on all four mounts ($((SECONDS - t_start)) s so far)"
 job_bench
+alive "${pid_of[pthp]}" passthrough_hp
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report -------------------------------------------------------------------
 warnings=$(cat "$work"/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
+# passthrough_hp writes to stderr only when something went wrong (a fallback
+# from passthrough, a failed request).
+pthp_lines=$(grep -c . "$work/pthp.log" || true)
 {
-    echo "# ramd fs (FUSE) vs kernel tmpfs, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
+    echo "# ramd fs (FUSE) vs kernel tmpfs and passthrough_hp, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
     echo "# host: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '$1 == "MemTotal:" { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
     echo "# $("$ramd" --version) (commit $commit; binary sha256 $ramd_sha), $(fio --version)"
     echo "# ramd: --size 2G${threads:+ --threads $threads}, FUSE transport of ramd: $(fuse_transport ramd), of ramd-dev: $(fuse_transport ramd-dev)${ramd_opts[*]:+; both with ${ramd_opts[*]}}; load average at start $load_start, at end $load_end"
+    echo "# pthp: libfuse $libfuse_version example/passthrough_hp ${pthp_opts[*]} (binary sha256 $pthp_sha) over a 2 GiB tmpfs"
     echo "# median of $runs run(s); dd ${dd_mib} MiB, fio ${fio_size} ${fio_time} s (warm ${fio_warm_time} s), ramd bench --size $bench_size"
     echo
     CLK_TCK=$(getconf CLK_TCK) python3 - "$results" "$cpu_log" <<'EOF'
@@ -344,7 +437,7 @@ import os, statistics, sys
 from collections import defaultdict
 
 results, cpu_log = sys.argv[1], sys.argv[2]
-targets = ["ramd", "ramd-dev", "tmpfs"]
+targets = ["ramd", "ramd-dev", "tmpfs", "pthp"]
 ours = ("ramd", "ramd-dev")
 rows, vals = {}, defaultdict(list)
 for line in open(results):
@@ -369,8 +462,8 @@ goals = {
     "meta": (0.35, "≥ 0.35× tmpfs"),
     "fsync": (150000, "≥ 150k ops/s"),
 }
-print("| job | unit | ramd | ramd-dev | tmpfs | ramd/tmpfs | ramd-dev/tmpfs | goal: ramd, ramd-dev |")
-print("|---|---|---:|---:|---:|---:|---:|---|")
+print("| job | unit | ramd | ramd-dev | tmpfs | pthp | ramd/tmpfs | ramd-dev/tmpfs | ramd/pthp | goal: ramd, ramd-dev |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 verdicts = []
 for key, (label, unit, goal) in rows.items():
     med = {t: statistics.median(vals[(key, t)]) for t in targets}
@@ -380,6 +473,9 @@ for key, (label, unit, goal) in rows.items():
         # ramd's over tmpfs's, as their unit says).
         a, b = (med["tmpfs"], med[t]) if unit == "s" else (med[t], med["tmpfs"])
         ratio[t] = a / b if b else float("nan")
+    # ramd against passthrough_hp, the same way round.
+    a, b = (med["pthp"], med["ramd"]) if unit == "s" else (med["ramd"], med["pthp"])
+    ratio["pthp"] = a / b if b else float("nan")
     g = ""
     if goal in goals:
         lim, text = goals[goal]
@@ -389,14 +485,14 @@ for key, (label, unit, goal) in rows.items():
             oks.append("met" if ok else "MISSED")
             verdicts.append((f"{label} [{t}]", ok))
         g = f"{text}: {oks[0]}, {oks[1]}"
-    print(f"| {label} | {unit} | {fmt(med['ramd'])} | {fmt(med['ramd-dev'])} | {fmt(med['tmpfs'])} "
-          f"| {ratio['ramd']:.2f} | {ratio['ramd-dev']:.2f} | {g} |")
+    print(f"| {label} | {unit} | {fmt(med['ramd'])} | {fmt(med['ramd-dev'])} | {fmt(med['tmpfs'])} | {fmt(med['pthp'])} "
+          f"| {ratio['ramd']:.2f} | {ratio['ramd-dev']:.2f} | {ratio['pthp']:.2f} | {g} |")
 
 print()
 print("Spread of the runs, (max - min) / median:")
 print()
-print("| job | ramd | ramd-dev | tmpfs |")
-print("|---|---:|---:|---:|")
+print("| job | ramd | ramd-dev | tmpfs | pthp |")
+print("|---|---:|---:|---:|---:|")
 for key, (label, unit, goal) in rows.items():
     cells = []
     for t in targets:
@@ -411,13 +507,14 @@ for line in open(cpu_log):
     t, job, r, ticks, ns = line.split()
     cpu[(t, job)].append(int(ticks) / tck / (int(ns) / 1e9))
 print()
-print("ramd CPU while each job ran on it (CPU-seconds per wall-second, all threads; 2 cores), median:")
+print("Server CPU while each job ran on it (ramd, or passthrough_hp for pthp; CPU-seconds per wall-second, all threads; 2 cores), median:")
 print()
-print("| job | ramd | ramd-dev |")
-print("|---|---:|---:|")
+print("| job | ramd | ramd-dev | pthp |")
+print("|---|---:|---:|---:|")
 for job in ["dd", "fio"]:
     if cpu[("ramd", job)]:
-        print(f"| {job} | {statistics.median(cpu[('ramd', job)]):.2f} | {statistics.median(cpu[('ramd-dev', job)]):.2f} |")
+        cells = " | ".join(f"{statistics.median(cpu[(t, job)]):.2f}" for t in ("ramd", "ramd-dev", "pthp"))
+        print(f"| {job} | {cells} |")
 print()
 met = [l for l, ok in verdicts if ok]
 missed = [l for l, ok in verdicts if not ok]
@@ -426,7 +523,12 @@ print(f"Goals missed: {'; '.join(missed) or 'none'}")
 EOF
     echo
     echo "ramd WARN/ERROR log lines while serving: $warnings"
+    echo "passthrough_hp stderr lines: $pthp_lines"
 } | tee "$work/raw/summary.md"
 if ((warnings)); then
     grep -h ' \(WARN\|ERROR\) ' "$work"/ramd-*.log | sort | uniq -c | head -n 20 >&2
+fi
+if ((pthp_lines)); then
+    note "passthrough_hp wrote to stderr (pthp.log); first lines:"
+    head -n 20 "$work/pthp.log" >&2
 fi

@@ -46,10 +46,12 @@ cpu_ticks() {
     sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
 }
 
-# stop_pid PID WHAT: SIGTERM, wait up to 10 s for a clean exit, then SIGKILL.
-# Returns non-zero if the process had to be killed or exited with an error.
+# stop_pid PID WHAT [STATUS]: SIGTERM, wait up to 10 s for a clean exit, then
+# SIGKILL. Returns non-zero if the process had to be killed or exited with an
+# error; STATUS is one more exit status that means a clean stop (libfuse's
+# examples exit 1 when a signal ends their loop).
 stop_pid() {
-    local pid=$1 what=$2 deadline=$((SECONDS + 10)) rc=0
+    local pid=$1 what=$2 clean=${3:-0} deadline=$((SECONDS + 10)) rc=0
     kill -0 "$pid" 2>/dev/null || {
         wait "$pid" 2>/dev/null || rc=$?
         return "$rc"
@@ -66,7 +68,7 @@ stop_pid() {
     done
     wait "$pid" 2>/dev/null || rc=$?
     # 143 = killed by our SIGTERM without a handler: also a clean stop.
-    if ((rc != 0 && rc != 143)); then
+    if ((rc != 0 && rc != 143 && rc != clean)); then
         note "$what (pid $pid) exited with status $rc"
         return 1
     fi
