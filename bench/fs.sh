@@ -7,7 +7,7 @@
 # usage: bench/fs.sh [--quick] [--runs N] [--threads N] [--ramd-opts "OPTS"] [--out DIR]
 #
 #   --quick        smoke run: 1 run (unless --runs), small sizes, 3 s timed
-#                  jobs: about 3 min; a full run takes about 20 min
+#                  jobs: about 3 min; a full run takes about 10 min
 #   --runs N       runs of every job; the table shows medians (default 3)
 #   --threads N    ramd FUSE worker threads (default: ramd's own, 8)
 #   --ramd-opts "OPTS"
@@ -44,6 +44,8 @@
 #             mounts itself): sysbench-fileio-style seqwr, seqrd, rndrw (16
 #             KiB blocks, 16 files), pg_test_fsync-style 8 kB write +
 #             fdatasync, untar/stat/remove of a tree of small files
+#             (without pthp when its descriptor limit cannot hold the tree's
+#             files: see job_bench)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -437,7 +439,7 @@ for job in "${jobs[@]}"; do
         done
     done
 done
-note "ramd bench: seqwr, seqrd, rndrw, pg-fsync, metadata on all four mounts ($((SECONDS - t_start)) s so far)"
+note "ramd bench: seqwr, seqrd, rndrw, pg-fsync, metadata ($((SECONDS - t_start)) s so far)"
 job_bench
 alive "${pid_of[pthp]}" passthrough_hp
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
