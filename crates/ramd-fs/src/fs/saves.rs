@@ -722,3 +722,162 @@ impl Fs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The save state machine against a real private tmpfs (needs root, as
+    //! the kernel data path does): what a save hands the image, page by page.
+
+    use super::*;
+    use crate::fs::{Caller, ROOT_INO};
+    use crate::hot::{HotConfig, HotTier};
+    use crate::tests::fs_with;
+    use std::ffi::OsStr;
+
+    const ME: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+        umask: 0,
+    };
+
+    /// What one save wrote: GONE chunks, then (page, data page or hole).
+    #[derive(Debug, Default, PartialEq)]
+    struct Wrote {
+        gone: Vec<u64>,
+        pages: Vec<(u64, Option<u8>)>,
+    }
+
+    fn kernel_fs() -> Arc<Fs> {
+        let fs = fs_with(64 << 20, 1000);
+        fs.set_hot_tier(HotTier::new(&HotConfig::default()).expect("a private tmpfs (root)"))
+            .unwrap();
+        Arc::new(fs)
+    }
+
+    /// Runs one save (committed unless `fail`): each data page is named by
+    /// its first byte.
+    fn save(fs: &Arc<Fs>, full: bool, fail: bool) -> Wrote {
+        let outer = fs.outer_pages().expect("a hot tier");
+        let mut s = outer.switch(full);
+        let mut w = Wrote {
+            gone: s.gone().to_vec(),
+            ..Wrote::default()
+        };
+        s.write(&mut |page, p| {
+            w.pages.push((
+                page,
+                match p {
+                    PageRef::Hole => None,
+                    PageRef::Raw { data, .. } => Some(data[0]),
+                    PageRef::Fill(pat) => Some(pat as u8),
+                    other => panic!("a kernel-path save wrote {other:?}"),
+                },
+            ));
+            Ok(())
+        })
+        .unwrap();
+        if !fail {
+            s.committed();
+        }
+        w
+    }
+
+    fn write(fs: &Fs, ino: Ino, page: u64, byte: u8) {
+        let data = [byte; PAGE_SIZE];
+        fs.write(&fs.change(), ino, page * PAGE, &data, true, ME, false)
+            .unwrap();
+    }
+
+    fn slot_page(slot: u64, i: u64) -> u64 {
+        (slot << SLOT_PAGE_SHIFT) + i
+    }
+
+    #[test]
+    fn only_changed_pages_of_marked_files_are_saved() {
+        let fs = kernel_fs();
+        let a = fs
+            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
+            .unwrap();
+        for i in 0..4 {
+            write(&fs, a.ino, i, b'a' + i as u8);
+        }
+        fs.release(a.ino);
+        let slot = 0;
+        let first = save(&fs, true, false);
+        assert_eq!(first.pages.len(), 4, "{first:?}");
+        // Nothing marked: nothing read, nothing written.
+        assert_eq!(save(&fs, false, false), Wrote::default());
+        // One page rewritten, one the same, through an open for writing.
+        fs.open(a.ino, libc::O_RDWR).unwrap();
+        write(&fs, a.ino, 2, b'z');
+        write(&fs, a.ino, 1, b'b');
+        fs.release(a.ino);
+        let w = save(&fs, false, false);
+        assert_eq!(w.pages, vec![(slot_page(slot, 2), Some(b'z'))]);
+        // Shrunk to one page: the image's pages past it become holes.
+        fs.open(a.ino, libc::O_RDWR).unwrap();
+        fs.setattr(
+            ME,
+            a.ino,
+            crate::fs::SetAttr {
+                size: Some(PAGE),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        fs.release(a.ino);
+        let w = save(&fs, false, false);
+        assert_eq!(
+            w.pages,
+            (1..4)
+                .map(|i| (slot_page(slot, i), None))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_failed_save_leaves_the_marks_and_the_image_hashes() {
+        let fs = kernel_fs();
+        let a = fs
+            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
+            .unwrap();
+        write(&fs, a.ino, 0, b'x');
+        fs.release(a.ino);
+        save(&fs, true, false);
+        fs.open(a.ino, libc::O_WRONLY).unwrap();
+        write(&fs, a.ino, 0, b'y');
+        fs.release(a.ino);
+        let failed = save(&fs, false, true);
+        assert_eq!(failed.pages, vec![(0, Some(b'y'))]);
+        // The failed save neither unmarked the file nor adopted its hashes.
+        let again = save(&fs, false, false);
+        assert_eq!(again.pages, vec![(0, Some(b'y'))]);
+    }
+
+    #[test]
+    fn a_deleted_files_slot_is_gone_before_a_new_file_reuses_it() {
+        let fs = kernel_fs();
+        let a = fs
+            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
+            .unwrap();
+        for i in [0, 70] {
+            write(&fs, a.ino, i, b'a');
+        }
+        fs.release(a.ino);
+        save(&fs, true, false);
+        fs.unlink(ROOT_INO, OsStr::new("a")).unwrap();
+        // The kernel forgets it: the inode and its slot go.
+        fs.forget(a.ino, 1);
+        let b = fs
+            .create(ME, ROOT_INO, OsStr::new("b"), libc::S_IFREG | 0o644)
+            .unwrap();
+        write(&fs, b.ino, 1, b'b');
+        fs.release(b.ino);
+        let w = save(&fs, false, false);
+        // Chunks 0 and 1 of slot 0 held a's pages; b (slot 0 again) is
+        // written whole after them.
+        assert_eq!(w.gone, vec![0, 1], "{w:?}");
+        assert_eq!(w.pages, vec![(slot_page(0, 1), Some(b'b'))]);
+    }
+}
