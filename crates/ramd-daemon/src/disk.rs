@@ -418,7 +418,7 @@ impl Disk {
             Some(s) => {
                 s.persister.stop(s.thread.lock().take());
                 let saved = self.save_at_stop(&s.persister, held);
-                if let Some(r) = s.persister.finish_replica(REPLICA_WAIT) {
+                if let Some(r) = s.persister.finish_replica(replica_wait()) {
                     match &r {
                         Ok(text) => log::info!("disk {:?}: {text}", self.args.name),
                         Err(text) => log::error!("disk {:?}: {text}", self.args.name),
@@ -779,8 +779,15 @@ struct Blocked {
 pub const RETRY: Duration = Duration::from_secs(10);
 
 /// How long a clean stop waits for its last save to reach the replica
-/// (`--replicate`) before it says what is not replicated and goes.
-const REPLICA_WAIT: Duration = Duration::from_secs(60);
+/// (`--replicate`) before it says what is not replicated and goes: a
+/// minute, or RAMD_REPLICA_WAIT seconds (tests make it short).
+fn replica_wait() -> Duration {
+    let secs = std::env::var("RAMD_REPLICA_WAIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs)
+}
 
 /// Settings that are wrong together, caught before anything is built.
 fn check_args(args: &DiskArgs) -> Result<()> {

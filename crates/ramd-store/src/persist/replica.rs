@@ -84,43 +84,47 @@ impl Replica {
     /// Takes the replica's lease (refused while another ramd holds it) and
     /// checks that it is this disk's, then starts shipping `local`'s
     /// committed saves; `local` is an image directory opened for saving.
+    /// A refusal (the lease held, another disk, no such bucket) stops the
+    /// start; a server that does not answer or refuses the credentials
+    /// does not: the disk serves and saves locally, and the replica is
+    /// tried again in the background (status says why it lags).
     pub fn start(url: &Path, local: &ImageDir) -> Result<Replica> {
-        let remote = ImageDir::open_remote(url, Open::Replica)
-            .map_err(|e| Error::context(format!("--replicate {}", url.display()), e, ""))?;
-        let url = remote.path().display().to_string();
-        check_same_disk(&url, &remote, local)?;
-        // Left by a shipment that never committed, or by the replica's
-        // earlier writer: nothing the replica's MANIFEST names.
-        remote.remove_debris();
-        let mut st = State {
-            shipped: remote.manifest().and_then(|m| m.chain.last().cloned()),
-            ..State::default()
-        };
+        let mut st = State::default();
         if let Some(m) = local.manifest() {
-            if remote.manifest() != Some(m) {
-                st.behind.extend(m.chain.last().map(|s| s.seq));
-            }
+            st.behind.extend(m.chain.last().map(|s| s.seq));
             st.wanted = Some((local.path().to_path_buf(), m.clone()));
         }
-        log::info!(
-            "replicating image {} to {url}: {}",
-            local.path().display(),
-            match &st.shipped {
-                Some(s) => format!("the replica holds save {}", s.seq),
-                None => "a new replica".into(),
-            }
-        );
         let shared = Arc::new(Shared {
-            url,
+            // As `Remote::connect` writes it, for status before it answers.
+            url: url.display().to_string().trim_end_matches('/').to_string(),
             st: Mutex::new(st),
             cv: Condvar::new(),
         });
+        let id = local.id();
+        let remote = match open(&shared, id) {
+            Ok(r) => Some(r),
+            Err(e @ Error::Unusable(_)) => {
+                return Err(Error::context(format!("--replicate {}", shared.url), e, ""))
+            }
+            Err(e) => {
+                log::error!(
+                    "replicating image {} to {}: {e}; trying again in the background (the \
+                     disk serves and saves locally meanwhile)",
+                    local.path().display(),
+                    shared.url
+                );
+                shared.st.lock().error = Some(e.to_string());
+                None
+            }
+        };
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("ramd-replicate".into())
                 .spawn(move || {
-                    run(&shared, remote);
+                    if let Some(remote) = remote.or_else(|| reopen(&shared, id)) {
+                        run(&shared, remote);
+                    }
                     shared.st.lock().done = true;
                     shared.cv.notify_all();
                 })
@@ -222,25 +226,95 @@ impl Drop for Replica {
     }
 }
 
+/// Opens the replica (lease first), checks it is this disk's (`id`, the
+/// newest local MANIFEST), removes its debris.
+fn open(sh: &Shared, id: DiskId) -> Result<ImageDir> {
+    let remote = ImageDir::open_remote(Path::new(&sh.url), Open::Replica)?;
+    let wanted = sh.st.lock().wanted.clone();
+    let (dir, local) = match &wanted {
+        Some((dir, m)) => (dir.display().to_string(), Some(m)),
+        None => (String::from("(new)"), None),
+    };
+    check_same_disk(&sh.url, &remote, &dir, id, local)?;
+    // Left by a shipment that never committed, or by the replica's
+    // earlier writer: nothing the replica's MANIFEST names.
+    remote.remove_debris();
+    let mut st = sh.st.lock();
+    st.shipped = remote.manifest().and_then(|m| m.chain.last().cloned());
+    let shipped = st.shipped.as_ref().map_or(0, |s| s.seq);
+    st.behind.retain(|&s| s > shipped);
+    log::info!(
+        "replicating image {dir} to {}: {}",
+        sh.url,
+        match &st.shipped {
+            Some(s) => format!("the replica holds save {}", s.seq),
+            None => "a new replica".into(),
+        }
+    );
+    Ok(remote)
+}
+
+/// `open` again and again, with backoff, until it works or the stop gives
+/// up; a failure is logged when it changes.
+fn reopen(sh: &Shared, id: DiskId) -> Option<ImageDir> {
+    let mut retry = RETRY_MIN;
+    let mut failing = sh.st.lock().error.clone();
+    loop {
+        if !wait_retry(sh, retry) {
+            return None;
+        }
+        match open(sh, id) {
+            Ok(r) => {
+                log::warn!("replication to {} works again", sh.url);
+                sh.st.lock().error = None;
+                return Some(r);
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if failing.as_deref() != Some(&text) {
+                    log::error!("replicating to {} failed: {text}; retrying", sh.url);
+                    failing = Some(text.clone());
+                }
+                sh.st.lock().error = Some(text);
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Waits `retry` unless the stop gives up first (then `false`).
+fn wait_retry(sh: &Shared, retry: Duration) -> bool {
+    let mut st = sh.st.lock();
+    let until = std::time::Instant::now() + retry;
+    while !st.abandon && std::time::Instant::now() < until {
+        sh.cv.wait_until(&mut st, until);
+    }
+    !st.abandon
+}
+
 /// Refuses a replica that holds another disk, or saves of this disk that
-/// the local image lacks (another ramd saved to the prefix): replicating
-/// would replace them.
-fn check_same_disk(url: &str, remote: &ImageDir, local: &ImageDir) -> Result<()> {
+/// the local image `dir` lacks (another ramd saved to the prefix):
+/// replicating would replace them.
+fn check_same_disk(
+    url: &str,
+    remote: &ImageDir,
+    dir: &str,
+    id: DiskId,
+    local: Option<&Manifest>,
+) -> Result<()> {
     let Some(rm) = remote.manifest() else {
         return Ok(());
     };
-    let dir = local.path().display();
-    if rm.id != Some(local.id()) {
+    if rm.id != Some(id) {
         return Err(Error::Unusable(format!(
             "--replicate {url} holds another disk's image (id {}), not a replica of image {dir} \
-             (id {}): replicating would replace it; give another prefix, or, to serve the disk \
-             it holds, serve it with `--image {url}`",
+             (id {id}): replicating would replace it; give another prefix, or, to serve the \
+             disk it holds, serve it with `--image {url}`",
             rm.id.map_or_else(|| "none".into(), |i| i.to_string()),
-            local.id()
         )));
     }
     let r = rm.chain.last().expect("a MANIFEST has a chain");
-    let newer = match local.manifest().and_then(|m| m.chain.last()) {
+    let newer = match local.and_then(|m| m.chain.last()) {
         None => true,
         Some(l) => r.seq > l.seq || (r.seq == l.seq && r.time_ns != l.time_ns),
     };
@@ -317,12 +391,8 @@ fn run(sh: &Shared, mut remote: ImageDir) {
                     );
                     failing = Some(text.clone());
                 }
-                let mut st = sh.st.lock();
-                st.error = Some(text);
-                let until = std::time::Instant::now() + retry;
-                while !st.abandon && std::time::Instant::now() < until {
-                    sh.cv.wait_until(&mut st, until);
-                }
+                sh.st.lock().error = Some(text);
+                wait_retry(sh, retry);
                 retry = (retry * 2).min(RETRY_MAX);
             }
         }
