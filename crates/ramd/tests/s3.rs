@@ -1429,3 +1429,77 @@ fn replicate_refusals() {
         &[&img, "another disk's image"],
     );
 }
+
+/// The replica's server refuses the credentials: the disk starts all the
+/// same and saves locally; the failure is logged once (not per retry) and
+/// status says why the replica lags, never showing a credential.
+#[test]
+fn replica_with_wrong_credentials_serves_and_says_so() {
+    let w = Weed::start();
+    let wrong_secret = "not-the-secret-0123456789";
+    let mut env = w.env();
+    env[1].1 = wrong_secret.into();
+    env.push(("RAMD_REPLICA_WAIT".into(), "4".into()));
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("creds");
+    let mut d = serve(
+        &run,
+        &[
+            "--size",
+            "16M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &env,
+    );
+    qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
+    let save = snapshot(&run, d.name(), &env);
+    assert_eq!(save["full"], true, "{save}");
+    wait_until(
+        Duration::from_secs(60),
+        "status to say the replica lags for want of credentials",
+        || {
+            let r = d.stats()["replica"].clone();
+            r["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("AWS_SECRET_ACCESS_KEY"))
+                && field(&r, "saves_behind") == 1
+        },
+    );
+    let s = d.stats();
+    assert!(s["last_save_error"].is_null(), "the local save failed: {s}");
+    assert!(s["replica"]["replicated_seq"].is_null(), "{s}");
+    let err = d.stderr();
+    for secret in [wrong_secret, ACCESS_KEY] {
+        assert!(!err.contains(secret), "a credential in the log:\n{err}");
+        assert!(
+            !s.to_string().contains(secret),
+            "a credential in status: {s}"
+        );
+    }
+    // A stop waits RAMD_REPLICA_WAIT for the replica, then says what it
+    // lacks; by then the replica was retried several times (1 s, 2 s, ...),
+    // and one line says it failed.
+    let down = ramd(&run, &["down", d.name()], &env).ok();
+    assert!(
+        down.contains("stopped, saved") && down.contains("NOT replicated") && down.contains(&img),
+        "{down}"
+    );
+    d.wait_exit(STOP_DEADLINE);
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("refused these credentials"))
+        .count();
+    assert!(
+        lines == 2,
+        "not once at start and once at the stop:\n{}",
+        d.stderr()
+    );
+    let names: Vec<String> = w.objects("creds").into_iter().map(|(n, _)| n).collect();
+    assert!(names.is_empty(), "{names:?}");
+}
