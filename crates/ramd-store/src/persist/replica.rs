@@ -474,9 +474,20 @@ fn ship(sh: &Shared, remote: &mut ImageDir, dir: &Path, m: &Manifest) -> Result<
     })
 }
 
-/// Whether a newer local commit than `m` is waiting.
+/// Whether a newer local commit than `m` is waiting. A full save removes
+/// the old chain's files before the hook hands over its MANIFEST, so a
+/// file found gone is given a moment for that.
 fn superseded(sh: &Shared, m: &Manifest) -> bool {
-    sh.st.lock().wanted.as_ref().is_some_and(|(_, w)| w != m)
+    let mut st = sh.st.lock();
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        if st.wanted.as_ref().is_some_and(|(_, w)| w != m) {
+            return true;
+        }
+        if std::time::Instant::now() >= until || sh.cv.wait_until(&mut st, until).timed_out() {
+            return st.wanted.as_ref().is_some_and(|(_, w)| w != m);
+        }
+    }
 }
 
 /// Uploads local segment file `f` as object `name` (multipart, recorded).
