@@ -1503,3 +1503,46 @@ fn replica_with_wrong_credentials_serves_and_says_so() {
     let names: Vec<String> = w.objects("creds").into_iter().map(|(n, _)| n).collect();
     assert!(names.is_empty(), "{names:?}");
 }
+
+/// A filesystem disk replicated: files written, a clean stop (which ships
+/// its save), the directory lost, mounted again from the replica alone.
+#[test]
+fn fs_disk_replica_restores() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let local = tmp.path().join("local");
+    let img = url("fsrep");
+    let big = tmp.path().join("big");
+    random_file(&big, 3 * MIB);
+
+    let d = FsDisk::mount_with_env(
+        &[
+            "--size",
+            "64M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &pairs(&env),
+    );
+    fs::create_dir(d.join("dir")).unwrap();
+    fs::copy(&big, d.join("dir/big")).unwrap();
+    fs::write(d.join("small.txt"), b"kept in the replica\n").unwrap();
+    d.stop();
+    assert_eq!(
+        fs::read_to_string(local.join("MANIFEST")).unwrap(),
+        w.read("fsrep/MANIFEST"),
+        "the stop's save did not reach the replica"
+    );
+
+    fs::remove_dir_all(&local).unwrap();
+    let d = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert_same_file(&big, &d.join("dir/big"));
+    assert_eq!(
+        fs::read(d.join("small.txt")).unwrap(),
+        b"kept in the replica\n"
+    );
+    d.stop();
+}
