@@ -69,6 +69,9 @@ struct State {
 
 struct Shared {
     url: String,
+    /// The local image, for messages (a save to another directory,
+    /// `snapshot --to`, hands over its own with its MANIFEST).
+    dir: PathBuf,
     st: Mutex<State>,
     cv: Condvar,
 }
@@ -97,6 +100,7 @@ impl Replica {
         let shared = Arc::new(Shared {
             // As `Remote::connect` writes it, for status before it answers.
             url: url.display().to_string().trim_end_matches('/').to_string(),
+            dir: local.path().to_path_buf(),
             st: Mutex::new(st),
             cv: Condvar::new(),
         });
@@ -233,7 +237,7 @@ fn open(sh: &Shared, id: DiskId) -> Result<ImageDir> {
     let wanted = sh.st.lock().wanted.clone();
     let (dir, local) = match &wanted {
         Some((dir, m)) => (dir.display().to_string(), Some(m)),
-        None => (String::from("(new)"), None),
+        None => (sh.dir.display().to_string(), None),
     };
     check_same_disk(&sh.url, &remote, &dir, id, local)?;
     // Left by a shipment that never committed, or by the replica's
