@@ -1428,6 +1428,16 @@ fn replicate_refusals() {
         &["--size", "16M", "--image", &dir("c"), "--replicate", &img],
         &[&img, "another disk's image"],
     );
+
+    // Disk b served from the replica saves there: b's directory is now
+    // behind its replica, which replicating would replace.
+    let from_url = serve(&tmp.path().join("url"), &["--image", &img], &env);
+    qemu_io(from_url.uri(), &["write -P 0x7 0 64k".into()]);
+    drop(from_url);
+    refused(
+        &["--image", &dir("b"), "--replicate", &img],
+        &[&img, "does not have", "another ramd saved"],
+    );
 }
 
 /// The replica's server refuses the credentials: the disk starts all the
