@@ -258,11 +258,44 @@ fn open(sh: &Shared, id: DiskId) -> Result<ImageDir> {
     Ok(remote)
 }
 
+/// When a failure is worth a log line: the first of a spell of failures,
+/// and then one whose text differs, at most every `RELOG` (a stalled
+/// server fails one request, then another, then the lease: one cause).
+#[derive(Default)]
+struct FailLog {
+    last: Option<(String, std::time::Instant)>,
+}
+
+const RELOG: Duration = Duration::from_secs(60);
+
+impl FailLog {
+    /// Whether to log failure `text`.
+    fn failed(&mut self, text: &str) -> bool {
+        let due = match &self.last {
+            None => true,
+            Some((t, at)) => t != text && at.elapsed() >= RELOG,
+        };
+        if due {
+            self.last = Some((text.to_string(), std::time::Instant::now()));
+        }
+        due
+    }
+
+    /// Whether a success ends a spell of failures (worth saying).
+    fn recovered(&mut self) -> bool {
+        self.last.take().is_some()
+    }
+}
+
 /// `open` again and again, with backoff, until it works or the stop gives
 /// up; a failure is logged when it changes.
 fn reopen(sh: &Shared, id: DiskId) -> Option<ImageDir> {
     let mut retry = RETRY_MIN;
-    let mut failing = sh.st.lock().error.clone();
+    // `start` logged the first failure.
+    let mut failing = FailLog::default();
+    if let Some(e) = sh.st.lock().error.clone() {
+        failing.failed(&e);
+    }
     loop {
         if !wait_retry(sh, retry) {
             return None;
@@ -275,9 +308,8 @@ fn reopen(sh: &Shared, id: DiskId) -> Option<ImageDir> {
             }
             Err(e) => {
                 let text = e.to_string();
-                if failing.as_deref() != Some(&text) {
+                if failing.failed(&text) {
                     log::error!("replicating to {} failed: {text}; retrying", sh.url);
-                    failing = Some(text.clone());
                 }
                 sh.st.lock().error = Some(text);
                 retry = (retry * 2).min(RETRY_MAX);
@@ -335,10 +367,11 @@ fn check_same_disk(
 }
 
 /// The thread: ships the newest committed save whenever the replica lacks
-/// it; a failure is logged once per kind and retried with backoff.
+/// it; a spell of failures is logged once (`FailLog`) and retried with
+/// backoff.
 fn run(sh: &Shared, mut remote: ImageDir) {
     let mut retry = RETRY_MIN;
-    let mut failing: Option<String> = None;
+    let mut failing = FailLog::default();
     loop {
         let job = {
             let mut st = sh.st.lock();
@@ -370,7 +403,7 @@ fn run(sh: &Shared, mut remote: ImageDir) {
                 st.shipped_at = Some(now_secs());
                 st.error = None;
                 drop(st);
-                if failing.take().is_some() {
+                if failing.recovered() {
                     log::warn!("replication to {} works again", sh.url);
                 }
                 log::info!(
@@ -385,7 +418,7 @@ fn run(sh: &Shared, mut remote: ImageDir) {
             Ok(Shipped::Superseded) => {}
             Err(e) => {
                 let text = e.to_string();
-                if failing.as_deref() != Some(&text) {
+                if failing.failed(&text) {
                     log::error!(
                         "replicating image {} to {} failed: {text}; retrying every {} s at most \
                          (the disk serves and saves locally meanwhile)",
@@ -393,7 +426,6 @@ fn run(sh: &Shared, mut remote: ImageDir) {
                         sh.url,
                         RETRY_MAX.as_secs()
                     );
-                    failing = Some(text.clone());
                 }
                 sh.st.lock().error = Some(text);
                 wait_retry(sh, retry);
