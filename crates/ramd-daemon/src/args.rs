@@ -264,6 +264,14 @@ pub struct DiskArgs {
     #[arg(long, value_name = "DIR|URL")]
     pub image: Option<PathBuf>,
 
+    /// Ship each save committed to --image DIR, in the background, to
+    /// S3-compatible object storage: s3://BUCKET/PREFIX, credentials and
+    /// endpoint from the AWS_* environment as for --image s3://. Saves go
+    /// on at local speed; a host that lost DIR serves the disk with
+    /// --image s3://BUCKET/PREFIX. Needs --image DIR (a directory).
+    #[arg(long, value_name = "URL", requires = "image")]
+    pub replicate: Option<String>,
+
     /// Save the pages changed since the last save every DURATION (e.g. 30s,
     /// 5m) in the background while I/O goes on. Needs --image.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
@@ -366,6 +374,7 @@ impl DiskArgs {
             "compress_threads" => self.compress_threads.to_string(),
             "warm_pool" => self.warm_pool.to_string(),
             "image" => format!("{:?}", self.image),
+            "replicate" => format!("{:?}", self.replicate),
             "autosave" => format!("{:?}", self.autosave),
             "flush" => format!("{:?}", self.flush),
             "iscsi" => format!("{:?}", self.iscsi),

@@ -662,11 +662,21 @@ impl Daemon {
         self.published.disks.lock().remove(name);
         // The last handle: sockets and memory go now, before anyone is told.
         let saved = r.disk.args().image.is_some();
+        // `--replicate`: what reached the replica, or what did not.
+        let replicated = match r.disk.replicated() {
+            Some(Ok(text)) => json!(text),
+            Some(Err(text)) => json!({ "error": text }),
+            None => Value::Null,
+        };
         drop(r.disk);
         let answer = match &result {
             Ok(()) => {
                 log::info!("disk {name:?} stopped");
-                Ok(json!({ "stopped": name, "saved": saved }))
+                let mut v = json!({ "stopped": name, "saved": saved });
+                if !replicated.is_null() {
+                    v["replicated"] = replicated;
+                }
+                Ok(v)
             }
             Err(e) => {
                 log::error!("{e:#}");

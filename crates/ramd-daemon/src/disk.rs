@@ -112,6 +112,9 @@ pub struct Disk {
     claims: Vec<Claim>,
     /// Its NUMA nodes and policy (--numa-nodes, --numa-policy).
     placement: Option<Placement>,
+    /// `--replicate`: what the replica held at the stop (`Err`: not every
+    /// save), for `ramd down`.
+    replicated: Mutex<Option<std::result::Result<String, String>>>,
 }
 
 /// What a disk's frontends would claim, checked before anything is built.
@@ -238,6 +241,7 @@ impl Disk {
             leaving: AtomicBool::new(false),
             claims: claimed,
             placement,
+            replicated: Mutex::new(None),
         });
         let _ = target.set(Arc::downgrade(&disk));
         log::info!("{}", disk.describe());
@@ -414,6 +418,13 @@ impl Disk {
             Some(s) => {
                 s.persister.stop(s.thread.lock().take());
                 let saved = self.save_at_stop(&s.persister, held);
+                if let Some(r) = s.persister.finish_replica(replica_wait()) {
+                    match &r {
+                        Ok(text) => log::info!("disk {:?}: {text}", self.args.name),
+                        Err(text) => log::error!("disk {:?}: {text}", self.args.name),
+                    }
+                    *self.replicated.lock() = Some(r);
+                }
                 s.persister.close();
                 saved
             }
@@ -486,6 +497,11 @@ impl Disk {
             ),
             None => format!("all of its data ({used}; the image holds no complete save)"),
         }
+    }
+
+    /// `--replicate`: what the replica held at the stop, once stopped.
+    pub fn replicated(&self) -> Option<std::result::Result<String, String>> {
+        self.replicated.lock().clone()
     }
 
     /// Why the disk is not stopping although asked to, if it is not.
@@ -762,6 +778,17 @@ struct Blocked {
 /// How often a disk holding unsaved data tries its save again.
 pub const RETRY: Duration = Duration::from_secs(10);
 
+/// How long a clean stop waits for its last save to reach the replica
+/// (`--replicate`) before it says what is not replicated and goes: a
+/// minute, or RAMD_REPLICA_WAIT seconds (tests make it short).
+fn replica_wait() -> Duration {
+    let secs = std::env::var("RAMD_REPLICA_WAIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    Duration::from_secs(secs)
+}
+
 /// Settings that are wrong together, caught before anything is built.
 fn check_args(args: &DiskArgs) -> Result<()> {
     if args.autosave.is_some_and(|d| d.is_zero()) {
@@ -769,6 +796,24 @@ fn check_args(args: &DiskArgs) -> Result<()> {
     }
     if args.image.is_none() && args.flush == FlushMode::Persist {
         bail!("--flush persist needs --image DIR: a flush has nowhere to persist to");
+    }
+    if let (Some(url), Some(image)) = (&args.replicate, &args.image) {
+        if !persist::is_url(Path::new(url)) {
+            bail!(
+                "--replicate {url}: not an object-storage URL: give s3://BUCKET/PREFIX (a \
+                 second directory is no replica: it dies with the host)"
+            );
+        }
+        if image.as_os_str() == url.as_str() {
+            bail!("--replicate {url} is the disk's --image itself: give another prefix");
+        }
+        if persist::is_url(image) {
+            bail!(
+                "--replicate {url} needs --image DIR, a local directory: image {} is in object \
+                 storage already",
+                image.display()
+            );
+        }
     }
     Ok(())
 }
@@ -928,6 +973,12 @@ fn start_saving(
     loaded_tree: Option<Vec<u8>>,
 ) -> Result<Saving> {
     let persist = args.flush == FlushMode::Persist;
+    // Before any save: a replica that is refused (another writer holds
+    // it, it holds another disk) stops the start.
+    let replica = match &args.replicate {
+        Some(url) => Some(persist::Replica::start(Path::new(url), &image)?),
+        None => None,
+    };
     let mut p = Persister::new(
         store.clone(),
         image,
@@ -936,6 +987,9 @@ fn start_saving(
         args.autosave,
         persist,
     );
+    if let Some(r) = replica {
+        p.set_replica(r);
+    }
     if let Some(fs) = fs {
         if let Some(outer) = fs.outer_pages() {
             p.set_outer(outer);

@@ -679,6 +679,42 @@ impl prometheus_client::collector::Collector for Scrape {
                 .map(|(s, r)| (disk_labels(s), r.bytes))
                 .collect(),
         )?;
+        // `--replicate`: how far the replica lags, what went up. Its URL
+        // is left out of the labels: status names it.
+        let replicas: Vec<(&DiskStatus, &ramd_store::persist::ReplicaStatus)> = imaged
+            .iter()
+            .filter_map(|s| Some((*s, s.persist.replica.as_ref()?)))
+            .collect();
+        gauge(
+            e,
+            "ramd_disk_replica_saves_behind",
+            "Saves committed to the local image that its replica lacks.",
+            None,
+            replicas
+                .iter()
+                .map(|(s, r)| (disk_labels(s), r.saves_behind))
+                .collect(),
+        )?;
+        counter(
+            e,
+            "ramd_disk_replica_uploaded",
+            "Bytes uploaded to the replica (this process).",
+            Some(Unit::Bytes),
+            replicas
+                .iter()
+                .map(|(s, r)| (disk_labels(s), r.bytes_uploaded))
+                .collect(),
+        )?;
+        gauge(
+            e,
+            "ramd_disk_replica_failing",
+            "1 while shipping saves to the replica fails.",
+            None,
+            replicas
+                .iter()
+                .map(|(s, r)| (disk_labels(s), r.last_error.is_some() as u64))
+                .collect(),
+        )?;
 
         // Requests, per frontend and operation.
         let mut ops = Vec::new();

@@ -394,6 +394,16 @@ mod tests {
         assert_eq!(r.given, ["size", "compress", "image", "mode"]);
     }
 
+    /// `replicate=URL` is the --replicate flag, and needs image= as the
+    /// flag needs --image.
+    #[test]
+    fn replicate_is_an_option() {
+        let r = ok("size=1G,image=/var/lib/ramd/x,replicate=s3://disks/x");
+        assert_eq!(r.disk.replicate.as_deref(), Some("s3://disks/x"));
+        let e = bad("size=1G,replicate=s3://disks/x");
+        assert!(e.contains("image") && !e.contains("--"), "{e}");
+    }
+
     #[test]
     fn the_last_word_wins_and_both_spellings_work() {
         let r = ok("ro,rw,nosuid,suid,noatime,strictatime,max-memory=1G,name=db,size=1G,size=2G");

@@ -252,6 +252,9 @@ pub fn fitted(disks: &[DiskStatus], daemons: &[DaemonStatus], width: Option<usiz
             lines.push_str(&process_line(d.pid, &d.process));
         }
     }
+    for d in disks {
+        lines.push_str(&replica_line(d));
+    }
     lines.push_str(&daemon_lines(daemons));
     for l in lines.lines() {
         match width {
@@ -388,6 +391,43 @@ pub fn process_line(pid: u32, m: &ProcessMemory) -> String {
     )
 }
 
+/// A disk's replica (`--replicate`) as one line: where, which save it
+/// holds, how far behind, what was uploaded, and why it fails if it does;
+/// empty without one.
+pub fn replica_line(d: &DiskStatus) -> String {
+    let Some(r) = &d.persist.replica else {
+        return String::new();
+    };
+    let held = match (r.replicated_seq, r.replicated_at) {
+        (Some(seq), Some(at)) => format!("save {seq}, replicated {}", ago(at)),
+        (Some(seq), None) => format!("save {seq}"),
+        _ => "no save yet".into(),
+    };
+    let failing = r
+        .last_error
+        .as_deref()
+        .map_or(String::new(), |e| format!(", FAILING: {e}"));
+    format!(
+        "replica of {}: {}: {held}, {} save(s) behind, {} uploaded{failing}\n",
+        d.name,
+        r.url,
+        r.saves_behind,
+        human(r.bytes_uploaded)
+    )
+}
+
+/// How long ago `unix` (seconds since the epoch) was, in short.
+fn ago(unix: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match now.saturating_sub(unix) {
+        age @ 0..=99 => format!("{age}s ago"),
+        age @ 100..=5999 => format!("{}m ago", age / 60),
+        age => format!("{}h ago", age / 3600),
+    }
+}
+
 /// One line per daemon of `ramd up`: its shared budget.
 pub fn daemon_lines(daemons: &[DaemonStatus]) -> String {
     let mut out = String::new();
@@ -432,17 +472,7 @@ fn saved(p: &PersistStatus) -> String {
     }
     match &p.last_save {
         None => "-".into(),
-        Some(s) => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let age = now.saturating_sub(s.unix_time);
-            match age {
-                0..=99 => format!("{age}s ago"),
-                100..=5999 => format!("{}m ago", age / 60),
-                _ => format!("{}h ago", age / 3600),
-            }
-        }
+        Some(s) => ago(s.unix_time),
     }
 }
 

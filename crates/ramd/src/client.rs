@@ -366,7 +366,14 @@ pub fn down(run_dir: &Path, a: &crate::cli::DownArgs) -> Result<()> {
         for v in stopped {
             if let Some(n) = v["stopped"].as_str() {
                 let saved = if v["saved"] == true { ", saved" } else { "" };
-                println!("{n}: stopped{saved}");
+                // `--replicate`: whether the last save reached the replica.
+                let replicated = match &v["replicated"] {
+                    Value::String(t) => format!(", {t}"),
+                    r => r["error"]
+                        .as_str()
+                        .map_or(String::new(), |e| format!("; {e}")),
+                };
+                println!("{n}: stopped{saved}{replicated}");
             } else if v["down"] == true {
                 println!("daemon stopped");
             }

@@ -1094,3 +1094,470 @@ fn killed_upload_is_aborted_by_the_next_writer() {
     );
     qemu_io(next.uri(), &["read -P 0x31 0 1M".into()]);
 }
+
+/// `ramd image ls IMAGE --json`: the chain of a directory or a URL.
+fn chain_of(run: &Path, image: &str, env: &[(String, String)]) -> Value {
+    serde_json::from_str(&ramd(run, &["image", "ls", image, "--json"], env).ok()).unwrap()
+}
+
+/// Waits until the replica's chain is the local image's.
+fn wait_replicated(run: &Path, local: &Path, img: &str, env: &[(String, String)]) -> Value {
+    let local = local.to_str().unwrap();
+    let mut chain = Value::Null;
+    wait_until(
+        Duration::from_secs(90),
+        "the replica's chain to be the local image's",
+        || {
+            chain = chain_of(run, local, env);
+            let remote = ramd(run, &["image", "ls", img, "--json"], env);
+            remote.success()
+                && serde_json::from_str::<Value>(&remote.stdout).ok() == Some(chain.clone())
+        },
+    );
+    chain
+}
+
+/// The segment objects of `prefix`.
+fn segment_objects(w: &Weed, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = w
+        .objects(prefix)
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("seg-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The object names a chain (`image ls --json`) has in object storage.
+fn chain_objects(chain: &Value) -> Vec<String> {
+    let mut names: Vec<String> = chain
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("seg-{:08}-{:016x}", field(s, "seq"), field(s, "time_ns")))
+        .collect();
+    names.sort();
+    names
+}
+
+/// `--image DIR --replicate URL`: a save committed locally reaches the
+/// replica (the local MANIFEST's bytes, so the same disk identity);
+/// `ramd down` says the replica is up to date; with the directory gone,
+/// the disk is served from the URL alone with the same data and identity.
+#[test]
+fn replica_restores_a_lost_disk() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let data = tmp.path().join("data");
+    random_file(&data, 8 * MIB);
+    let img = url("replica");
+
+    let mut d = serve(
+        &run,
+        &[
+            "--size",
+            "64M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &env,
+    );
+    qemu_io(
+        d.uri(),
+        &[
+            format!("write -s {} 0 8M", data.display()),
+            "write -P 0x5a 32M 1M".into(),
+        ],
+    );
+    let save = snapshot(&run, d.name(), &env);
+    let chain = wait_replicated(&run, &local, &img, &env);
+    assert_eq!(chain.as_array().unwrap().len(), 1, "{chain}");
+    assert_eq!(
+        fs::read_to_string(local.join("MANIFEST")).unwrap(),
+        w.read("replica/MANIFEST"),
+        "the replica's MANIFEST is not the local one"
+    );
+    let s = d.stats();
+    let r = &s["replica"];
+    assert_eq!(r["url"], img.as_str(), "{s}");
+    assert_eq!(r["replicated_seq"], save["seq"], "{s}");
+    assert_eq!(field(r, "saves_behind"), 0, "{s}");
+    assert!(field(r, "bytes_uploaded") >= field(&save, "bytes"), "{s}");
+    assert!(r["last_error"].is_null(), "{s}");
+    let id = s["id"].as_str().unwrap().to_string();
+    let table = ramd(&run, &["status"], &env).ok();
+    assert!(
+        table.contains(&format!("replica of {}: {img}", d.name()))
+            && table.contains("0 save(s) behind"),
+        "{table}"
+    );
+    for secret in [ACCESS_KEY, SECRET_KEY] {
+        assert!(!d.stderr().contains(secret), "a credential in the log");
+        assert!(!s.to_string().contains(secret), "a credential in status");
+    }
+    let lease = w.read("replica/LEASE");
+    assert!(lease.contains(&format!("pid {}", d.pid())), "{lease}");
+
+    // Written after the last snapshot: the stop's save ships it too.
+    qemu_io(d.uri(), &["write -P 0x66 40M 64k".into()]);
+    let before = export(d.uri(), &tmp.path().join("before"));
+    let down = ramd(&run, &["down", d.name()], &env).ok();
+    assert!(
+        down.contains("stopped, saved") && down.contains(&format!("replicated to {img}")),
+        "{down}"
+    );
+    d.wait_exit(STOP_DEADLINE);
+    assert!(
+        w.read("replica/LEASE").contains("expires 0"),
+        "the replica's lease was not released"
+    );
+    assert_eq!(
+        fs::read_to_string(local.join("MANIFEST")).unwrap(),
+        w.read("replica/MANIFEST"),
+        "the stop's save did not reach the replica"
+    );
+
+    // The host lost its disk: served from the replica alone.
+    fs::remove_dir_all(&local).unwrap();
+    let run2 = tmp.path().join("run2");
+    let d = serve(&run2, &["--image", &img], &env);
+    let after = export(d.uri(), &tmp.path().join("after"));
+    assert!(after == before, "the disk served from the replica differs");
+    assert_eq!(
+        d.stats()["id"],
+        id.as_str(),
+        "the restored disk is another disk"
+    );
+}
+
+/// Several saves, one of them full: the replica's chain follows the local
+/// one, and the segments of the chain the full save replaced are gone
+/// from the prefix.
+#[test]
+fn replica_follows_full_saves_and_drops_the_old_chain() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("follow");
+    let d = serve(
+        &run,
+        &[
+            "--size",
+            "16M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &env,
+    );
+    qemu_io(d.uri(), &["write -P 0x11 0 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    qemu_io(d.uri(), &["write -P 0x12 1M 64k".into()]);
+    snapshot(&run, d.name(), &env);
+    let chain = wait_replicated(&run, &local, &img, &env);
+    assert_eq!(chain.as_array().unwrap().len(), 2, "{chain}");
+    assert_eq!(segment_objects(&w, "follow"), chain_objects(&chain));
+
+    ramd(&run, &["snapshot", d.name(), "--full"], &env).ok();
+    qemu_io(d.uri(), &["write -P 0x13 2M 64k".into()]);
+    snapshot(&run, d.name(), &env);
+    let chain = wait_replicated(&run, &local, &img, &env);
+    let segs = chain.as_array().unwrap();
+    assert_eq!(segs.len(), 2, "{chain}");
+    assert_eq!(segs[0]["full"], true, "{chain}");
+    assert_eq!(field(&segs[0], "seq"), 3, "{chain}");
+    assert_eq!(
+        segment_objects(&w, "follow"),
+        chain_objects(&chain),
+        "the replaced chain's segments are still in the prefix"
+    );
+    drop(d);
+
+    let d = serve(&tmp.path().join("run2"), &["--image", &img], &env);
+    qemu_io(
+        d.uri(),
+        &[
+            "read -P 0x11 0 1M".into(),
+            "read -P 0x12 1M 64k".into(),
+            "read -P 0x13 2M 64k".into(),
+        ],
+    );
+}
+
+/// The object store stopped (SIGSTOP) while saves go on: local saves
+/// succeed, status shows the replica's error and how far behind it is;
+/// once the server runs again the replica catches up.
+#[test]
+fn replica_catches_up_after_the_server_stops() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
+    env.push(("RAMD_LEASE_SECS".into(), "6".into()));
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("lagging");
+    let d = serve(
+        &run,
+        &[
+            "--size",
+            "16M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &env,
+    );
+    qemu_io(d.uri(), &["write -P 0x21 0 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &local, &img, &env);
+
+    w.signal(libc::SIGSTOP);
+    qemu_io(d.uri(), &["write -P 0x22 1M 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    qemu_io(d.uri(), &["write -P 0x23 2M 1M".into()]);
+    let last = snapshot(&run, d.name(), &env);
+    wait_until(
+        Duration::from_secs(60),
+        "status to show the replica failing and 2 saves behind",
+        || {
+            let r = d.stats()["replica"].clone();
+            r["last_error"].as_str().is_some_and(|e| e.contains(&img))
+                && field(&r, "saves_behind") == 2
+        },
+    );
+    let s = d.stats();
+    assert!(s["last_save_error"].is_null(), "a local save failed: {s}");
+    let err = s["replica"]["last_error"].as_str().unwrap();
+    assert!(
+        !err.contains(SECRET_KEY) && !err.contains(ACCESS_KEY),
+        "{err}"
+    );
+    // One line for the spell, however many retries and causes.
+    let logged = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("replicating image") && l.contains("failed"))
+        .count();
+    assert_eq!(logged, 1, "not logged once:\n{}", d.stderr());
+
+    w.signal(libc::SIGCONT);
+    wait_replicated(&run, &local, &img, &env);
+    wait_until(
+        Duration::from_secs(30),
+        "status to show the replica caught up",
+        || {
+            let r = d.stats()["replica"].clone();
+            r["last_error"].is_null()
+                && field(&r, "saves_behind") == 0
+                && r["replicated_seq"] == last["seq"]
+        },
+    );
+    assert!(
+        d.stderr().contains("works again"),
+        "the recovery was not logged:\n{}",
+        d.stderr()
+    );
+    drop(d);
+    let d = serve(&tmp.path().join("run2"), &["--image", &img], &env);
+    qemu_io(
+        d.uri(),
+        &[
+            "read -P 0x21 0 1M".into(),
+            "read -P 0x22 1M 1M".into(),
+            "read -P 0x23 2M 1M".into(),
+        ],
+    );
+}
+
+/// What `--replicate` refuses: no --image, a non-s3 URL, an image that is
+/// a URL itself, a prefix whose lease another ramd holds (a second
+/// replicating writer, or a restore while the primary runs), and a prefix
+/// that holds another disk.
+#[test]
+fn replicate_refusals() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let dir = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    let img = url("refused");
+    let refused = |args: &[&str], wants: &[&str]| {
+        let (_, err) = try_serve(&run, args, &env)
+            .err()
+            .unwrap_or_else(|| panic!("ramd serve {args:?} started"));
+        for want in wants {
+            assert!(err.contains(want), "{args:?}: lacks {want:?}:\n{err}");
+        }
+    };
+    refused(&["--size", "16M", "--replicate", &img], &["--image"]);
+    let other = dir("other");
+    refused(
+        &["--size", "16M", "--image", &dir("a"), "--replicate", &other],
+        &[&other, "s3://BUCKET/PREFIX"],
+    );
+    refused(
+        &["--size", "16M", "--image", &url("x"), "--replicate", &img],
+        &[&img, "local directory"],
+    );
+    refused(
+        &["--size", "16M", "--image", &img, "--replicate", &img],
+        &[&img, "--image itself"],
+    );
+
+    let first = serve(
+        &tmp.path().join("first"),
+        &["--size", "16M", "--image", &dir("b"), "--replicate", &img],
+        &env,
+    );
+    let pid = format!("pid {}", first.pid());
+    refused(
+        &["--size", "16M", "--image", &dir("c"), "--replicate", &img],
+        &[&img, "lease is held by", &pid],
+    );
+    refused(&["--image", &img], &[&img, "lease is held by", &pid]);
+    drop(first);
+
+    // The prefix now holds disk b's replica: disk c is another disk.
+    refused(
+        &["--size", "16M", "--image", &dir("c"), "--replicate", &img],
+        &[&img, "another disk's image"],
+    );
+
+    // Disk b served from the replica saves there: b's directory is now
+    // behind its replica, which replicating would replace.
+    let from_url = serve(&tmp.path().join("url"), &["--image", &img], &env);
+    qemu_io(from_url.uri(), &["write -P 0x7 0 64k".into()]);
+    drop(from_url);
+    refused(
+        &["--image", &dir("b"), "--replicate", &img],
+        &[&img, "does not have", "another ramd saved"],
+    );
+}
+
+/// The replica's server refuses the credentials: the disk starts all the
+/// same and saves locally; the failure is logged once (not per retry) and
+/// status says why the replica lags, never showing a credential.
+#[test]
+fn replica_with_wrong_credentials_serves_and_says_so() {
+    let w = Weed::start();
+    let wrong_secret = "not-the-secret-0123456789";
+    let mut env = w.env();
+    env[1].1 = wrong_secret.into();
+    env.push(("RAMD_REPLICA_WAIT".into(), "4".into()));
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("creds");
+    let mut d = serve(
+        &run,
+        &[
+            "--size",
+            "16M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &env,
+    );
+    qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
+    let save = snapshot(&run, d.name(), &env);
+    assert_eq!(save["full"], true, "{save}");
+    wait_until(
+        Duration::from_secs(60),
+        "status to say the replica lags for want of credentials",
+        || {
+            let r = d.stats()["replica"].clone();
+            r["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("AWS_SECRET_ACCESS_KEY"))
+                && field(&r, "saves_behind") == 1
+        },
+    );
+    let s = d.stats();
+    assert!(s["last_save_error"].is_null(), "the local save failed: {s}");
+    assert!(s["replica"]["replicated_seq"].is_null(), "{s}");
+    let err = d.stderr();
+    for secret in [wrong_secret, ACCESS_KEY] {
+        assert!(!err.contains(secret), "a credential in the log:\n{err}");
+        assert!(
+            !s.to_string().contains(secret),
+            "a credential in status: {s}"
+        );
+    }
+    // A stop waits RAMD_REPLICA_WAIT for the replica, then says what it
+    // lacks; by then the replica was retried several times (1 s, 2 s, ...),
+    // and one line says it failed.
+    let down = ramd(&run, &["down", d.name()], &env).ok();
+    assert!(
+        down.contains("stopped, saved") && down.contains("NOT replicated") && down.contains(&img),
+        "{down}"
+    );
+    d.wait_exit(STOP_DEADLINE);
+    let lines = d
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("refused these credentials"))
+        .count();
+    assert!(
+        lines == 2,
+        "not once at start and once at the stop:\n{}",
+        d.stderr()
+    );
+    let names: Vec<String> = w.objects("creds").into_iter().map(|(n, _)| n).collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+/// A filesystem disk replicated: files written, a clean stop (which ships
+/// its save), the directory lost, mounted again from the replica alone.
+#[test]
+fn fs_disk_replica_restores() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let local = tmp.path().join("local");
+    let img = url("fsrep");
+    let big = tmp.path().join("big");
+    random_file(&big, 3 * MIB);
+
+    let d = FsDisk::mount_with_env(
+        &[
+            "--size",
+            "64M",
+            "--image",
+            local.to_str().unwrap(),
+            "--replicate",
+            &img,
+        ],
+        &pairs(&env),
+    );
+    fs::create_dir(d.join("dir")).unwrap();
+    fs::copy(&big, d.join("dir/big")).unwrap();
+    fs::write(d.join("small.txt"), b"kept in the replica\n").unwrap();
+    d.stop();
+    assert_eq!(
+        fs::read_to_string(local.join("MANIFEST")).unwrap(),
+        w.read("fsrep/MANIFEST"),
+        "the stop's save did not reach the replica"
+    );
+
+    fs::remove_dir_all(&local).unwrap();
+    let d = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert_same_file(&big, &d.join("dir/big"));
+    assert_eq!(
+        fs::read(d.join("small.txt")).unwrap(),
+        b"kept in the replica\n"
+    );
+    d.stop();
+}

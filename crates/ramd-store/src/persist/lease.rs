@@ -291,12 +291,20 @@ fn renew(remote: &Remote, shared: &(Mutex<State>, Condvar), term: Duration) {
                 }
             }
             Ok(Err(())) => {
-                let holder = remote
-                    .get(LEASE)
-                    .ok()
-                    .flatten()
-                    .and_then(|(b, _)| Held::decode(&b))
-                    .map_or_else(|| "another ramd".into(), |h| h.holder);
+                let now = remote.get(LEASE).ok().flatten();
+                let held = now
+                    .as_ref()
+                    .and_then(|(b, v)| Some((Held::decode(b)?, v.clone())));
+                if let Some((h, v)) = held.as_ref().filter(|(h, _)| h.holder == holder_id()) {
+                    // Our own renewal whose answer was lost (it timed out
+                    // while the server stalled) and that was done after
+                    // all: the lease is still ours, at its new version.
+                    st.version = v.clone();
+                    st.expires = h.expires;
+                    st.failing = None;
+                    continue;
+                }
+                let holder = held.map_or_else(|| "another ramd".into(), |(h, _)| h.holder);
                 let why = format!(
                     "lost the lease of image {} to {holder}: this ramd no longer saves to it \
                      (its data stays in memory: save it elsewhere with `ramd snapshot NAME \

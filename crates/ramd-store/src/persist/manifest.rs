@@ -194,10 +194,13 @@ pub(super) fn crash_if(at: Crash) {
 
 /// What an image in object storage is opened for.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Open {
+pub(super) enum Open {
     Read,
     Save,
     Prune,
+    /// The replica of a local image (`--replicate`): taken like a writer's,
+    /// but its MANIFEST is left as it is until the first shipped save.
+    Replica,
 }
 
 /// An image directory, or its like in object storage.
@@ -309,8 +312,8 @@ impl ImageDir {
     /// An image in object storage: `open` (for saving: a prefix without
     /// a MANIFEST must hold nothing but save debris, which goes),
     /// `open_existing` (reading: there must be a MANIFEST) or `prune`.
-    fn open_remote(url: &Path, how: Open) -> Result<ImageDir> {
-        let for_saving = how == Open::Save;
+    pub(super) fn open_remote(url: &Path, how: Open) -> Result<ImageDir> {
+        let for_saving = matches!(how, Open::Save | Open::Replica);
         let mut remote = Remote::connect(url)?;
         // Listing first: a missing bucket is told apart from a new image.
         let names = remote.list()?;
@@ -325,7 +328,7 @@ impl ImageDir {
         // The lease before anything is read or removed: debris may be the
         // segment another writer is uploading.
         let lease = match how {
-            Open::Save | Open::Prune => Some(Lease::take(&remote)?),
+            Open::Save | Open::Prune | Open::Replica => Some(Lease::take(&remote)?),
             Open::Read => None,
         };
         let manifest = remote.read_manifest()?;
@@ -350,7 +353,7 @@ impl ImageDir {
             manifest,
             remote: Some(remote),
         };
-        if for_saving {
+        if how == Open::Save {
             dir.remove_debris();
             dir.stamp_id();
         }
@@ -528,6 +531,30 @@ impl ImageDir {
         self.put_manifest(&m, true)?;
         self.manifest = Some(m);
         self.remove_debris();
+        Ok(())
+    }
+
+    /// Makes `m`, another image's MANIFEST whose segments are all here
+    /// already, this image's (a replica's commit: the same bytes as the
+    /// local image's MANIFEST), then removes what it no longer names.
+    pub(super) fn replace_manifest(&mut self, m: Manifest) -> Result<()> {
+        self.put_manifest(&m, false)?;
+        if let Some(id) = m.id {
+            self.id = id;
+        }
+        self.last_seq = self.last_seq.max(m.chain.last().map_or(0, |s| s.seq));
+        self.manifest = Some(m);
+        self.remove_debris();
+        Ok(())
+    }
+
+    /// Reads an object-storage image's MANIFEST again, and its version for
+    /// the next commit: after a commit whose answer was lost (a timeout),
+    /// the put may have happened all the same.
+    pub(super) fn reread_manifest(&mut self) -> Result<()> {
+        if let Some(remote) = &mut self.remote {
+            self.manifest = remote.read_manifest()?;
+        }
         Ok(())
     }
 

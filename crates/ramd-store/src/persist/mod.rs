@@ -3,7 +3,9 @@
 //! (`manifest.rs`), writing and reading segments (`writer.rs`,
 //! `reader.rs`), the store's side of a save (`session.rs`: changed pages,
 //! the switch, kept copies, restore), and when to save and how to load
-//! (`policy.rs`: `Persister`, `load`, `open_image`).
+//! (`policy.rs`: `Persister`, `load`, `open_image`); object storage
+//! (`remote.rs`, `lease.rs`) and a local image's replica there
+//! (`replica.rs`).
 //!
 //! The on-disk image of a disk: a directory holding one segment file per
 //! save and a MANIFEST naming the chain of segments that make up the latest
@@ -37,6 +39,7 @@ mod outer;
 mod policy;
 mod reader;
 mod remote;
+mod replica;
 mod salvage;
 mod session;
 #[cfg(test)]
@@ -58,6 +61,7 @@ pub use policy::{
     SaveReport,
 };
 pub use remote::{is_url, S3_SCHEME};
+pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};

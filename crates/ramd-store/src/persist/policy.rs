@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use super::{DiskKind, ImageDir, LeaseWatch, OuterPages, Record, SaveSession, SegEntry};
+use super::{
+    DiskKind, ImageDir, LeaseWatch, OuterPages, Record, Replica, ReplicaStatus, SaveSession,
+    SegEntry,
+};
 use crate::error::{Error, Result};
 use crate::{human, Store};
 
@@ -83,6 +86,8 @@ pub struct Persister {
     changed: Condvar,
     autosave: Option<Duration>,
     flush_persist: bool,
+    /// `--replicate`: told of each save committed to the local image.
+    replica: Option<Replica>,
 }
 
 impl Persister {
@@ -121,7 +126,21 @@ impl Persister {
             changed: Condvar::new(),
             autosave,
             flush_persist,
+            replica: None,
         }
+    }
+
+    /// Ships each committed save to `replica` too, starting with the
+    /// image's current one.
+    pub fn set_replica(&mut self, replica: Replica) {
+        self.replica = Some(replica);
+    }
+
+    /// A clean stop's last step with `--replicate`: waits up to `wait` for
+    /// the last save to reach the replica; says what it holds (`Err`: it
+    /// lacks saves). `None` without a replica.
+    pub fn finish_replica(&self, wait: Duration) -> Option<std::result::Result<String, String>> {
+        self.replica.as_ref().map(|r| r.finish(wait))
     }
 
     /// `f` serializes the tree; `loaded` is the tree the image holds.
@@ -210,6 +229,13 @@ impl Persister {
             }
         }
         self.changed.notify_all();
+        drop(st);
+        // The hook after a commit: the replica ships it in the background.
+        if let (Ok(_), Some(rep), Some(m)) = (&result, &self.replica, image.manifest()) {
+            if !image.is_remote() {
+                rep.committed(image.path(), m);
+            }
+        }
         result
     }
 
@@ -494,6 +520,7 @@ impl Persister {
                 let lease = self.lease.lock();
                 lease.as_ref().and_then(LeaseWatch::trouble)
             }),
+            replica: self.replica.as_ref().map(Replica::status),
         }
     }
 }
@@ -537,6 +564,9 @@ pub struct PersistStatus {
     pub last_save: Option<SaveReport>,
     /// Why the last save failed, until one succeeds.
     pub last_save_error: Option<String>,
+    /// `--replicate`: the replica in object storage.
+    #[serde(default)]
+    pub replica: Option<ReplicaStatus>,
 }
 
 impl PersistStatus {
@@ -550,6 +580,7 @@ impl PersistStatus {
             save_failures: 0,
             last_save: None,
             last_save_error: None,
+            replica: None,
         }
     }
 }
