@@ -169,8 +169,10 @@ pub struct DiskArgs {
     /// kernel: a private kernel tmpfs (size, inodes, huge pages and NUMA
     /// policy from this disk's settings) whose files the kernel reads and
     /// writes directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps
-    /// names, modes, owners, times and xattrs. Not yet with --image,
-    /// --compress or --recompress, nor the write-back cache.
+    /// names, modes, owners, times and xattrs. Keeps an image as the store
+    /// path does, but a save is not one point in time for files written
+    /// while it runs (see README). Not yet with --compress or --recompress,
+    /// nor the write-back cache.
     #[arg(long, requires = "mount", default_value = "store", value_parser = parse_data_path, value_name = "PATH")]
     pub data_path: DataPath,
 
