@@ -49,11 +49,21 @@ fn timespec_of(t: Option<SetTime>) -> libc::timespec {
     }
 }
 
-fn futimens(f: &File, atime: Option<SetTime>, mtime: Option<SetTime>) -> Result<()> {
+pub(super) fn futimens(f: &File, atime: Option<SetTime>, mtime: Option<SetTime>) -> Result<()> {
     let ts = [timespec_of(atime), timespec_of(mtime)];
     // SAFETY: futimens reads two timespecs from `ts`.
     if unsafe { libc::futimens(f.as_raw_fd(), ts.as_ptr()) } < 0 {
         return Err(ioerr(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// fallocate(2) on a backing file.
+pub(super) fn fallocate(f: &File, mode: i32, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on an fd we own; no memory is passed.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -182,12 +192,7 @@ impl Fs {
     pub(super) fn hot_fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {
         let f = self.backing_with(ino, None)?;
         self.hot_changed(ino);
-        // SAFETY: fallocate on an fd we own; no memory is passed.
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
-        if r < 0 {
-            return Err(ioerr(io::Error::last_os_error()));
-        }
-        Ok(())
+        fallocate(&f, mode, off, len).map_err(ioerr)
     }
 
     pub(super) fn hot_seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {

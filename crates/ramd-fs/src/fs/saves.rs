@@ -286,7 +286,10 @@ impl OuterSave for Save {
         let mut buf = vec![0u8; BLOCK];
         let mut pages = 0;
         for p in &self.picks {
-            let hashes = save_file(p, &mut buf, out, &mut pages)?;
+            let what = format!("inode {}", p.ino);
+            let base = p.slot << SLOT_PAGE_SHIFT;
+            let old = p.old.as_deref().unwrap_or(&[]);
+            let hashes = save_pages(&what, base, p.file.as_ref(), old, &mut buf, out, &mut pages)?;
             self.written.push((p.slot, hashes));
         }
         Ok(pages)
@@ -329,34 +332,36 @@ impl Drop for Save {
     }
 }
 
-/// Hands `out` the pages of `p` that differ from the image's copy, in page
-/// order; returns the hashes of the file's pages as read.
-fn save_file(
-    p: &Pick,
+/// Hands `out` the pages of file `what` (`None`: no data) that differ from
+/// `old`, the hashes of the image's copy, as image pages from `base`, in
+/// page order; returns the hashes of the file's pages as read.
+fn save_pages(
+    what: &str,
+    base: u64,
+    file: Option<&File>,
+    old: &[Hash],
     buf: &mut [u8],
     out: &mut dyn FnMut(u64, PageRef<'_>) -> ramd_store::Result<()>,
     pages: &mut u64,
 ) -> ramd_store::Result<Arc<[Hash]>> {
-    let base = p.slot << SLOT_PAGE_SHIFT;
-    let old = p.old.as_deref().unwrap_or(&[]);
-    let what = || format!("the data of inode {}", p.ino);
+    let data_of = || format!("the data of {what}");
     let mut new: Vec<Hash> = Vec::new();
     let mut done = 0u64; // pages looked at so far
-    if let Some(f) = &p.file {
-        let size = f.metadata().map_err(|e| file_err(what(), e))?.len();
+    if let Some(f) = file {
+        let size = f.metadata().map_err(|e| file_err(data_of(), e))?.len();
         let end_page = size.div_ceil(PAGE);
         if end_page > 1 << SLOT_PAGE_SHIFT {
             // Its pages would land on the next slot's in the image.
             return Err(Error::Unusable(format!(
-                "inode {} is {size} bytes long; an image holds files of at most {} bytes \
+                "{what} is {size} bytes long; an image holds files of at most {} bytes \
                  (shrink it, or serve the disk without --image)",
-                p.ino,
                 super::MAX_FILE_SIZE
             )));
         }
         new.resize(end_page as usize, 0);
         while done < end_page {
-            let Some((data, hole)) = next_data(f, done * PAGE).map_err(|e| file_err(what(), e))?
+            let Some((data, hole)) =
+                next_data(f, done * PAGE).map_err(|e| file_err(data_of(), e))?
             else {
                 break;
             };
@@ -366,7 +371,7 @@ fn save_file(
             while at < last {
                 let n = ((last - at) as usize).min(buf.len() / PAGE_SIZE);
                 let want = &mut buf[..n * PAGE_SIZE];
-                let got = read_full(f, want, at * PAGE).map_err(|e| file_err(what(), e))?;
+                let got = read_full(f, want, at * PAGE).map_err(|e| file_err(data_of(), e))?;
                 want[got..].fill(0);
                 for (k, page) in want.chunks_exact(PAGE_SIZE).enumerate() {
                     let i = at + k as u64;
@@ -464,34 +469,10 @@ fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     Ok(got)
 }
 
-/// Hashes of a whole file's pages as it is (trailing holes left out).
-fn hash_file(f: &File, buf: &mut [u8]) -> io::Result<Vec<Hash>> {
-    let size = f.metadata()?.len();
-    let end_page = size.div_ceil(PAGE);
-    let mut new = vec![0; end_page as usize];
-    let mut done = 0;
-    while done < end_page {
-        let Some((data, hole)) = next_data(f, done * PAGE)? else {
-            break;
-        };
-        let (first, last) = (data / PAGE, hole.div_ceil(PAGE).min(end_page));
-        let mut at = first;
-        while at < last {
-            let n = ((last - at) as usize).min(buf.len() / PAGE_SIZE);
-            let want = &mut buf[..n * PAGE_SIZE];
-            let got = read_full(f, want, at * PAGE)?;
-            want[got..].fill(0);
-            for (k, page) in want.chunks_exact(PAGE_SIZE).enumerate() {
-                new[(at + k as u64) as usize] = page_hash(page);
-            }
-            at += n as u64;
-        }
-        done = last.max(first + 1);
-    }
-    while new.last() == Some(&0) {
-        new.pop();
-    }
-    Ok(new)
+/// Hashes of a whole file's pages as it is (trailing holes left out): what
+/// a save of it into an empty image records.
+fn hash_file(what: &str, f: &File, buf: &mut [u8]) -> io::Result<Arc<[Hash]>> {
+    save_pages(what, 0, Some(f), &[], buf, &mut |_, _| Ok(()), &mut 0).map_err(io::Error::other)
 }
 
 /// Writes an image's pages into per-slot files of the hot tier (named
@@ -562,19 +543,8 @@ impl SlotFiles<'_> {
         let Some(f) = self.file(slot, false)? else {
             return Ok(());
         };
-        // SAFETY: fallocate on an fd we own; no memory is passed.
-        let r = unsafe {
-            libc::fallocate(
-                f.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                off as i64,
-                len as i64,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        super::kernel::fallocate(f, mode, off, len)
     }
 }
 
@@ -687,9 +657,9 @@ impl Fs {
                 let f = tier.open_named(&slot_name(slot), false)?.expect("made");
                 // What the image holds, before the cut: pages past the end
                 // stay in the image until a save writes them as holes.
-                let hashes = hash_file(&f, &mut buf)?;
+                let hashes = hash_file(&format!("inode {ino}"), &f, &mut buf)?;
                 if !hashes.is_empty() {
-                    inner.saved.insert(slot, hashes.into());
+                    inner.saved.insert(slot, hashes);
                 }
                 tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
                 f
@@ -700,21 +670,17 @@ impl Fs {
                 continue;
             };
             f.set_len(inode.size)?;
-            let ts = [inode.atime, inode.mtime].map(|t| {
-                let (tv_sec, nsec) = super::split_time(t);
-                libc::timespec {
-                    tv_sec,
-                    tv_nsec: nsec.into(),
-                }
-            });
-            // SAFETY: futimens reads two timespecs from `ts`.
-            if unsafe { libc::futimens(f.as_raw_fd(), ts.as_ptr()) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            super::kernel::futimens(
+                &f,
+                Some(super::SetTime::At(inode.atime)),
+                Some(super::SetTime::At(inode.mtime)),
+            )
+            .map_err(|e| io::Error::from_raw_os_error(e.get()))?;
         }
         for slot in made {
             if let Some(f) = tier.open_named(&slot_name(slot), false)? {
-                let chunks: Vec<u64> = data_chunks(slot, &hash_file(&f, &mut buf)?).collect();
+                let hashes = hash_file(&format!("file slot {slot}"), &f, &mut buf)?;
+                let chunks: Vec<u64> = data_chunks(slot, &hashes).collect();
                 inner.dead.extend(chunks);
             }
             tier.remove_named(&slot_name(slot));
