@@ -280,6 +280,25 @@ fn serve(run: &Path, args: &[&str], env: &[(String, String)]) -> Ramd {
     })
 }
 
+/// A block disk of `size` saving to `local`, replicated to `img`.
+fn serve_replicating(
+    run: &Path,
+    size: &str,
+    local: &Path,
+    img: &str,
+    env: &[(String, String)],
+) -> Ramd {
+    let args = [
+        "--size",
+        size,
+        "--image",
+        local.to_str().unwrap(),
+        "--replicate",
+        img,
+    ];
+    serve(run, &args, env)
+}
+
 fn try_serve(
     run: &Path,
     args: &[&str],
@@ -1156,18 +1175,7 @@ fn replica_restores_a_lost_disk() {
     random_file(&data, 8 * MIB);
     let img = url("replica");
 
-    let mut d = serve(
-        &run,
-        &[
-            "--size",
-            "64M",
-            "--image",
-            local.to_str().unwrap(),
-            "--replicate",
-            &img,
-        ],
-        &env,
-    );
+    let mut d = serve_replicating(&run, "64M", &local, &img, &env);
     qemu_io(
         d.uri(),
         &[
@@ -1247,18 +1255,7 @@ fn replica_follows_full_saves_and_drops_the_old_chain() {
     let run = tmp.path().join("run");
     let local = tmp.path().join("local");
     let img = url("follow");
-    let d = serve(
-        &run,
-        &[
-            "--size",
-            "16M",
-            "--image",
-            local.to_str().unwrap(),
-            "--replicate",
-            &img,
-        ],
-        &env,
-    );
+    let d = serve_replicating(&run, "16M", &local, &img, &env);
     qemu_io(d.uri(), &["write -P 0x11 0 1M".into()]);
     snapshot(&run, d.name(), &env);
     qemu_io(d.uri(), &["write -P 0x12 1M 64k".into()]);
@@ -1306,18 +1303,7 @@ fn replica_catches_up_after_the_server_stops() {
     let run = tmp.path().join("run");
     let local = tmp.path().join("local");
     let img = url("lagging");
-    let d = serve(
-        &run,
-        &[
-            "--size",
-            "16M",
-            "--image",
-            local.to_str().unwrap(),
-            "--replicate",
-            &img,
-        ],
-        &env,
-    );
+    let d = serve_replicating(&run, "16M", &local, &img, &env);
     qemu_io(d.uri(), &["write -P 0x21 0 1M".into()]);
     snapshot(&run, d.name(), &env);
     wait_replicated(&run, &local, &img, &env);
@@ -1459,18 +1445,7 @@ fn replica_with_wrong_credentials_serves_and_says_so() {
     let run = tmp.path().join("run");
     let local = tmp.path().join("local");
     let img = url("creds");
-    let mut d = serve(
-        &run,
-        &[
-            "--size",
-            "16M",
-            "--image",
-            local.to_str().unwrap(),
-            "--replicate",
-            &img,
-        ],
-        &env,
-    );
+    let mut d = serve_replicating(&run, "16M", &local, &img, &env);
     qemu_io(d.uri(), &["write -P 0x31 0 1M".into()]);
     let save = snapshot(&run, d.name(), &env);
     assert_eq!(save["full"], true, "{save}");
