@@ -755,6 +755,11 @@ mod tests {
             .unwrap();
     }
 
+    fn create(fs: &Fs, name: &str) -> crate::fs::Attr {
+        let mode = libc::S_IFREG | 0o644;
+        fs.create(ME, ROOT_INO, OsStr::new(name), mode).unwrap()
+    }
+
     fn slot_page(slot: u64, i: u64) -> u64 {
         (slot << SLOT_PAGE_SHIFT) + i
     }
@@ -762,9 +767,7 @@ mod tests {
     #[test]
     fn only_changed_pages_of_marked_files_are_saved() {
         let fs = kernel_fs();
-        let a = fs
-            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
-            .unwrap();
+        let a = create(&fs, "a");
         for i in 0..4 {
             write(&fs, a.ino, i, b'a' + i as u8);
         }
@@ -805,9 +808,7 @@ mod tests {
     #[test]
     fn a_failed_save_leaves_the_marks_and_the_image_hashes() {
         let fs = kernel_fs();
-        let a = fs
-            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
-            .unwrap();
+        let a = create(&fs, "a");
         write(&fs, a.ino, 0, b'x');
         fs.release(a.ino);
         save(&fs, true, false);
@@ -824,9 +825,7 @@ mod tests {
     #[test]
     fn a_deleted_files_slot_is_gone_before_a_new_file_reuses_it() {
         let fs = kernel_fs();
-        let a = fs
-            .create(ME, ROOT_INO, OsStr::new("a"), libc::S_IFREG | 0o644)
-            .unwrap();
+        let a = create(&fs, "a");
         for i in [0, 70] {
             write(&fs, a.ino, i, b'a');
         }
@@ -835,9 +834,7 @@ mod tests {
         fs.unlink(ROOT_INO, OsStr::new("a")).unwrap();
         // The kernel forgets it: the inode and its slot go.
         fs.forget(a.ino, 1);
-        let b = fs
-            .create(ME, ROOT_INO, OsStr::new("b"), libc::S_IFREG | 0o644)
-            .unwrap();
+        let b = create(&fs, "b");
         write(&fs, b.ino, 1, b'b');
         fs.release(b.ino);
         let w = save(&fs, false, false);
