@@ -1241,7 +1241,7 @@ impl Fs {
         let mut cost = INODE_COST;
         match inode.data {
             Data::File { slot, .. } => {
-                if self.hot.get().is_some() {
+                if self.hot.get().is_some() && self.saves.imaged() {
                     self.saves.freed(ino, slot);
                 }
                 st.free_slots.push(slot)

@@ -97,9 +97,10 @@ impl Fs {
     }
 
     /// `ino`'s data may differ from the image's from now on (a save reads
-    /// it again); only with a hot tier.
+    /// it again). Only with a hot tier and an image: without one no save
+    /// reads the marks, and every file ever written would stay marked.
     pub(super) fn hot_changed(&self, ino: Ino) {
-        if self.hot.get().is_some() {
+        if self.hot.get().is_some() && self.saves.imaged() {
             self.saves.mark(ino);
         }
     }
