@@ -1556,7 +1556,11 @@ def one(path, limit, flags=0, chunk=REC):
     buf = mmap.mmap(-1, chunk) if flags & os.O_DIRECT else None
     while res["acked"] < limit:
         off = res["acked"]
-        data = b"".join(record(path, (off + k) // REC) for k in range(0, chunk, REC))
+        # From the pattern at off, not at a record's start: a short write
+        # may have stopped inside a record.
+        first = off // REC
+        data = b"".join(record(path, first + k) for k in range(chunk // REC + 1))
+        data = data[off - first * REC :][:chunk]
         if buf is not None:
             buf.seek(0)
             buf.write(data)
@@ -1566,7 +1570,9 @@ def one(path, limit, flags=0, chunk=REC):
         except OSError as e:
             err("write", e)
             break
-        # Short: the next write says why.
+        # Short: the next write says why (or, if space came back, goes on).
+        if n < len(data):
+            res["short"] = res.get("short", 0) + 1
         res["acked"] += n
     for call, fn in (("fsync", os.fsync), ("close", os.close)):
         try:
