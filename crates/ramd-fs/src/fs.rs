@@ -1435,11 +1435,6 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether `ino` is open (the kernel's opens of it, not yet released).
-    pub fn is_open(&self, ino: Ino) -> bool {
-        self.state.read().get(ino).is_ok_and(|i| i.opens > 0)
-    }
-
     /// Takes the gate: the last close of an unlinked file frees its data.
     pub fn release(&self, ino: Ino) {
         let c = self.store.change();
