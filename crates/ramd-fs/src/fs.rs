@@ -780,7 +780,7 @@ impl Fs {
         Ok(self.hot_attr(st.get(ino)?.attr(ino)))
     }
 
-    /// Applies `set` for `who`. Like the VFS (the mount negotiates
+    /// Applies `set` for `who`. Like the VFS (the store path negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory, and a truncate by a caller without
     /// CAP_FSETID, drop setuid, setgid and file capabilities.
@@ -804,15 +804,12 @@ impl Fs {
         if set.uid.is_some() || set.gid.is_some() {
             self.drop_privileges(inode, who, Kill::Chown);
         }
-        if set.size.is_some() {
-            self.drop_privileges(inode, who, Kill::Modify);
-        }
         if inode.kind == Kind::File && self.hot.get().is_some() {
             if set.size.is_some_and(|s| s > self.max_file_size()) {
                 return err(Errno::EFBIG);
             }
-            let times = (inode.atime, inode.mtime);
-            self.hot_setattr(ino, times, set.size, set.atime, set.mtime)?;
+            let made_with = (inode.atime, inode.mtime, inode.flags);
+            self.hot_setattr(ino, made_with, set.size, set.atime, set.mtime)?;
         } else if let Some(size) = set.size {
             let Data::File {
                 slot,
@@ -846,6 +843,13 @@ impl Fs {
         }
         if let Some(mode) = set.mode {
             inode.perm = (mode & 0o7777) as u16;
+        }
+        // After the mode: on the kernel data path (no HANDLE_KILLPRIV_V2)
+        // the kernel sends a truncate with the mode it computed by FUSE's
+        // older rule (setgid goes only with group execute), which this
+        // then narrows to the VFS's (also for a caller outside the group).
+        if set.size.is_some() {
+            self.drop_privileges(inode, who, Kill::Modify);
         }
         if let Some(uid) = set.uid {
             inode.uid = uid;
@@ -1799,6 +1803,9 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        if inode.kind == Kind::File && (inode.flags ^ flags) & FL_NOATIME != 0 {
+            self.hot_noatime(ino, flags & FL_NOATIME != 0)?;
+        }
         inode.flags = flags;
         inode.ctime = now();
         drop(st);
