@@ -233,6 +233,20 @@ pub struct SetAttr {
     pub times_given: bool,
 }
 
+impl SetAttr {
+    /// Nothing to set: from the kernel, its word that setuid and setgid
+    /// must go (see [`Fs::setattr`]).
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none()
+    }
+}
+
 /// One directory entry as readdir returns it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -780,10 +794,11 @@ impl Fs {
         Ok(self.hot_attr(st.get(ino)?.attr(ino)))
     }
 
-    /// Applies `set` for `who`. Like the VFS (the store path negotiates
+    /// Applies `set` for `who`. Like the VFS (the mount negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory, and a truncate by a caller without
-    /// CAP_FSETID, drop setuid, setgid and file capabilities.
+    /// CAP_FSETID, drop setuid, setgid and file capabilities; so does an
+    /// empty SETATTR, the kernel's word that a change needs it.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = now();
@@ -803,6 +818,16 @@ impl Fs {
         }
         if set.uid.is_some() || set.gid.is_some() {
             self.drop_privileges(inode, who, Kill::Chown);
+        }
+        if set.size.is_some() {
+            self.drop_privileges(inode, who, Kill::Modify);
+        }
+        if set.is_empty() && inode.kind == Kind::File {
+            // The kernel found that a change by `who` (a write, fallocate
+            // or copy it did not send us: passed through to the backing
+            // file, or a fallocate) must drop setuid/setgid, and with
+            // HANDLE_KILLPRIV_V2 leaves that to us, sending nothing else.
+            self.drop_privileges(inode, who, Kill::KernelSays);
         }
         if inode.kind == Kind::File && self.hot.get().is_some() {
             if set.size.is_some_and(|s| s > self.max_file_size()) {
@@ -843,13 +868,6 @@ impl Fs {
         }
         if let Some(mode) = set.mode {
             inode.perm = (mode & 0o7777) as u16;
-        }
-        // After the mode: on the kernel data path (no HANDLE_KILLPRIV_V2)
-        // the kernel sends a truncate with the mode it computed by FUSE's
-        // older rule (setgid goes only with group execute), which this
-        // then narrows to the VFS's (also for a caller outside the group).
-        if set.size.is_some() {
-            self.drop_privileges(inode, who, Kill::Modify);
         }
         if let Some(uid) = set.uid {
             inode.uid = uid;

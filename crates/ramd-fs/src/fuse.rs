@@ -251,6 +251,12 @@ impl FuseFs {
             | init::BIG_WRITES
             | init::MAX_PAGES
             | init::DO_READDIRPLUS
+            // HANDLE_KILLPRIV_V2: without it the kernel asks for the
+            // security.capability xattr before every write, a second round
+            // trip per write, and a GETATTR before every chown; with it,
+            // dropping setuid/setgid is ours (fs.rs), also for writes passed
+            // through (the kernel then sends an empty SETATTR).
+            | init::HANDLE_KILLPRIV_V2
             | init::PARALLEL_DIROPS
             // File handles (open_by_handle_at, NFS export) that work after
             // the kernel dropped the inode: it then looks up "." by number.
@@ -269,18 +275,7 @@ impl FuseFs {
             // posix_acl_update_mode does on tmpfs.
             | init::SETXATTR_EXT;
         if self.opts.passthrough {
-            // Not HANDLE_KILLPRIV_V2: with it the kernel leaves dropping
-            // setuid/setgid on a write to the server, and a passed-through
-            // write never comes here. Without it the kernel drops them
-            // itself (a GETATTR and a SETATTR of the mode, only for a file
-            // that has such a bit); the GETXATTR of security.capability
-            // before a write is sent either way on this path.
             flags |= init::PASSTHROUGH;
-        } else {
-            // Without it the kernel asks for the security.capability xattr
-            // before every write, a second round trip per write; with it,
-            // dropping setuid/setgid is ours (fs.rs).
-            flags |= init::HANDLE_KILLPRIV_V2;
         }
         // Not FUSE_ASYNC_DIO: the kernel skips its page-cache invalidation
         // after an asynchronous direct write, so a buffered read racing one
