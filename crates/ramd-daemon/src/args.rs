@@ -164,16 +164,17 @@ pub struct DiskArgs {
     #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_fuse_transport, value_name = "TRANSPORT")]
     pub fuse_transport: FuseTransport,
 
-    /// Filesystem disk: where regular files' data lives. store (the
-    /// default): ramd's page store, every read and write a FUSE request.
-    /// kernel: a private kernel tmpfs (size, inodes, huge pages and NUMA
-    /// policy from this disk's settings) whose files the kernel reads and
-    /// writes directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps
-    /// names, modes, owners, times and xattrs. Keeps an image as the store
-    /// path does, but a save is not one point in time for files written
-    /// while it runs (see README). Not yet with --compress or --recompress,
-    /// nor the write-back cache.
-    #[arg(long, requires = "mount", default_value = "store", value_parser = parse_data_path, value_name = "PATH")]
+    /// Filesystem disk: where regular files' data lives. kernel: a
+    /// private kernel tmpfs (size, inodes, huge pages and NUMA policy from
+    /// this disk's settings) whose files the kernel reads and writes
+    /// directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps names,
+    /// modes, owners, times and xattrs; a save is not one point in time
+    /// for files written while it runs (see README); not with --compress,
+    /// --recompress or --writeback-cache. store: ramd's page store, every
+    /// read and write a FUSE request. auto (the default): kernel where it
+    /// can be had and no setting asks for the store, else store (saying
+    /// why).
+    #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_data_path, value_name = "PATH")]
     pub data_path: DataPath,
 
     /// Cap on RAM used for pages, compressed objects and page tables;
@@ -461,6 +462,9 @@ fn parse_fuse_transport(s: &str) -> Result<FuseTransport, String> {
 /// `--data-path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
+    /// Kernel where it can be had, else store: see
+    /// `frontends::fuse::data_path`, which resolves it.
+    Auto,
     Store,
     Kernel,
 }
@@ -468,6 +472,7 @@ pub enum DataPath {
 impl std::fmt::Display for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            DataPath::Auto => "auto",
             DataPath::Store => "store",
             DataPath::Kernel => "kernel",
         })
@@ -476,9 +481,12 @@ impl std::fmt::Display for DataPath {
 
 fn parse_data_path(s: &str) -> Result<DataPath, String> {
     match s {
+        "auto" => Ok(DataPath::Auto),
         "store" => Ok(DataPath::Store),
         "kernel" => Ok(DataPath::Kernel),
-        _ => Err(format!("invalid data path {s:?}: use store or kernel")),
+        _ => Err(format!(
+            "invalid data path {s:?}: use auto, kernel or store"
+        )),
     }
 }
 
