@@ -393,3 +393,32 @@ fn refuses_what_this_phase_cannot_keep() {
     ]);
     assert!(e.contains("write-back cache"), "{e}");
 }
+
+/// `--data-path auto` (the default) takes the kernel path on this host
+/// (root, Linux 6.18 with passthrough), and the store path when a setting
+/// asks for it, saying why in the log.
+#[test]
+fn auto_takes_the_kernel_path_unless_a_setting_asks_for_the_store() {
+    let disk = FsDisk::mount(&["--size", "16M"]);
+    assert_eq!(disk.status()["data_path"], "kernel", "{}", disk.status());
+    disk.stop();
+    for (flag, value) in [("--compress", "lz4"), ("--recompress", "zstd")] {
+        let mut disk = FsDisk::mount(&["--size", "16M", flag, value]);
+        assert_eq!(
+            disk.status()["data_path"],
+            "store",
+            "{flag}: {}",
+            disk.status()
+        );
+        disk.assert_alive();
+        let log = disk.stderr();
+        assert!(
+            log.contains("data path store (--data-path auto)") && log.contains(flag),
+            "{flag}: the log does not say why: {log}"
+        );
+        disk.stop();
+    }
+    let disk = FsDisk::mount(&["--size", "16M", "--writeback-cache"]);
+    assert_eq!(disk.status()["data_path"], "store", "{}", disk.status());
+    disk.stop();
+}
