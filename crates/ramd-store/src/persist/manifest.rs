@@ -572,7 +572,9 @@ impl ImageDir {
                 l.check()?;
             }
             crash_if(Crash::ManifestWritten);
-            remote.commit_manifest(m.encode())?;
+            let lease = &self.lease;
+            let still_ours = || lease.as_ref().map_or(Ok(()), Lease::check);
+            remote.commit_manifest(m.encode(), &still_ours)?;
             crash_if(Crash::ManifestRenamed);
             return Ok(());
         }
