@@ -7,6 +7,7 @@
 mod common;
 mod fs_common;
 mod lossy_proxy;
+mod restore_common;
 
 use common::*;
 use fs_common::FsDisk;
@@ -932,8 +933,13 @@ fn image_ls_prune_and_identity_on_a_url() {
         rows[0].contains("full") && rows[1].contains("incremental"),
         "{ls}"
     );
-    let chain: Value =
+    // ls --json: info's chain, each save with the MANIFEST that names it.
+    let mut chain: Value =
         serde_json::from_str(&ramd(&run, &["image", "ls", &img, "--json"], &env).ok()).unwrap();
+    for s in chain.as_array_mut().unwrap() {
+        let named = s.as_object_mut().unwrap().remove("manifest");
+        assert_eq!(named, Some(Value::from("MANIFEST")), "{s}");
+    }
     assert_eq!(chain, info["chain"], "ls --json is not info's chain");
 
     // A segment object of a save that never committed, and an object
@@ -1702,4 +1708,37 @@ fn manifest_commit_that_timed_out_but_was_applied() {
         &model,
         &tmp.path().join("out"),
     );
+}
+
+/// `ramd image restore` of an image in object storage: every save of
+/// three chains (two kept by --keep-saves across full saves), a time
+/// between two, a prune by retention, bad input (restore_common.rs); the
+/// restored images go to prefixes and to directories alike.
+#[test]
+fn restore_any_kept_save_of_a_prefix() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let dests: Vec<String> = (0..10)
+        .map(|i| match i % 2 {
+            0 => url(&format!("restored-{i}")),
+            _ => tmp
+                .path()
+                .join(format!("restored-{i}"))
+                .display()
+                .to_string(),
+        })
+        .collect();
+    restore_common::restore_scenario(&url("kept"), &dests, &env, tmp.path());
+    // The dropped chain's segments are gone from the prefix, the kept one's
+    // are there.
+    let names: Vec<String> = w.objects("kept").into_iter().map(|(n, _)| n).collect();
+    for seq in [1, 2] {
+        let seg = format!("seg-{seq:08}-");
+        assert!(!names.iter().any(|n| n.starts_with(&seg)), "{names:?}");
+    }
+    for seq in [3, 4, 5, 6] {
+        let seg = format!("seg-{seq:08}-");
+        assert!(names.iter().any(|n| n.starts_with(&seg)), "{names:?}");
+    }
 }

@@ -389,8 +389,10 @@ impl Persister {
                 dir.display()
             )));
         }
-        // The same disk in a new place: the same identity.
+        // The same disk in a new place: the same identity, and saves kept
+        // as long.
         new.set_id(image.id());
+        new.set_keep_saves(image.keep);
         *self.path.lock() = dir.to_path_buf();
         *self.lease.lock() = new.lease_watch();
         std::mem::swap(&mut *image, &mut new);
