@@ -184,10 +184,12 @@ pub struct SnapshotArgs {
     #[arg(long)]
     pub full: bool,
 
-    /// Save the whole disk into this new (or empty) directory, which
-    /// becomes the disk's image from now on: the way out when its image's
-    /// filesystem is full or gone. The old image is left as it was.
-    #[arg(long, value_name = "DIR", conflicts_with = "full")]
+    /// Save the whole disk into this new (or empty) directory, or
+    /// s3://BUCKET/PREFIX without an image, which becomes the disk's image
+    /// from now on: the way out when its image's filesystem is full or
+    /// gone. The old image is left as it was. A disk with --replicate
+    /// takes only a directory (its replica follows it there).
+    #[arg(long, value_name = "DIR|URL", conflicts_with = "full")]
     pub to: Option<PathBuf>,
 
     /// Print JSON for scripts.

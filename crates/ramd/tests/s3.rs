@@ -1742,3 +1742,67 @@ fn restore_any_kept_save_of_a_prefix() {
         assert!(names.iter().any(|n| n.starts_with(&seg)), "{names:?}");
     }
 }
+
+/// `snapshot --to s3://...` of a replicating disk is refused, saying why
+/// and what to do, and writes nothing there; the disk, its image and the
+/// replica carry on. `snapshot --to DIR` moves the image, and the replica
+/// follows the new directory: it alone then loads every save's data.
+#[test]
+fn snapshot_to_a_url_of_a_replicating_disk() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("followed");
+    let d = serve_replicating(&run, "16M", &local, &img, &env);
+    qemu_io(d.uri(), &["write -P 0x51 0 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &local, &img, &env);
+
+    let other = url("elsewhere");
+    let out = ramd(&run, &["snapshot", d.name(), "--to", &other], &env).failed();
+    for want in [
+        img.as_str(),
+        "--replicate",
+        "--to DIR",
+        local.to_str().unwrap(),
+    ] {
+        assert!(out.stderr.contains(want), "lacks {want:?}:\n{}", out.stderr);
+    }
+    assert!(
+        w.objects("elsewhere").is_empty(),
+        "{:?}",
+        w.objects("elsewhere")
+    );
+    assert_eq!(
+        disk_entry(&status_json(&run), d.name()).unwrap()["image"],
+        local.to_str().unwrap()
+    );
+
+    qemu_io(d.uri(), &["write -P 0x52 2M 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &local, &img, &env);
+
+    let moved = tmp.path().join("moved");
+    ramd(
+        &run,
+        &["snapshot", d.name(), "--to", moved.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    qemu_io(d.uri(), &["write -P 0x53 4M 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &moved, &img, &env);
+    drop(d);
+
+    let r = serve(&tmp.path().join("r"), &["--image", &img], &env);
+    qemu_io(
+        r.uri(),
+        &[
+            "read -P 0x51 0 1M".into(),
+            "read -P 0x52 2M 1M".into(),
+            "read -P 0x53 4M 1M".into(),
+        ],
+    );
+}
