@@ -280,6 +280,14 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
     pub autosave: Option<Duration>,
 
+    /// Keep the saves of this long ago restorable (`ramd image restore`):
+    /// the chains that full saves (compactions) replace stay in the image,
+    /// as MANIFEST-N and their segments, until their newest save is older
+    /// than DURATION (e.g. 1h, 7d). 0: only the current chain (chains kept
+    /// earlier stay until `ramd image prune --keep-saves`). Needs --image.
+    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION", requires = "image")]
+    pub keep_saves: Duration,
+
     /// What a flush means. `ignore`: NBD FLUSH/FUA and fsync return at once
     /// (a crash loses what changed since the last save). `persist`: they
     /// return once a save holding the data is durable in the image. Needs
@@ -379,6 +387,7 @@ impl DiskArgs {
             "image" => format!("{:?}", self.image),
             "replicate" => format!("{:?}", self.replicate),
             "autosave" => format!("{:?}", self.autosave),
+            "keep_saves" => format!("{:?}", self.keep_saves),
             "flush" => format!("{:?}", self.flush),
             "iscsi" => format!("{:?}", self.iscsi),
             "iscsi_lun" => format!("{:?}", self.iscsi_lun),

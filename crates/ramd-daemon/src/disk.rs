@@ -143,7 +143,11 @@ impl Disk {
             (None, _) => None,
         };
         let image = match &args.image {
-            Some(dir) => Some(persist::open_image(dir, kind, given)?),
+            Some(dir) => {
+                let (mut image, size) = persist::open_image(dir, kind, given)?;
+                image.set_keep_saves(Some(args.keep_saves));
+                Some((image, size))
+            }
             None => None,
         };
         let id = image
