@@ -275,6 +275,19 @@ pub struct DiskArgs {
     #[arg(long, value_name = "URL", requires = "image")]
     pub replicate: Option<String>,
 
+    /// Serve --image s3://BUCKET/PREFIX read-only as a standby of the ramd
+    /// that writes it: no lease is taken, the image's MANIFEST is read
+    /// every --standby-poll, and each new save is applied to the disk (a
+    /// read sees one whole save, never part of one). `ramd promote NAME`
+    /// makes it the writer. Block disks only (not with --mount), not with
+    /// --replicate or --read-only.
+    #[arg(long, requires = "image")]
+    pub standby: bool,
+
+    /// How often a --standby reads the image's MANIFEST for new saves.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub standby_poll: Duration,
+
     /// Save the pages changed since the last save every DURATION (e.g. 30s,
     /// 5m) in the background while I/O goes on. Needs --image.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
@@ -388,6 +401,8 @@ impl DiskArgs {
             "replicate" => format!("{:?}", self.replicate),
             "autosave" => format!("{:?}", self.autosave),
             "keep_saves" => format!("{:?}", self.keep_saves),
+            "standby" => self.standby.to_string(),
+            "standby_poll" => format!("{:?}", self.standby_poll),
             "flush" => format!("{:?}", self.flush),
             "iscsi" => format!("{:?}", self.iscsi),
             "iscsi_lun" => format!("{:?}", self.iscsi_lun),

@@ -143,6 +143,27 @@ impl Disk {
             (None, _) => None,
         };
         let image = match &args.image {
+            Some(url) if args.standby => {
+                let image = ImageDir::open_standby(url)?;
+                let m = image.manifest().expect("a standby's image holds a save");
+                if m.kind != kind {
+                    bail!(
+                        "--standby --image {}: the image holds a filesystem disk; a standby \
+                         serves block disks only",
+                        url.display()
+                    );
+                }
+                if let Some(s) = given.filter(|&s| s != m.size) {
+                    bail!(
+                        "--size {s} differs from the size of the disk in image {}: {} bytes; \
+                         leave --size out to use the image's",
+                        url.display(),
+                        m.size
+                    );
+                }
+                let size = m.size;
+                Some((image, size))
+            }
             Some(dir) => {
                 let (mut image, size) = persist::open_image(dir, kind, given)?;
                 image.set_keep_saves(Some(args.keep_saves));
@@ -179,6 +200,9 @@ impl Disk {
             DiskKind::Block => {
                 if let Some((image, _)) = image.as_ref().filter(|_| loading) {
                     persist::load(image, &store)?;
+                }
+                if args.standby {
+                    store.set_standby(true);
                 }
                 (None, image.map(|(i, _)| i), None)
             }
@@ -284,6 +308,8 @@ impl Disk {
                 human(self.store.max_memory()),
                 if self.args.read_only {
                     ", read-only"
+                } else if self.store.standby() {
+                    ", standby (read-only until `ramd promote`)"
                 } else {
                     ""
                 }
@@ -350,7 +376,7 @@ impl Disk {
         let Some(s) = &self.saving else {
             return Ok(());
         };
-        if self.forced.load(Ordering::SeqCst) {
+        if self.forced.load(Ordering::SeqCst) || s.persister.is_standby() {
             return Ok(());
         }
         match s.persister.save(false) {
@@ -421,7 +447,11 @@ impl Disk {
             None => Ok(()),
             Some(s) => {
                 s.persister.stop(s.thread.lock().take());
-                let saved = self.save_at_stop(&s.persister, held);
+                // A standby has nothing of its own to save: its writer saves.
+                let saved = match s.persister.is_standby() {
+                    true => Ok(()),
+                    false => self.save_at_stop(&s.persister, held),
+                };
                 if let Some(r) = s.persister.finish_replica(replica_wait()) {
                     match &r {
                         Ok(text) => log::info!("disk {:?}: {text}", self.args.name),
@@ -631,6 +661,21 @@ impl Disk {
         Ok(r?)
     }
 
+    /// `ramd promote NAME`: a standby becomes its image's writer (see
+    /// `Persister::promote`); the disk keeps its identity.
+    pub fn promote(&self, force: bool, wait: Duration) -> Result<SaveReport> {
+        let Some(s) = self.saving.as_ref().filter(|_| self.args.standby) else {
+            bail!(
+                "disk {:?} is not a standby: only a disk served with --standby can be \
+                 promoted",
+                self.args.name
+            )
+        };
+        let r = s.persister.promote(force, wait)?;
+        log::info!("{}", self.describe());
+        Ok(r)
+    }
+
     /// The image directory saves go to now.
     fn image_path(&self) -> Option<String> {
         self.saving
@@ -673,7 +718,7 @@ impl Disk {
                 (Some(_), Some(dir)) => {
                     ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
                 }
-                _ => self.args.read_only,
+                _ => self.args.read_only || self.store.standby(),
             },
             mount: self.args.mount.as_ref().and(
                 frontends
@@ -752,6 +797,36 @@ fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::con
                     .map_err(|e| format!("{e:#}"));
                 req.answer(r)
             }
+            // `promote [force] [wait SECS]`
+            line if line == "promote" || line.starts_with("promote ") => {
+                let line = line.to_string();
+                let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+                let (mut force, mut wait) = (false, Duration::ZERO);
+                let mut it = words.iter();
+                while let Some(w) = it.next() {
+                    match (*w, it.clone().next()) {
+                        ("force", _) => force = true,
+                        ("wait", Some(v)) => match v.parse::<f64>() {
+                            Ok(secs) if secs >= 0.0 && secs.is_finite() => {
+                                wait = Duration::from_secs_f64(secs);
+                                it.next();
+                            }
+                            _ => return req.answer(Err(format!("promote: bad wait {v:?}"))),
+                        },
+                        _ => return req.answer(Err(format!("unknown control request {line:?}"))),
+                    }
+                }
+                let r = disk
+                    .promote(force, wait)
+                    .map(|r| {
+                        let mut v = serde_json::to_value(r).expect("report serializes");
+                        v["path"] = disk.image_path().into();
+                        v["id"] = disk.id.to_string().into();
+                        serde_json::json!({ "promoted": v })
+                    })
+                    .map_err(|e| format!("{e:#}"));
+                req.answer(r)
+            }
             // Answered once the disk is gone (the umount helper waits for
             // the save at stop this way); nothing is stopped.
             "wait" => {
@@ -808,6 +883,42 @@ fn check_args(args: &DiskArgs) -> Result<()> {
     }
     if args.image.is_none() && args.flush == FlushMode::Persist {
         bail!("--flush persist needs --image DIR: a flush has nowhere to persist to");
+    }
+    if args.standby {
+        if args.standby_poll.is_zero() {
+            bail!("--standby-poll must be longer than 0s");
+        }
+        match &args.image {
+            Some(i) if persist::is_url(i) => {}
+            Some(i) => bail!(
+                "--standby --image {}: a standby follows an image in object storage \
+                 (s3://BUCKET/PREFIX), whose lease it can take over at promotion; a directory \
+                 has no lease (a second ramd on one directory is refused while the first \
+                 holds it)",
+                i.display()
+            ),
+            None => bail!("--standby needs --image s3://BUCKET/PREFIX: the image to follow"),
+        }
+        if args.mount.is_some() {
+            bail!(
+                "--standby with --mount: a filesystem disk cannot be a standby yet (applying \
+                 a save to a mounted filesystem needs its tree swapped under the kernel's \
+                 cached inodes and dentries, which ramd does not do); serve block disks as \
+                 standbys"
+            );
+        }
+        if let Some(url) = &args.replicate {
+            bail!(
+                "--standby with --replicate {url}: a standby saves nothing until promoted, \
+                 and its image is in object storage already"
+            );
+        }
+        if args.read_only {
+            bail!(
+                "--standby with --read-only: a standby is read-only until promoted, and \
+                 writable after; leave --read-only out"
+            );
+        }
     }
     if let (Some(url), Some(image)) = (&args.replicate, &args.image) {
         if !persist::is_url(Path::new(url)) {
@@ -1001,6 +1112,9 @@ fn start_saving(
     );
     if let Some(r) = replica {
         p.set_replica(r);
+    }
+    if args.standby {
+        p.set_standby(args.standby_poll);
     }
     if let Some(fs) = fs {
         if let Some(outer) = fs.outer_pages() {

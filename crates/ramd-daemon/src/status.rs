@@ -259,6 +259,7 @@ pub fn fitted(disks: &[DiskStatus], daemons: &[DaemonStatus], width: Option<usiz
     }
     for d in disks {
         lines.push_str(&replica_line(d));
+        lines.push_str(&standby_line(d));
     }
     lines.push_str(&daemon_lines(daemons));
     for l in lines.lines() {
@@ -418,6 +419,37 @@ pub fn replica_line(d: &DiskStatus) -> String {
         r.url,
         r.saves_behind,
         human(r.bytes_uploaded)
+    )
+}
+
+/// A standby (`--standby`, until promoted) as one line: its image, the
+/// lease holder (its writer), the newest save applied and how far behind,
+/// what was fetched, and why polls fail if they do; empty otherwise.
+pub fn standby_line(d: &DiskStatus) -> String {
+    let Some(s) = &d.persist.standby else {
+        return String::new();
+    };
+    let holder = match (&s.lease_holder, s.lease_expires) {
+        (Some(h), Some(until)) => format!(
+            "writer {h} (lease until {})",
+            ramd_store::persist::time_text(until * 1_000_000_000)
+        ),
+        _ => "no writer (no live lease)".into(),
+    };
+    let failing = s
+        .error
+        .as_deref()
+        .map_or(String::new(), |e| format!(", FAILING: {e}"));
+    format!(
+        "standby {}: follows {}: {holder}; applied save {} ({}), {} save(s) behind, lag \
+         {:.0}s, {} downloaded{failing}\n",
+        d.name,
+        d.persist.image.as_deref().unwrap_or("?"),
+        s.applied_seq,
+        ago(s.applied_unix_time),
+        s.saves_behind,
+        s.lag_secs,
+        human(s.bytes_downloaded)
     )
 }
 

@@ -54,7 +54,9 @@ pub(crate) enum TlsPolicy {
 /// Transmission flags: what the export can do, truthfully.
 pub(crate) fn transmission_flags(export: &Export, structured: bool) -> u16 {
     let mut f = TF_HAS_FLAGS | TF_SEND_FLUSH | TF_CAN_MULTI_CONN | TF_SEND_CACHE;
-    if export.read_only {
+    // A standby's store takes no writes until promoted; a client that
+    // connects after the promotion gets a writable export.
+    if export.read_only || export.store.standby() {
         f |= TF_READ_ONLY;
     } else {
         f |= TF_SEND_FUA | TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;

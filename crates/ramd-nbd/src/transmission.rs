@@ -318,7 +318,7 @@ impl Conn<'_> {
             );
         }
         let writes = matches!(req.cmd, Cmd::Write | Cmd::Trim | Cmd::WriteZeroes);
-        if writes && s.export.read_only {
+        if writes && (s.export.read_only || s.export.store.standby()) {
             return fail(EPERM, "export is read-only");
         }
         if req.cmd == Cmd::Flush {

@@ -80,6 +80,20 @@ pub enum Command {
     Status(StatusArgs),
     /// Save a running disk to its image now (needs `serve --image`).
     Snapshot(SnapshotArgs),
+    /// Make a standby (`serve --standby`) the writer of its image: once
+    /// the writer's lease has run out (it stopped, or died), or at once
+    /// with --force. The disk then takes writes and saves to the image,
+    /// with the same identity (NBD description, iSCSI NAA and serial).
+    #[command(
+        after_help = "A writer that stops cleanly releases its lease: the standby is \
+                      promoted at once. One that died holds it until it runs out (a minute): \
+                      promote waits up to --wait for that. --force takes a live lease over: the \
+                      old writer's next save then fails (nothing it commits can overwrite the \
+                      promoted disk's saves), and its clients' writes since its last save are \
+                      lost to the image.\n\n\
+                      Example:\n  ramd promote vm --wait 2m"
+    )]
+    Promote(PromoteArgs),
     /// Inspect, check and convert images offline.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -172,6 +186,25 @@ pub struct InstallMountHelperArgs {
     /// The ramd binary the links point to (default: this one).
     #[arg(long, value_name = "PATH")]
     pub bin: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PromoteArgs {
+    /// The disk (its --name), a standby.
+    pub name: String,
+
+    /// Take the image's lease over even while its writer holds it.
+    #[arg(long)]
+    pub force: bool,
+
+    /// How long to wait for the writer's lease to run out (0: fail at once
+    /// if it is held, naming its holder and when it runs out).
+    #[arg(long, default_value = "2m", value_parser = ramd_daemon::units::parse_duration, value_name = "DURATION")]
+    pub wait: std::time::Duration,
+
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]

@@ -253,6 +253,48 @@ pub fn snapshot(
     Ok(())
 }
 
+/// `ramd promote NAME [--force] [--wait DURATION]`: makes a standby its
+/// image's writer, through its socket.
+pub fn promote(run_dir: &Path, a: &crate::cli::PromoteArgs) -> Result<()> {
+    let name = &a.name;
+    let path = disk_socket(run_dir, name);
+    let mut line = String::from("promote");
+    if a.force {
+        line += " force";
+    }
+    line += &format!(" wait {}", a.wait.as_secs_f64());
+    if !a.force && !a.wait.is_zero() && !a.json {
+        eprintln!(
+            "{name}: promoting; waiting up to {:?} for its image's lease to be free (its \
+             writer stopped or died)",
+            a.wait
+        );
+    }
+    // No answer timeout: the wait, then a save, take what they take.
+    let v = control::request(&path, &line, None).map_err(|e| {
+        match e.downcast_ref::<std::io::Error>() {
+            Some(_) => e.context(format!(
+                "no running disk named {name:?} ({} does not answer)",
+                path.display()
+            )),
+            None => anyhow::anyhow!("disk {name:?}: {e:#}"),
+        }
+    })?;
+    let mut r = v["promoted"].clone();
+    if a.json {
+        r["name"] = name.as_str().into();
+        println!("{r}");
+    } else {
+        println!(
+            "{name}: promoted: the writer of {} from save {} on; it takes writes (id {})",
+            r["path"].as_str().unwrap_or("?"),
+            r["seq"],
+            r["id"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
 /// `ramd down`: stops one disk (NAME), the run directory's `ramd up`
 /// daemon (no name), what one process serves (`--pid`), or everything
 /// (`--all`), and waits until they are gone (saved, if they have images).

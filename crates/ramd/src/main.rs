@@ -74,6 +74,7 @@ fn main() {
         }
         Command::Status(a) => client::status(&dir(), a.name.as_deref(), a.json),
         Command::Snapshot(a) => client::snapshot(&dir(), &a.name, a.full, a.to.as_deref(), a.json),
+        Command::Promote(a) => client::promote(&dir(), &a),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::Bench(a) => bench::run(a),
         Command::Completions { shell } => help::completions(shell),

@@ -1806,3 +1806,268 @@ fn snapshot_to_a_url_of_a_replicating_disk() {
         ],
     );
 }
+
+/// qemu-io's reads of a read-only export (it opens read-write unless
+/// told otherwise, which a read-only export refuses).
+fn qemu_read(uri: &str, cmds: &[&str]) {
+    require_tool("qemu-io");
+    let mut c = cmd("qemu-io", ["-r", "-f", "raw"]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let out = run(c.arg(uri), CMD_TIMEOUT);
+    let (stdout, stderr) = (out.stdout.clone(), out.stderr.clone());
+    out.ok();
+    assert!(
+        !stdout.contains("failed") && !stdout.contains("error") && !stderr.contains("failed"),
+        "qemu-io {cmds:?}: {stdout}{stderr}"
+    );
+}
+
+/// `ramd promote NAME ARGS`.
+fn promote(run: &Path, name: &str, args: &[&str], env: &[(String, String)]) -> Output {
+    let mut all = vec!["promote", name];
+    all.extend_from_slice(args);
+    ramd(run, &all, env)
+}
+
+/// Waits until the standby's status says it applied save `seq` and is no
+/// save behind; returns its `standby` status.
+fn wait_applied(s: &Ramd, seq: u64) -> Value {
+    let mut last = Value::Null;
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the standby to apply save {seq}"),
+        || {
+            last = s.stats()["standby"].clone();
+            last["applied_seq"] == seq
+                && last["saves_behind"] == 0
+                && last["error"].is_null()
+                && !last["last_poll_unix"].is_null()
+        },
+    );
+    last
+}
+
+/// A writer and a standby on one prefix: the standby serves each save
+/// read-only as it appears (new saves of the chain, then a full save that
+/// starts a new chain and drops what was trimmed), refuses writes; the
+/// writer is killed, `promote` waits for its lease to run out, and the
+/// promoted disk takes writes and saves them, with the same identity.
+#[test]
+fn standby_follows_saves_and_is_promoted_when_the_writer_dies() {
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let img = url("standby");
+    let (run_w, run_s) = (tmp.path().join("w"), tmp.path().join("s"));
+    let mut writer = serve(&run_w, &["--size", "16M", "--image", &img], &env);
+    qemu_io(writer.uri(), &["write -P 0x11 0 2M".into()]);
+    assert_eq!(snapshot(&run_w, writer.name(), &env)["seq"], 1);
+
+    let standby = serve(
+        &run_s,
+        &["--image", &img, "--standby", "--standby-poll", "200ms"],
+        &env,
+    );
+    let st = standby.stats();
+    assert_eq!(st["read_only"], true, "{st}");
+    let writer_id = writer.stats()["id"].clone();
+    assert_eq!(st["id"], writer_id, "the standby is another disk");
+    let sb = wait_applied(&standby, 1);
+    assert!(
+        sb["lease_holder"]
+            .as_str()
+            .is_some_and(|h| h.contains(&format!("pid {}", writer.pid()))),
+        "status does not name the writer: {sb}"
+    );
+    qemu_read(standby.uri(), &["read -P 0x11 0 2M"]);
+    // The server refuses writes (libnbd sends them anyway), and they
+    // change nothing.
+    nbd_script("readonly.py", &[standby.uri(), "any"]);
+    let text = ramd(&run_s, &["status"], &env).ok();
+    assert!(
+        text.contains("standby") && text.contains(&format!("pid {}", writer.pid())),
+        "{text}"
+    );
+
+    // An incremental save: applied, and the standby reads as the writer.
+    qemu_io(
+        writer.uri(),
+        &["write -P 0x22 4M 1M".into(), "write -P 0x23 1M 4k".into()],
+    );
+    let inc = snapshot(&run_w, writer.name(), &env);
+    assert_eq!(inc["full"], false, "{inc}");
+    let sb = wait_applied(&standby, 2);
+    assert!(
+        field(&sb, "bytes_downloaded") >= field(&inc, "bytes"),
+        "{sb} {inc}"
+    );
+    let a = export(writer.uri(), &tmp.path().join("w1"));
+    let b = export(standby.uri(), &tmp.path().join("s1"));
+    assert!(a == b, "the standby differs from the writer after save 2");
+
+    // A full save of a new chain: what the writer trimmed since is gone on
+    // the standby too (a full save names only the pages that hold data).
+    qemu_io(
+        writer.uri(),
+        &["discard 0 1M".into(), "write -P 0x33 8M 1M".into()],
+    );
+    let full = ramd(
+        &run_w,
+        &["snapshot", writer.name(), "--full", "--json"],
+        &env,
+    )
+    .ok();
+    let full: Value = serde_json::from_str(full.trim()).unwrap();
+    assert_eq!(full["full"], true, "{full}");
+    wait_applied(&standby, 3);
+    let a = export(writer.uri(), &tmp.path().join("w2"));
+    let b = export(standby.uri(), &tmp.path().join("s2"));
+    assert_filled(&b, 0, MIB, 0, "the trimmed 1M on the standby");
+    assert!(
+        a == b,
+        "the standby differs from the writer after the full save"
+    );
+
+    // The writer dies holding its lease: promote waits until it runs out.
+    writer.stop_with(libc::SIGKILL);
+    let out = promote(&run_s, standby.name(), &["--wait", "60s"], &env).ok();
+    assert!(out.contains("promoted"), "{out}");
+    let st = standby.stats();
+    assert_eq!(st["read_only"], false, "{st}");
+    assert!(st["standby"].is_null(), "{st}");
+    assert_eq!(st["id"], writer_id, "the promoted disk changed identity");
+    // Writable for a new connection, and saves as a writer.
+    qemu_io(standby.uri(), &["write -P 0x44 12M 1M".into()]);
+    let saved = snapshot(&run_s, standby.name(), &env);
+    assert_eq!(saved["full"], false, "{saved}");
+    let promoted = export(standby.uri(), &tmp.path().join("p"));
+    assert_filled(&promoted, 12 * MIB, MIB, 0x44, "the promoted disk's write");
+    let id = standby.stats()["id"].clone();
+    drop(standby);
+
+    let fresh = serve(&tmp.path().join("fresh"), &["--image", &img], &env);
+    assert_eq!(fresh.stats()["id"], id, "the image changed identity");
+    let loaded = export(fresh.uri(), &tmp.path().join("f"));
+    assert!(
+        loaded == promoted,
+        "the image differs from the promoted disk"
+    );
+}
+
+/// `promote` while the writer lives: refused at once without --force
+/// (naming the holder and when its lease runs out); with --force the
+/// standby takes over, and the old writer's next save fails without
+/// touching the image, which holds the promoted disk's saves.
+#[test]
+fn promote_force_fences_off_a_live_writer() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("force");
+    let (run_w, run_s) = (tmp.path().join("w"), tmp.path().join("s"));
+    let mut writer = serve(&run_w, &["--size", "8M", "--image", &img], &env);
+    qemu_io(writer.uri(), &["write -P 0x11 0 1M".into()]);
+    snapshot(&run_w, writer.name(), &env);
+    let standby = serve(&run_s, &["--image", &img, "--standby"], &env);
+    let writer_id = writer.stats()["id"].clone();
+    assert_eq!(standby.stats()["id"], writer_id);
+
+    let out = promote(&run_s, standby.name(), &["--wait", "0s"], &env).failed();
+    assert!(
+        out.stderr.contains(&format!("pid {}", writer.pid()))
+            && out.stderr.contains("until")
+            && out.stderr.contains("--force"),
+        "the refusal does not name the holder, its expiry and --force: {}",
+        out.stderr
+    );
+    assert!(standby.stats()["standby"].is_object(), "still a standby");
+
+    let out = promote(&run_s, standby.name(), &["--force"], &env).ok();
+    assert!(out.contains("promoted"), "{out}");
+    assert_eq!(standby.stats()["id"], writer_id);
+
+    // The old writer's next save is refused: the promotion's commit fenced
+    // it off (or, if its lease renewal came first, it knows it lost it).
+    qemu_io(writer.uri(), &["write -P 0x22 0 1M".into()]);
+    let out = ramd(&run_w, &["snapshot", writer.name()], &env).failed();
+    assert!(
+        out.stderr.contains("another writer committed") || out.stderr.contains("lost the lease"),
+        "{}",
+        out.stderr
+    );
+    qemu_io(standby.uri(), &["write -P 0x33 2M 1M".into()]);
+    snapshot(&run_s, standby.name(), &env);
+    let out = ramd(&run_w, &["snapshot", writer.name()], &env).failed();
+    assert!(
+        out.stderr.contains("another writer committed") || out.stderr.contains("lost the lease"),
+        "{}",
+        out.stderr
+    );
+    // Its stop would hold its unsaved data; it is given up here.
+    writer.stop_with(libc::SIGKILL);
+    drop(standby);
+
+    let fresh = serve(&tmp.path().join("fresh"), &["--image", &img], &env);
+    qemu_io(
+        fresh.uri(),
+        &["read -P 0x11 0 1M".into(), "read -P 0x33 2M 1M".into()],
+    );
+}
+
+/// What `--standby` refuses, and `promote` of a disk that is not one.
+#[test]
+fn standby_refusals() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let dir = tmp.path().join("dir");
+    let refused = |args: &[&str], want: &str| {
+        let (_, err) = try_serve(&run, args, &env)
+            .map(|_| ())
+            .expect_err(&format!("{args:?} started"));
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    refused(
+        &["--standby", "--image", dir.to_str().unwrap()],
+        "a standby follows an image in object storage",
+    );
+    refused(&["--standby", "--size", "8M"], "--image");
+    refused(
+        &["--standby", "--image", &url("empty")],
+        "holds no save yet",
+    );
+    refused(
+        &[
+            "--standby",
+            "--image",
+            &url("x"),
+            "--mount",
+            tmp.path().to_str().unwrap(),
+        ],
+        "a filesystem disk cannot be a standby",
+    );
+    refused(
+        &["--standby", "--image", &url("x"), "--replicate", &url("y")],
+        "--standby with --replicate",
+    );
+
+    let d = serve(&run, &["--size", "8M", "--image", &url("plain")], &env);
+    let out = promote(&run, d.name(), &["--force"], &env).failed();
+    assert!(out.stderr.contains("is not a standby"), "{}", out.stderr);
+    snapshot(&run, d.name(), &env);
+    // A standby does not save (its writer does), and stops cleanly
+    // without a save (the drop checks its exit status).
+    let run_s = tmp.path().join("s");
+    let s = serve(
+        &run_s,
+        &["--name", "sb", "--image", &url("plain"), "--standby"],
+        &env,
+    );
+    let out = ramd(&run_s, &["snapshot", "sb"], &env).failed();
+    assert!(out.stderr.contains("is a standby"), "{}", out.stderr);
+    drop(s);
+}

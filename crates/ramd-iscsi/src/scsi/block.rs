@@ -70,7 +70,7 @@ impl Lun {
     /// the disk is writable, and the initiator sent the Data-Out.
     fn writable(&self, cmd: &mut Cmd, len: usize) -> Result<(), Sense> {
         cmd.expected_out = len;
-        if self.cfg.read_only {
+        if self.cfg.read_only || self.store.standby() {
             return Err(sense::WRITE_PROTECTED);
         }
         if cmd.data.len() < len {
@@ -94,7 +94,7 @@ impl Lun {
         }
         let (off, len) = self.transfer(cmd.cdb, lba, n)?;
         cmd.expected_out = len;
-        if self.cfg.read_only {
+        if self.cfg.read_only || self.store.standby() {
             return Err(sense::WRITE_PROTECTED);
         }
         // Less Data-Out than the CDB asks for (an expected data transfer

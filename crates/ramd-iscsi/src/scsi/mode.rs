@@ -54,7 +54,11 @@ impl Lun {
             }
         }
         // WP for a read-only disk; DPOFUA: DPO and FUA are accepted.
-        let device_specific = if self.cfg.read_only { 0x80 } else { 0 } | 0x10;
+        let device_specific = if self.cfg.read_only || self.store.standby() {
+            0x80
+        } else {
+            0
+        } | 0x10;
         let mut d = Vec::with_capacity(8 + desc.len() + pages.len());
         if ten {
             let len = (6 + desc.len() + pages.len()) as u16;

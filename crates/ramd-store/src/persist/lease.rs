@@ -84,6 +84,15 @@ impl Held {
     }
 }
 
+/// Another ramd's live lease.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseHolder {
+    /// Host, pid and start time of the ramd that holds it.
+    pub holder: String,
+    /// When it runs out unless renewed (seconds since the epoch).
+    pub expires: u64,
+}
+
 /// What the renewal thread and the saves share.
 struct State {
     version: UpdateVersion,
@@ -124,13 +133,8 @@ pub(super) struct Lease {
 impl Lease {
     /// Takes the prefix's lease, or refuses naming its live holder.
     pub(super) fn take(remote: &Remote) -> Result<Lease> {
-        let term = term();
-        let me = Held {
-            holder: holder_id(),
-            expires: now_secs() + term.as_secs(),
-        };
         let url = remote.url().to_string();
-        let refused = |h: &Held| {
+        Lease::try_take(remote, false)?.map_err(|h| {
             let left = h.expires.saturating_sub(now_secs());
             Error::Unusable(format!(
                 "image {url} is in use: its lease is held by {} until {} (in {left} s); only \
@@ -139,11 +143,41 @@ impl Lease {
                 h.holder,
                 super::time_text(h.expires * 1_000_000_000),
             ))
+        })
+    }
+
+    /// Takes the prefix's lease; `Ok(Err(holder))` while another holds it
+    /// and it has not expired. `force` (a standby's `promote --force`)
+    /// takes it over all the same: the holder's next renewal finds it
+    /// gone, and its next commit is refused (see `standby.rs`).
+    pub(super) fn try_take(
+        remote: &Remote,
+        force: bool,
+    ) -> Result<std::result::Result<Lease, LeaseHolder>> {
+        let term = term();
+        let me = Held {
+            holder: holder_id(),
+            expires: now_secs() + term.as_secs(),
         };
+        let url = remote.url().to_string();
         let mode = match remote.get(LEASE)? {
             None => PutMode::Create,
             Some((bytes, version)) => match Held::decode(&bytes) {
-                Some(h) if h.expires > now_secs() => return Err(refused(&h)),
+                Some(h) if h.expires > now_secs() && !force => {
+                    return Ok(Err(LeaseHolder {
+                        holder: h.holder,
+                        expires: h.expires,
+                    }))
+                }
+                Some(h) if h.expires > now_secs() => {
+                    log::warn!(
+                        "taking over the lease of image {url} from {} (it ran until {}): \
+                         forced",
+                        h.holder,
+                        super::time_text(h.expires * 1_000_000_000)
+                    );
+                    PutMode::Update(version)
+                }
                 // Expired, released, or unreadable: taken over, but only if
                 // it is still that one.
                 _ => PutMode::Update(version),
@@ -154,13 +188,15 @@ impl Lease {
             Err(()) => {
                 // Another ramd took it between our read and our put.
                 let now = remote.get(LEASE)?;
-                let h = now.and_then(|(b, _)| Held::decode(&b));
-                return Err(match h {
-                    Some(h) => refused(&h),
-                    None => Error::Unusable(format!(
+                return match now.and_then(|(b, _)| Held::decode(&b)) {
+                    Some(h) => Ok(Err(LeaseHolder {
+                        holder: h.holder,
+                        expires: h.expires,
+                    })),
+                    None => Err(Error::Unusable(format!(
                         "image {url}: another ramd took its lease at the same moment"
-                    )),
-                });
+                    ))),
+                };
             }
         };
         log::info!(
@@ -189,12 +225,25 @@ impl Lease {
                     err,
                 })?
         };
-        Ok(Lease {
+        Ok(Ok(Lease {
             shared,
             renewer: Some(renewer),
             remote: remote.clone_handle(),
             term,
-        })
+        }))
+    }
+
+    /// Who holds the prefix's lease now, if anyone does (a released or
+    /// expired lease is nobody's): for a standby's status.
+    pub(super) fn holder(remote: &Remote) -> Result<Option<LeaseHolder>> {
+        Ok(remote
+            .get(LEASE)?
+            .and_then(|(b, _)| Held::decode(&b))
+            .filter(|h| h.expires > now_secs())
+            .map(|h| LeaseHolder {
+                holder: h.holder,
+                expires: h.expires,
+            }))
     }
 
     pub(super) fn watch(&self) -> LeaseWatch {

@@ -30,6 +30,7 @@ use aligned_vec::{AVec, ConstAlign};
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::DiskId;
+use crate::Store;
 use crate::PAGE_SIZE;
 
 mod format;
@@ -43,6 +44,7 @@ mod remote;
 mod replica;
 mod salvage;
 mod session;
+mod standby;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -55,7 +57,7 @@ use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
-pub use lease::LeaseWatch;
+pub use lease::{LeaseHolder, LeaseWatch};
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
 pub use policy::{
@@ -67,6 +69,7 @@ pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
+pub use standby::StandbyStatus;
 pub use writer::SegWriter;
 
 /// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.

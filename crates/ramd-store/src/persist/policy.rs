@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+use super::standby::Follow;
 use super::{
     DiskKind, ImageDir, LeaseWatch, OuterPages, Record, Replica, ReplicaStatus, SaveSession,
-    SegEntry,
+    SegEntry, StandbyStatus,
 };
 use crate::error::{Error, Result};
 use crate::{human, Store};
@@ -88,6 +89,9 @@ pub struct Persister {
     flush_persist: bool,
     /// `--replicate`: told of each save committed to the local image.
     replica: Option<Replica>,
+    /// `--standby`: how it follows its image; `following` until promoted.
+    follow: Option<Mutex<Follow>>,
+    following: std::sync::atomic::AtomicBool,
 }
 
 impl Persister {
@@ -127,7 +131,165 @@ impl Persister {
             autosave,
             flush_persist,
             replica: None,
+            follow: None,
+            following: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Makes this the persister of a standby (`--standby`): it follows its
+    /// image, reading the MANIFEST every `poll`, and saves nothing until
+    /// [`Persister::promote`]. The store must hold the image's save and be
+    /// a standby's (`Store::set_standby`).
+    pub fn set_standby(&mut self, poll: Duration) {
+        self.follow = Some(Mutex::new(Follow::new(poll)));
+        *self.following.get_mut() = true;
+    }
+
+    /// Whether it is a standby not yet promoted.
+    pub fn is_standby(&self) -> bool {
+        self.following.load(Ordering::SeqCst)
+    }
+
+    /// One poll of a standby: what its writer saved since is applied.
+    fn follow_once(&self) {
+        let Some(follow) = &self.follow else { return };
+        let mut image = self.image.lock();
+        if !self.is_standby() {
+            return;
+        }
+        let r = image.follow(&self.store, follow);
+        let last = image.manifest().and_then(|m| m.chain.last()).cloned();
+        drop(image);
+        let mut f = follow.lock();
+        match r {
+            Ok(()) => {
+                if f.error.take().is_some() {
+                    log::info!(
+                        "standby: following image {} again",
+                        self.path.lock().display()
+                    );
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if f.error.as_deref() != Some(&text) {
+                    log::error!("standby: {text} (trying again every poll)");
+                }
+                f.error = Some(text);
+            }
+        }
+        drop(f);
+        if let Some(s) = last {
+            self.state.lock().last = Some(report_of(&s));
+        }
+    }
+
+    /// A standby's loop: polls every `--standby-poll` until promoted or
+    /// stopped. Returns whether it was stopped.
+    fn follow_loop(&self) -> bool {
+        let poll = match &self.follow {
+            Some(f) => f.lock().poll,
+            None => return false,
+        };
+        loop {
+            // At once at the start: what was saved since the load.
+            self.follow_once();
+            let deadline = Instant::now() + poll;
+            let mut st = self.state.lock();
+            while !st.stop && self.is_standby() && Instant::now() < deadline {
+                self.changed.wait_until(&mut st, deadline);
+            }
+            if st.stop {
+                return true;
+            }
+            if !self.is_standby() {
+                return false;
+            }
+        }
+    }
+
+    /// `ramd promote NAME`: makes a standby its image's writer. Takes the
+    /// image's lease, waiting up to `wait` for its holder's to run out
+    /// (`force`: takes it over at once), applies what the old writer
+    /// committed since the last poll, and commits an empty save that
+    /// fences the old writer off (`standby.rs`); then the store takes
+    /// writes and saves go to the image. A failure leaves it a standby.
+    pub fn promote(&self, force: bool, wait: Duration) -> Result<SaveReport> {
+        let Some(follow) = &self.follow else {
+            return Err(Error::Unusable(
+                "the disk is not a standby (serve it with --standby to promote it later)".into(),
+            ));
+        };
+        let deadline = Instant::now() + wait;
+        let mut image = loop {
+            let mut image = self.image.lock();
+            if !self.is_standby() {
+                return Err(Error::Unusable(
+                    "the disk is not a standby any more: it was promoted already".into(),
+                ));
+            }
+            let h = match image.take_lease(force)? {
+                Ok(()) => break image,
+                Err(h) => h,
+            };
+            let now = now_secs();
+            let left = h.expires.saturating_sub(now);
+            if Instant::now() >= deadline {
+                return Err(Error::Unusable(format!(
+                    "image {}: its lease is held by {} until {} (in {left} s): its writer may                      be alive. Promote once it has stopped (a clean stop releases the lease)                      or its lease has run out (`--wait DURATION` waits for that), or take the                      lease over with --force (the old writer's next save then fails)",
+                    image.path().display(),
+                    h.holder,
+                    super::time_text(h.expires * 1_000_000_000),
+                )));
+            }
+            drop(image);
+            log::info!(
+                "promoting: waiting for the lease held by {} to run out at {} (in {left} s)",
+                h.holder,
+                super::time_text(h.expires * 1_000_000_000)
+            );
+            // Again at its expiry, or sooner: a clean stop releases it.
+            let until = deadline
+                .min(Instant::now() + Duration::from_secs(left + 1))
+                .min(Instant::now() + Duration::from_secs(1));
+            let mut st = self.state.lock();
+            while !st.stop && Instant::now() < until {
+                self.changed.wait_until(&mut st, until);
+            }
+            if st.stop {
+                return Err(Error::Unusable("ramd is stopping: not promoted".into()));
+            }
+        };
+        let fenced = image.fence(&self.store, follow);
+        let entry = match fenced {
+            Ok(e) => e,
+            Err(e) => {
+                image.drop_lease();
+                return Err(Error::context(
+                    "promoting: the disk stays a standby".into(),
+                    e,
+                    "",
+                ));
+            }
+        };
+        *self.lease.lock() = image.lease_watch();
+        self.following.store(false, Ordering::SeqCst);
+        self.store.set_standby(false);
+        drop(image);
+        let report = report_of(&entry);
+        {
+            let mut st = self.state.lock();
+            st.last = Some(report.clone());
+            st.saves += 1;
+        }
+        follow.lock().error = None;
+        self.changed.notify_all();
+        log::warn!(
+            "promoted: this disk is now the writer of image {} (save {}); it takes writes",
+            self.path.lock().display(),
+            entry.seq
+        );
+        Ok(report)
     }
 
     /// Ships each committed save to `replica` too, starting with the
@@ -164,6 +326,9 @@ impl Persister {
     /// the chain is long, or no complete save exists).
     pub fn save(&self, full: bool) -> Result<SaveReport> {
         let mut image = self.image.lock();
+        if self.is_standby() {
+            return Err(standby_refusal());
+        }
         self.save_locked_reporting(&mut image, full, "")
     }
 
@@ -396,8 +561,14 @@ impl Persister {
                 dir.display()
             )));
         }
+        if self.is_standby() {
+            return Err(standby_refusal());
+        }
         let mut new = ImageDir::open(dir)?;
         let mut image = self.image.lock();
+        if self.is_standby() {
+            return Err(standby_refusal());
+        }
         if new.path() == image.path() {
             return Err(Error::Unusable(format!(
                 "{} is already this disk's image",
@@ -430,6 +601,10 @@ impl Persister {
     /// `--flush persist`: returns once a save that began after this call
     /// is durable.
     pub fn flush(&self) -> Result<()> {
+        if self.is_standby() {
+            // Clients cannot change a standby: nothing to persist.
+            return Ok(());
+        }
         let mut st = self.state.lock();
         let target = st.started + 1;
         st.wanted = st.wanted.max(target);
@@ -450,7 +625,7 @@ impl Persister {
 
     /// Starts the thread that saves every --autosave and for flushes.
     pub fn start(self: &Arc<Self>) -> Result<Option<JoinHandle<()>>> {
-        if self.autosave.is_none() && !self.flush_persist {
+        if self.autosave.is_none() && !self.flush_persist && self.follow.is_none() {
             return Ok(None);
         }
         let me = self.clone();
@@ -475,6 +650,10 @@ impl Persister {
             }
         }
         let _guard = CloseOnPanic(self);
+        // A standby follows its image until promoted, then saves.
+        if self.follow_loop() {
+            return;
+        }
         let mut next = self.autosave.map(|d| Instant::now() + d);
         loop {
             {
@@ -538,7 +717,41 @@ impl Persister {
                 lease.as_ref().and_then(LeaseWatch::trouble)
             }),
             replica: self.replica.as_ref().map(Replica::status),
+            standby: match (&self.follow, self.is_standby()) {
+                (Some(f), true) => {
+                    let last = st.last.as_ref().map(|r| SegEntry {
+                        seq: r.seq,
+                        full: r.full,
+                        pages: r.pages,
+                        records: 0,
+                        bytes: r.bytes,
+                        time_ns: r.unix_time * 1_000_000_000,
+                    });
+                    Some(f.lock().status(last.as_ref()))
+                }
+                _ => None,
+            },
         }
+    }
+}
+
+/// Why a standby does not save.
+fn standby_refusal() -> Error {
+    Error::Unusable(
+        "the disk is a standby: its image's writer saves it; promote it first          (`ramd promote NAME`)"
+            .into(),
+    )
+}
+
+/// A save of the image as status shows it.
+fn report_of(s: &SegEntry) -> SaveReport {
+    SaveReport {
+        seq: s.seq,
+        full: s.full,
+        pages: s.pages,
+        bytes: s.bytes,
+        seconds: 0.0,
+        unix_time: s.time_ns / 1_000_000_000,
     }
 }
 
@@ -584,6 +797,9 @@ pub struct PersistStatus {
     /// `--replicate`: the replica in object storage.
     #[serde(default)]
     pub replica: Option<ReplicaStatus>,
+    /// `--standby` (until promoted): how it follows its image.
+    #[serde(default)]
+    pub standby: Option<StandbyStatus>,
 }
 
 impl PersistStatus {
@@ -598,6 +814,7 @@ impl PersistStatus {
             last_save: None,
             last_save_error: None,
             replica: None,
+            standby: None,
         }
     }
 }

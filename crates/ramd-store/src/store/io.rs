@@ -104,6 +104,7 @@ impl Store {
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
+        let _standby = self.standby_read();
         let promote = self.compress_after > 0;
         for span in chunk_spans(offset, buf.len() as u64) {
             let out = &mut buf[span.buf_range()];
@@ -313,6 +314,7 @@ impl Store {
     /// `length > 0`.
     pub fn extents(&self, offset: u64, length: u64, max_extents: usize) -> Result<Vec<Extent>> {
         self.check_range(offset, length)?;
+        let _standby = self.standby_read();
         let mut out: Vec<Extent> = Vec::new();
         let mut push = |len: u64, kind: ExtentKind| -> bool {
             if let Some(last) = out.last_mut().filter(|l| l.kind == kind) {

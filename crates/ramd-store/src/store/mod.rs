@@ -287,6 +287,10 @@ pub struct Store {
     /// a save holds it exclusively for its switch, so every request is all
     /// in or all out of a saved image (see [`Change`]).
     pub(crate) gate: RwLock<()>,
+    /// A standby's store (`--standby`): clients may only read, and each
+    /// read holds the gate shared, so that a save being applied (which
+    /// holds it exclusively) is all in or all out of every read.
+    pub(crate) standby: std::sync::atomic::AtomicBool,
     /// Whether changes are tracked for saves (`StoreConfig::track_changes`).
     pub(crate) track: bool,
     /// The daemon's budget, shared with its other disks.
@@ -352,6 +356,7 @@ impl Store {
             headroom,
             passing: Mutex::new(()),
             gate: RwLock::new(()),
+            standby: std::sync::atomic::AtomicBool::new(false),
             track: cfg.track_changes,
             shared: cfg.shared_budget.clone(),
             gone: Mutex::new(HashSet::new()),
@@ -359,6 +364,51 @@ impl Store {
             zs: ZsAlloc::new(),
             pool,
         })
+    }
+
+    /// Makes the store a standby's (`true`: clients may only read, and
+    /// every read is all before or all after a save being applied) or a
+    /// writable one again (a promotion).
+    pub fn set_standby(&self, on: bool) {
+        let _gate = self.gate.write();
+        self.standby.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the store is a standby's: frontends refuse writes as on a
+    /// read-only disk.
+    pub fn standby(&self) -> bool {
+        self.standby.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A standby's read: holds the gate shared (see `standby`); `None` for
+    /// any other store, whose reads need no gate.
+    pub(crate) fn standby_read(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
+        self.standby().then(|| self.gate.read())
+    }
+
+    /// Runs `f` (restore calls) with the gate held exclusively: no client
+    /// request is in flight, and a standby's reads wait, so that they see
+    /// all of what `f` applies or none of it. `clear`: every page becomes
+    /// a hole first (a new chain's full save replaces the whole disk).
+    pub(crate) fn apply_exclusive<T>(
+        &self,
+        clear: bool,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let _gate = self.gate.write();
+        if clear {
+            let keys: Vec<u64> = self
+                .shards
+                .iter()
+                .flat_map(|s| s.0.read().keys().copied().collect::<Vec<_>>())
+                .collect();
+            for key in keys {
+                self.restore_gone(key)?;
+            }
+        }
+        let r = f();
+        self.end_restore();
+        r
     }
 
     pub fn size(&self) -> u64 {

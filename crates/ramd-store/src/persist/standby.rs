@@ -1,0 +1,315 @@
+//! A standby (`--standby`): a block disk that follows an image in object
+//! storage another ramd writes, read-only, and can be promoted to be its
+//! writer (`ramd promote NAME`).
+//!
+//! Following: the MANIFEST is read every poll; the saves it names that the
+//! store does not hold yet are fetched whole into memory, checked (every
+//! checksum, by the loader's own parser, before anything is applied) and
+//! then applied with the store's gate held exclusively
+//! (`Store::apply_exclusive`): a standby's reads hold the gate shared, so
+//! each read sees a save all applied or not at all. New saves of the chain
+//! the store holds are applied one by one; a new chain (a full save
+//! replaced it) empties the disk and applies its full save in the same
+//! hold, then its incremental saves one by one. `ImageDir::manifest` is
+//! what the store holds: it changes only once a save is applied.
+//!
+//! Promotion: the lease is taken (waiting for the old writer's to run out,
+//! or taken over with `force`); the MANIFEST is read again and whatever the
+//! old writer committed meanwhile is applied; then the standby commits an
+//! empty incremental save of its own, conditional on that MANIFEST. That
+//! commit fences the old writer off: its next commit, conditional on the
+//! MANIFEST it wrote last, is refused, even before its lease renewal finds
+//! the lease gone (which `force` cannot wait for). A commit of the old
+//! writer that lands first makes the standby's fail: it reads and applies
+//! that save too and commits again.
+
+use super::reader::parse_segment;
+use super::*;
+
+/// A standby's following, as `ramd status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StandbyStatus {
+    /// How often the MANIFEST is read (`--standby-poll`).
+    pub poll_secs: f64,
+    /// Who holds the image's lease (its writer), at the last poll; `None`:
+    /// nobody (released, or expired).
+    pub lease_holder: Option<String>,
+    /// When that lease runs out unless renewed (seconds since the epoch).
+    pub lease_expires: Option<u64>,
+    /// The newest save applied to the disk.
+    pub applied_seq: u64,
+    /// Its switch time (seconds since the epoch).
+    pub applied_unix_time: u64,
+    /// Saves the MANIFEST named at the last poll that are not applied yet.
+    pub saves_behind: u64,
+    /// Seconds since the newest applied save's switch: how far behind its
+    /// writer the disk may be (the writer's changes since are not saved
+    /// yet, or not polled yet).
+    pub lag_secs: f64,
+    /// Bytes of segments fetched since the start (whole segments; a
+    /// segment that failed to apply is fetched again).
+    pub bytes_downloaded: u64,
+    /// Saves applied since the start (the loaded image not counted).
+    pub saves_applied: u64,
+    /// When the MANIFEST was last read (seconds since the epoch).
+    pub last_poll_unix: Option<u64>,
+    /// Why the last poll failed, until one succeeds.
+    pub error: Option<String>,
+}
+
+/// A standby's state between polls.
+pub(super) struct Follow {
+    pub(super) poll: Duration,
+    pub(super) holder: Option<LeaseHolder>,
+    /// Saves in the MANIFEST of the last poll not applied.
+    pub(super) behind: u64,
+    pub(super) bytes: u64,
+    pub(super) applied: u64,
+    pub(super) last_poll: Option<u64>,
+    pub(super) error: Option<String>,
+}
+
+impl Follow {
+    pub(super) fn new(poll: Duration) -> Follow {
+        Follow {
+            poll,
+            holder: None,
+            behind: 0,
+            bytes: 0,
+            applied: 0,
+            last_poll: None,
+            error: None,
+        }
+    }
+
+    pub(super) fn status(&self, applied: Option<&SegEntry>) -> StandbyStatus {
+        let now = now_ns();
+        let time_ns = applied.map_or(0, |s| s.time_ns);
+        StandbyStatus {
+            poll_secs: self.poll.as_secs_f64(),
+            lease_holder: self.holder.as_ref().map(|h| h.holder.clone()),
+            lease_expires: self.holder.as_ref().map(|h| h.expires),
+            applied_seq: applied.map_or(0, |s| s.seq),
+            applied_unix_time: time_ns / 1_000_000_000,
+            saves_behind: self.behind,
+            lag_secs: now.saturating_sub(time_ns) as f64 / 1e9,
+            bytes_downloaded: self.bytes,
+            saves_applied: self.applied,
+            last_poll_unix: self.last_poll,
+            error: self.error.clone(),
+        }
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl ImageDir {
+    /// Opens an image in object storage to follow it (`--standby`): no
+    /// lease is taken, nothing is removed, and it must hold a save.
+    pub fn open_standby(url: &Path) -> Result<ImageDir> {
+        if !is_url(url) {
+            return Err(Error::Unusable(format!(
+                "--standby --image {}: a standby follows an image in object storage \
+                 (s3://BUCKET/PREFIX), whose lease it can take over; a directory has none",
+                url.display()
+            )));
+        }
+        ImageDir::open_remote(url, Open::Read).map_err(|e| match e {
+            Error::File { ref err, .. } if err.kind() == io::ErrorKind::NotFound => {
+                Error::Unusable(format!(
+                    "--standby --image {}: the image holds no save yet (no MANIFEST): a \
+                     standby follows an image its writer has saved at least once",
+                    url.display()
+                ))
+            }
+            e => e,
+        })
+    }
+
+    /// Polls: reads the MANIFEST and the lease, then applies to `store`
+    /// every save it names that the store does not hold (see the module).
+    /// `follow` counts what was fetched and applied as it goes.
+    pub(super) fn follow(
+        &mut self,
+        store: &Store,
+        follow: &parking_lot::Mutex<Follow>,
+    ) -> Result<()> {
+        let remote = self.remote.as_mut().expect("a standby's image is remote");
+        let holder = Lease::holder(remote)?;
+        let new = remote.read_manifest()?.ok_or_else(|| {
+            Error::Unusable(format!(
+                "image {}: its MANIFEST is gone: the image was removed",
+                self.path.display()
+            ))
+        })?;
+        {
+            let mut f = follow.lock();
+            f.holder = holder;
+            f.last_poll = Some(now_ns() / 1_000_000_000);
+        }
+        self.catch_up(store, &new, follow)
+    }
+
+    /// Applies to `store`, which holds `self.manifest`, the saves of `new`
+    /// it lacks, each all at once.
+    fn catch_up(
+        &mut self,
+        store: &Store,
+        new: &Manifest,
+        follow: &parking_lot::Mutex<Follow>,
+    ) -> Result<()> {
+        let old = self.manifest.clone().expect("a standby holds a save");
+        let url = self.path.display().to_string();
+        if new.kind != old.kind || new.size != old.size {
+            return Err(Error::Unusable(format!(
+                "image {url} now holds a {} disk of {} bytes; this standby serves a {} disk of \
+                 {} bytes: stop it and start it again",
+                new.kind.name(),
+                new.size,
+                old.kind.name(),
+                old.size
+            )));
+        }
+        if new.id != old.id {
+            return Err(Error::Unusable(format!(
+                "image {url} now holds another disk (id {}), not this standby's ({}): stop it \
+                 and start it again",
+                new.id.map_or("none".into(), |i| i.to_string()),
+                old.id.map_or("none".into(), |i| i.to_string()),
+            )));
+        }
+        let n = old.chain.len();
+        let same_chain = new.chain.len() >= n && new.chain[..n] == old.chain[..];
+        let (mut held, from) = match same_chain {
+            true => (old.chain.clone(), n),
+            false => (Vec::new(), 0),
+        };
+        follow.lock().behind = (new.chain.len() - from) as u64;
+        for seg in &new.chain[from..] {
+            let (path, data) = self.fetch(seg)?;
+            follow.lock().bytes += data.len() as u64;
+            let len = data.len() as u64;
+            // Every checksum first: a damaged segment changes nothing.
+            parse_segment(
+                &path,
+                &data[..],
+                len,
+                new,
+                seg,
+                &mut |_| Ok(()),
+                &mut |_| {},
+            )?;
+            store
+                .apply_exclusive(seg.full, || {
+                    parse_segment(
+                        &path,
+                        &data[..],
+                        len,
+                        new,
+                        seg,
+                        &mut |r| apply(store, r),
+                        &mut |_| {},
+                    )
+                })
+                .map_err(|e| {
+                    Error::context(
+                        format!(
+                            "applying save {} of image {url} (the disk holds part of it until \
+                             it is applied whole)",
+                            seg.seq
+                        ),
+                        e,
+                        "",
+                    )
+                })?;
+            held.push(seg.clone());
+            self.last_seq = self.last_seq.max(seg.seq);
+            self.manifest = Some(Manifest {
+                chain: held.clone(),
+                ..new.clone()
+            });
+            let mut f = follow.lock();
+            f.applied += 1;
+            f.behind -= 1;
+            log::info!(
+                "standby: applied {} save {} of image {url} ({} pages, {})",
+                if seg.full { "full" } else { "incremental" },
+                seg.seq,
+                seg.pages,
+                crate::human(seg.bytes)
+            );
+        }
+        Ok(())
+    }
+
+    /// Segment `seg`, whole, and its name for messages.
+    fn fetch(&self, seg: &SegEntry) -> Result<(PathBuf, Vec<u8>)> {
+        let remote = self.remote.as_ref().expect("a standby's image is remote");
+        let name = object_name(seg.seq, seg.time_ns);
+        let path = remote.named(&name);
+        let (mut r, len) = remote.reader(&name)?;
+        let mut data = Vec::with_capacity(len as usize);
+        r.read_to_end(&mut data)
+            .map_err(|e| Error::file(&path, e))?;
+        Ok((path, data))
+    }
+
+    /// A promotion's first step: takes the image's lease (`force`: even
+    /// from a live holder); `Ok(Err(holder))` while another holds it.
+    pub(super) fn take_lease(
+        &mut self,
+        force: bool,
+    ) -> Result<std::result::Result<(), LeaseHolder>> {
+        let remote = self.remote.as_ref().expect("a standby's image is remote");
+        Ok(Lease::try_take(remote, force)?.map(|l| self.lease = Some(l)))
+    }
+
+    /// Gives up a lease a promotion took and failed with: a standby again.
+    pub(super) fn drop_lease(&mut self) {
+        if let Some(mut l) = self.lease.take() {
+            l.release();
+        }
+    }
+
+    /// A promotion's second step, with the lease held: applies what the
+    /// old writer committed since the last poll, then commits an empty
+    /// incremental save that fences it off (see the module). Returns that
+    /// save.
+    pub(super) fn fence(
+        &mut self,
+        store: &Store,
+        follow: &parking_lot::Mutex<Follow>,
+    ) -> Result<SegEntry> {
+        let mut tries = 0;
+        loop {
+            self.follow(store, follow)?;
+            let m = self.manifest.clone().expect("a standby holds a save");
+            let w = self.begin_segment(self.next_seq(), false, m.kind, m.size)?;
+            let entry = w.finish()?;
+            match self.commit(m.kind, m.size, entry.clone()) {
+                Ok(()) => return Ok(entry),
+                // The old writer committed first: that save too, then again.
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    log::warn!("promoting: {e}; applying what was committed and trying again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// One record of a save, applied as a load applies it (a block disk's
+/// image has no tree: `Meta` is refused at the start for fs disks).
+fn apply(store: &Store, rec: Record<'_>) -> Result<()> {
+    match rec {
+        Record::Page(page, p) => store.restore_page(page, p),
+        Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
+        Record::Gone(key) => store.restore_gone(key),
+        Record::Meta(_) => Ok(()),
+    }
+}
