@@ -2071,3 +2071,53 @@ fn standby_refusals() {
     assert!(out.stderr.contains("is a standby"), "{}", out.stderr);
     drop(s);
 }
+
+/// A standby's reads while its writer saves again and again: each read of
+/// the range sees one whole save (one fill byte throughout), never a save
+/// half applied, and the reads see the saves in order.
+#[test]
+fn standby_reads_see_whole_saves() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("whole");
+    let (run_w, run_s) = (tmp.path().join("w"), tmp.path().join("s"));
+    let writer = serve(&run_w, &["--size", "16M", "--image", &img], &env);
+    qemu_io(writer.uri(), &["write -P 1 0 8M".into()]);
+    snapshot(&run_w, writer.name(), &env);
+    let standby = serve(
+        &run_s,
+        &["--image", &img, "--standby", "--standby-poll", "100ms"],
+        &env,
+    );
+    wait_applied(&standby, 1);
+    let stop = tmp.path().join("stop");
+    let reader = Background::spawn(&mut nbd_script_cmd(
+        "whole_saves.py",
+        &[
+            standby.uri(),
+            &(8 * MIB).to_string(),
+            stop.to_str().unwrap(),
+        ],
+    ));
+    let saves = 12u64;
+    for k in 2..=saves {
+        qemu_io(writer.uri(), &[format!("write -P {k} 0 8M")]);
+        let s = snapshot(&run_w, writer.name(), &env);
+        // Each applied before the next: the reader meets every one.
+        wait_applied(&standby, field(&s, "seq"));
+    }
+    fs::write(&stop, b"").unwrap();
+    let out = reader.finish_ok();
+    let seen: Vec<u64> = out
+        .lines()
+        .find_map(|l| l.strip_prefix("patterns "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .split(',')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]) && seen.last() == Some(&saves),
+        "the reads did not see the saves in order, ending with the last: {seen:?}"
+    );
+}
