@@ -190,7 +190,9 @@ impl ImageDir {
         };
         follow.lock().behind = (new.chain.len() - from) as u64;
         for seg in &new.chain[from..] {
+            let t0 = std::time::Instant::now();
             let (path, data) = self.fetch(seg)?;
+            let fetched = t0.elapsed().as_secs_f64();
             follow.lock().bytes += data.len() as u64;
             let len = data.len() as u64;
             // Every checksum first: a damaged segment changes nothing.
@@ -203,6 +205,7 @@ impl ImageDir {
                 &mut |_| Ok(()),
                 &mut |_| {},
             )?;
+            let t1 = std::time::Instant::now();
             store
                 .apply_exclusive(seg.full, || {
                     parse_segment(
@@ -236,11 +239,13 @@ impl ImageDir {
             f.applied += 1;
             f.behind -= 1;
             log::info!(
-                "standby: applied {} save {} of image {url} ({} pages, {})",
+                "standby: applied {} save {} of image {url} ({} pages, {}): fetched in {fetched:.2} \
+                 s, applied in {:.3} s (reads waited that long)",
                 if seg.full { "full" } else { "incremental" },
                 seg.seq,
                 seg.pages,
-                crate::human(seg.bytes)
+                crate::human(seg.bytes),
+                t1.elapsed().as_secs_f64()
             );
         }
         Ok(())
