@@ -792,4 +792,24 @@ mod tests {
         let e = load(&path).unwrap_err().to_string();
         assert!(e.contains("daemon.iscsi_target"), "{e}");
     }
+
+    #[test]
+    fn standby_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ramd.toml");
+        std::fs::write(
+            &path,
+            "[disk.a]\nimage = \"s3://b/p\"\nstandby = true\nstandby_poll = \"5s\"\n\
+             [disk.b]\nimage = \"s3://b/q\"\nstandby = true\n",
+        )
+        .unwrap();
+        let plan = load(&path).unwrap();
+        let disk = |n: &str| &plan.disks.iter().find(|(d, _)| d.name == n).unwrap().0;
+        assert!(disk("a").standby);
+        assert_eq!(disk("a").standby_poll, std::time::Duration::from_secs(5));
+        assert_eq!(disk("b").standby_poll, std::time::Duration::from_secs(2));
+        std::fs::write(&path, "[disk.a]\nsize = \"1M\"\nstandby = true\n").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("--image"), "{e}");
+    }
 }

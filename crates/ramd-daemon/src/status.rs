@@ -551,6 +551,39 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_gets_a_line_after_the_table() {
+        let mut d = sample();
+        assert_eq!(standby_line(&d), "", "not a standby");
+        d.persist.image = Some("s3://b/p".into());
+        d.persist.standby = Some(ramd_store::persist::StandbyStatus {
+            poll_secs: 2.0,
+            lease_holder: Some("hostA pid 42 since 2026-11-26 13:59:23 UTC".into()),
+            lease_expires: Some(1_795_701_623),
+            applied_seq: 17,
+            applied_unix_time: 0,
+            saves_behind: 1,
+            lag_secs: 3.4,
+            bytes_downloaded: 3 << 20,
+            saves_applied: 4,
+            last_poll_unix: Some(0),
+            error: Some("image s3://b/p: boom".into()),
+        });
+        let line = standby_line(&d);
+        for want in [
+            "standby ram0: follows s3://b/p",
+            "writer hostA pid 42",
+            "applied save 17",
+            "1 save(s) behind",
+            "lag 3s",
+            "3M downloaded",
+            "FAILING: image s3://b/p: boom",
+        ] {
+            assert!(line.contains(want), "{want:?} not in {line:?}");
+        }
+        assert!(table(&[d]).contains("standby ram0"), "the table's lines");
+    }
+
+    #[test]
     fn a_narrow_table_drops_columns_and_never_wraps() {
         let full = table(&[sample()]);
         let head = |t: &str| -> Vec<String> {
