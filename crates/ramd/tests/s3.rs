@@ -2121,3 +2121,50 @@ fn standby_reads_see_whole_saves() {
         "the reads did not see the saves in order, ending with the last: {seen:?}"
     );
 }
+
+/// A standby's iSCSI LUN is write-protected (qemu's writes fail) until the
+/// promotion; then the same LUN takes writes. The writer stopped cleanly,
+/// so its lease is free and `promote --wait 0s` succeeds at once.
+#[test]
+fn standby_over_iscsi_is_write_protected_until_promoted() {
+    require_tool("qemu-io");
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("iscsi");
+    let run_w = tmp.path().join("w");
+    let run_s = tmp.path().join("s");
+    let mut writer = serve(&run_w, &["--size", "8M", "--image", &img], &env);
+    qemu_io(writer.uri(), &["write -P 0x11 0 1M".into()]);
+    writer.stop();
+    let iqn = "iqn.2026-11.org.example:standby";
+    let port = free_tcp_port().to_string();
+    let standby = serve(
+        &run_s,
+        &[
+            "--image",
+            &img,
+            "--standby",
+            "--iscsi",
+            &port,
+            "--iscsi-target",
+            iqn,
+        ],
+        &env,
+    );
+    let lun = format!("iscsi://127.0.0.1:{port}/{iqn}/0");
+    qemu_read(&lun, &["read -P 0x11 0 1M"]);
+    let out = run(
+        &mut cmd("qemu-io", ["-f", "raw", "-c", "write -P 0x22 0 64k", &lun]),
+        CMD_TIMEOUT,
+    );
+    assert!(
+        !out.success() || out.stdout.contains("failed") || out.stderr.contains("failed"),
+        "qemu-io wrote to a standby's LUN: {out:?}"
+    );
+    qemu_read(&lun, &["read -P 0x11 0 1M"]);
+
+    promote(&run_s, standby.name(), &["--wait", "0s"], &env).ok();
+    qemu_io(&lun, &["write -P 0x22 0 1M".into()]);
+    qemu_io(standby.uri(), &["read -P 0x22 0 1M".into()]);
+}
