@@ -4,8 +4,8 @@
 //! Protocol: the client sends one line, the server answers one line of
 //! JSON (`{"error": "..."}` on failure) and closes. (`wait` is answered
 //! twice: `{"waiting": NAME}` once registered, then when the disk is gone.) A disk answers
-//! `status`, `snapshot`, `snapshot full`, `stop`, `wait` and `remount
-//! OPTIONS`; a daemon answers
+//! `status`, `snapshot`, `snapshot full`, `stop`, `wait`, `remount
+//! OPTIONS` and `promote [force] [wait SECONDS]`; a daemon answers
 //! `status`, `down`, `down NAME`, `reload` and `reload PATH`.
 
 use std::io::{BufRead, BufReader, Read, Write};
