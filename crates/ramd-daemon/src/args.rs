@@ -171,8 +171,10 @@ pub struct DiskArgs {
     /// writes directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps
     /// names, modes, owners, times and xattrs. Keeps an image as the store
     /// path does, but a save is not one point in time for files written
-    /// while it runs (see README). Not yet with --compress or --recompress,
-    /// nor the write-back cache.
+    /// while it runs (see README). With --compress, closed files idle for
+    /// --compress-after move out of the tmpfs into ramd's store,
+    /// compressed, and back when opened. Not with --recompress, nor the
+    /// write-back cache.
     #[arg(long, requires = "mount", default_value = "store", value_parser = parse_data_path, value_name = "PATH")]
     pub data_path: DataPath,
 
@@ -227,10 +229,12 @@ pub struct DiskArgs {
 
     /// Hot/cold tiering: written pages stay raw (memory-speed reads and
     /// writes) and are compressed in the background once untouched for this
-    /// long; compressed pages read whole turn raw again. 0: compress as pages
-    /// are written, like zram. Durations like 500ms, 30s, 5m.
-    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
-    pub compress_after: Duration,
+    /// long; compressed pages read whole turn raw again. 0 (the default):
+    /// compress as pages are written, like zram. With --data-path kernel:
+    /// how long a closed file stays untouched before its data moves out of
+    /// the tmpfs, compressed (default 60s). Durations like 500ms, 30s, 5m.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub compress_after: Option<Duration>,
 
     /// Re-pack idle pages (see --idle-after) with this codec, up to 16
     /// neighbouring pages per frame: denser than page by page. none: off.

@@ -198,10 +198,10 @@ impl FrontendFactory for Fuse {
 /// What `--data-path kernel` cannot do in this phase, and what it needs,
 /// refused before anything is allocated: it was asked for by name.
 fn check_kernel_data_path(args: &DiskArgs) -> anyhow::Result<()> {
-    if args.compresses() {
+    if !args.recompress.is_none() {
         bail!(
-            "--data-path kernel cannot compress yet (--compress, --recompress): its file data \
-             lives in the kernel's tmpfs; use --data-path store to compress"
+            "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
+             whole idle files with --compress; leave --recompress out, or use --data-path store"
         );
     }
     if args.writeback_cache {
