@@ -97,6 +97,7 @@ pub struct ColdTier {
     moved_out: AtomicU64,
     moved_in: AtomicU64,
     failed: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 /// What the mover thread shares with the filesystem.
@@ -133,6 +134,8 @@ pub struct ColdStats {
     pub moved_in: u64,
     /// Moves out that failed (the file stayed hot), e.g. the store full.
     pub failed: u64,
+    /// Moves out given up because the file was opened (or needed) meanwhile.
+    pub cancelled: u64,
 }
 
 /// A call's hold on a regular file's backing file: taken, the file is hot
@@ -231,6 +234,7 @@ impl Fs {
             moved_out: AtomicU64::new(0),
             moved_in: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
         };
         self.cold
             .set(tier)
@@ -313,6 +317,7 @@ impl Fs {
             moved_out: c.moved_out.load(Relaxed),
             moved_in: c.moved_in.load(Relaxed),
             failed: c.failed.load(Relaxed),
+            cancelled: c.cancelled.load(Relaxed),
         })
     }
 
@@ -561,6 +566,9 @@ impl Fs {
             Err(e) if !cancelled(&copied) => {
                 cold.failed.fetch_add(1, Relaxed);
                 log::warn!("moving inode {ino} to the cold tier: {e} (it stays in the tmpfs)");
+            }
+            _ if !moved => {
+                cold.cancelled.fetch_add(1, Relaxed);
             }
             _ => {}
         }
