@@ -661,6 +661,11 @@ impl Disk {
             store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);
+            // With a cold tier, its codec is the disk's (this store holds
+            // no file data).
+            if let Some(cold) = self.fs.as_ref().and_then(|f| f.cold_store()) {
+                store.compress = cold.stats().compress;
+            }
         }
         DiskStatus {
             name: self.args.name.clone(),

@@ -343,8 +343,10 @@ fn refuses_what_this_phase_cannot_keep() {
         "kernel",
         "--compress",
         "lz4",
+        "--recompress",
+        "zstd",
     ]);
-    assert!(e.contains("--data-path kernel cannot compress"), "{e}");
+    assert!(e.contains("--data-path kernel cannot re-pack"), "{e}");
     let e = refused(&[
         "--size",
         "16M",
