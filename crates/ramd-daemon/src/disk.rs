@@ -585,6 +585,11 @@ impl Disk {
                 })?;
             fs.set_size(size)
                 .context("resizing the file data's tmpfs")?;
+            // The cold tier's store has the same budget of its own.
+            if let Some(cold) = fs.cold_store() {
+                cold.set_limits(None, budget)
+                    .context("the cold tier's memory budget")?;
+            }
             // The kernel's dirty cap and the write reserve follow the size.
             if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
                 fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));

@@ -428,6 +428,16 @@ impl Fs {
         let free_now = {
             let mut st = self.state.write();
             let i = st.get_mut(ino)?;
+            if !i.cold.is_cold() {
+                // Unlinked and closed meanwhile (`cold_free`): its data is
+                // gone, and so goes what was copied.
+                drop(st);
+                hot.remove(ino);
+                if let Err(e) = self.count_cold(true, pages_of(blocks)) {
+                    log::debug!("shrinking the tmpfs again: {e}");
+                }
+                return Ok(());
+            }
             i.cold.tier = Tier::Hot;
             cold.files.fetch_sub(1, Relaxed);
             cold.moved_in.fetch_add(1, Relaxed);
