@@ -352,6 +352,15 @@ fn refuses_what_this_phase_cannot_keep() {
         "16M",
         "--data-path",
         "kernel",
+        "--compress-after",
+        "1s",
+    ]);
+    assert!(e.contains("--compress-after needs --compress"), "{e}");
+    let e = refused(&[
+        "--size",
+        "16M",
+        "--data-path",
+        "kernel",
         "--writeback-cache",
     ]);
     assert!(e.contains("write-back cache"), "{e}");

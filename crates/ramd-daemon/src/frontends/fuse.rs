@@ -198,6 +198,13 @@ impl FrontendFactory for Fuse {
 /// What `--data-path kernel` cannot do in this phase, and what it needs,
 /// refused before anything is allocated: it was asked for by name.
 fn check_kernel_data_path(args: &DiskArgs) -> anyhow::Result<()> {
+    if args.compress.is_none() && args.compress_after.is_some() {
+        bail!(
+            "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \
+             kernel it is how long a closed file stays untouched before it moves, compressed, \
+             to the cold tier"
+        );
+    }
     if !args.recompress.is_none() {
         bail!(
             "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
