@@ -18,7 +18,7 @@ use crate::fs::{
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
 use crate::ll::dev::{InitWant, Negotiated};
 use crate::ll::notify::Notifier;
-use crate::ll::{Dispatch, Reply, Request};
+use crate::ll::{self, Dispatch, Reply, Request};
 
 /// How long the kernel may trust names (also a name's absence) and
 /// attributes it was given, in seconds. The kernel is the only writer: it
@@ -544,6 +544,7 @@ impl Dispatch for FuseFs {
             }
             // Requests are not cancelled: each is answered when done.
             op::INTERRUPT => return,
+            op::LSEEK if self.kernel_holds_pages() => return self.lseek_written_back(req, reply),
             _ => {}
         }
         let answer = self.serve(req, reply.buf());
@@ -553,7 +554,117 @@ impl Dispatch for FuseFs {
     }
 }
 
+/// LSEEK's offset and whence; ENXIO for a negative offset, EINVAL for a
+/// whence other than SEEK_DATA and SEEK_HOLE (the kernel handles
+/// SEEK_SET/CUR/END itself).
+fn lseek_in(req: &Request<'_>) -> std::result::Result<(i64, Whence), i32> {
+    let mut r = Rd(req.arg0);
+    let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
+    let whence = match whence as i32 {
+        libc::SEEK_DATA => Whence::Data,
+        libc::SEEK_HOLE => Whence::Hole,
+        _ => return Err(libc::EINVAL),
+    };
+    if offset < 0 {
+        return Err(libc::ENXIO);
+    }
+    Ok((offset, whence))
+}
+
 impl FuseFs {
+    /// Whether regular files' pages live in the kernel's page cache, where
+    /// it may hold written pages it has not written back yet: under the
+    /// write-back cache, and without it too for a shared writable mmap. Not
+    /// with passthrough, whose pages are the backing file's.
+    fn kernel_holds_pages(&self) -> bool {
+        !self.passthrough() || self.fs.hot_tier().is_none()
+    }
+
+    /// SEEK_DATA/SEEK_HOLE where the kernel may hold pages written but not
+    /// yet written back ([`FuseFs::kernel_holds_pages`]), which ramd has not
+    /// seen. `fuse_lseek` (fs/fuse/file.c) sends FUSE_LSEEK without writing them
+    /// back first (unlike fallocate and copy_file_range), so a seek right
+    /// after a write found no data where tmpfs finds it. The way a server
+    /// has to get them: FUSE_NOTIFY_INVAL_INODE for the range from the
+    /// offset on, whose page-cache invalidation (invalidate_inode_pages2_range)
+    /// launders each dirty page, a WRITE here, and waits for it, before it
+    /// drops the page (clean pages of the range go too: the price, paid
+    /// only by seeks). Pages before the offset cannot change the answer
+    /// (one that extends the file holds the offset). The WRITEs must be
+    /// served while the notification waits, so on `/dev/fuse` the answer is
+    /// sent from a thread of its own and the worker goes on serving (with
+    /// `--threads 1` it is the only one); io_uring cannot hand an answer
+    /// over, and its other entries on the CPU serve them.
+    fn lseek_written_back(&self, req: &Request<'_>, reply: &mut dyn Reply) {
+        let ino = Ino(req.header.nodeid);
+        let (offset, whence) = match lseek_in(req) {
+            Ok(a) => a,
+            Err(e) => {
+                if let Err(e) = reply.send(Err(e)) {
+                    log::debug!("answering FUSE_LSEEK: {e}");
+                }
+                return;
+            }
+        };
+        let (fs, notifier, metrics) = (
+            self.fs.clone(),
+            self.notifier.clone(),
+            self.opts.metrics.clone(),
+        );
+        let answer = move || {
+            if let Some(n) = notifier.get() {
+                if let Err(e) = n.inval_inode(ino.0, offset, 0) {
+                    log::warn!("writing back inode {ino}'s cached pages before a seek: {e}");
+                }
+            }
+            let started = Instant::now();
+            let res = fs.seek(ino, offset as u64, whence);
+            if let Some(m) = &metrics {
+                m.record(Op::Other, 0, started, res.is_ok());
+            }
+            res.map_err(ferr)
+        };
+        let Some(later) = reply.detach() else {
+            let res = answer().and_then(|o| {
+                let mut w = Wr::new(reply.buf());
+                w.u64(o);
+                w.written().ok_or(libc::EIO)
+            });
+            if let Err(e) = reply.send(res) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+            return;
+        };
+        let send = move |later: ll::Later, res: std::result::Result<u64, i32>| {
+            let bytes = res.map(u64::to_ne_bytes);
+            if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| *e)) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+        };
+        // The answer goes with the thread; if none can be started, it is
+        // answered here, from what ramd has seen.
+        let job = Arc::new(Mutex::new(Some(later)));
+        let theirs = job.clone();
+        let fallback = (self.fs.clone(), ino, offset, whence);
+        let spawned = std::thread::Builder::new()
+            .name("ramd-fuse-seek".into())
+            .spawn(move || {
+                let res = answer();
+                if let Some(later) = theirs.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    send(later, res);
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!(
+                "starting a thread for a seek in inode {ino}: {e}; answered without write-back"
+            );
+            if let Some(later) = job.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let (fs, ino, offset, whence) = fallback;
+                send(later, fs.seek(ino, offset as u64, whence).map_err(ferr));
+            }
+        }
+    }
+
     /// Serves one request that has an answer, built in `buf`.
     fn serve(&self, req: &Request<'_>, buf: &mut [u8]) -> Answer {
         let h = &req.header;
@@ -849,17 +960,7 @@ impl FuseFs {
                 empty(res)
             }
             op::LSEEK => {
-                let mut r = Rd(req.arg0);
-                let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
-                let whence = match whence as i32 {
-                    libc::SEEK_DATA => Whence::Data,
-                    libc::SEEK_HOLE => Whence::Hole,
-                    // The kernel handles SEEK_SET/CUR/END itself.
-                    _ => return Err(libc::EINVAL),
-                };
-                if offset < 0 {
-                    return Err(libc::ENXIO);
-                }
+                let (offset, whence) = lseek_in(req)?;
                 let started = Instant::now();
                 let res = fs.seek(ino, offset as u64, whence);
                 self.record(Op::Other, 0, started, res.is_ok());

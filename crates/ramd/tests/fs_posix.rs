@@ -884,3 +884,38 @@ fn xfs_io_chattr_and_lsattr_work_as_on_tmpfs() {
         "{out}"
     );
 }
+
+/// SEEK_DATA and SEEK_HOLE right after writes the kernel still holds in
+/// its page cache: a 1-byte pwrite at offset 2, one at 1 MiB, and pages
+/// written through a shared mapping still mapped (xfs_io's seek prints
+/// "EOF" for ENXIO). The last line reads the mapped bytes back.
+const SEEK_SCRIPT: &str = r#"
+cd "$1"
+xfs_io -f -c "pwrite -q 2 1" -c "seek -d 0" -c "seek -h 0" -c "pwrite -q 1048576 4096" \
+  -c "seek -h 0" -c "seek -d 4096" -c "seek -h 1048576" -c "seek -d 1052672" w | grep -v Whence
+xfs_io -f -c "truncate 2M" -c "mmap -w 0 2M" -c "mwrite -S 0x61 1048576 4096" \
+  -c "seek -d 0" -c "seek -h 1048576" -c "munmap" m | grep -v Whence
+od -An -c -j 1048576 -N 2 m
+"#;
+
+#[test]
+fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
+    require_tool("xfs_io");
+    // Both cache modes, one worker on /dev/fuse (the seek's answer must
+    // not wait on the only worker), and the kernel data path.
+    let modes: [&[&str]; 4] = [
+        CACHE_MODES[0],
+        CACHE_MODES[1],
+        &["--size", "64M", "--threads", "1", "--fuse-transport", "dev"],
+        &["--size", "64M", "--data-path", "kernel"],
+    ];
+    for args in modes {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "seek", SEEK_SCRIPT);
+        assert!(out.starts_with("DATA\t0\nHOLE\t3\n"), "{args:?}: {out}");
+        assert!(
+            out.contains("DATA\t1048576\nHOLE\t1052672\n"),
+            "{args:?}: {out}"
+        );
+    }
+}
