@@ -207,6 +207,8 @@ pub struct Attr {
     pub mtime: SystemTime,
     pub ctime: SystemTime,
     pub btime: SystemTime,
+    /// chattr's flags (`FL_*`).
+    pub flags: u32,
 }
 
 /// A time to set: a given instant or now.
@@ -481,6 +483,7 @@ impl Inode {
             mtime: self.mtime,
             ctime: self.ctime,
             btime: self.btime,
+            flags: self.flags,
         }
     }
 

@@ -342,8 +342,24 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
     }
 }
 
+/// The statx attributes tmpfs reports, each with the chattr flag it
+/// stands for.
+const STATX_ATTRS: [(u32, u64); 3] = {
+    use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NODUMP};
+    [
+        (FL_IMMUTABLE, libc::STATX_ATTR_IMMUTABLE as u64),
+        (FL_APPEND, libc::STATX_ATTR_APPEND as u64),
+        (FL_NODUMP, libc::STATX_ATTR_NODUMP as u64),
+    ]
+};
+
 /// `struct fuse_statx`: all basic fields always (the kernel refreshes its
-/// cached attributes only from a full set), the birth time when asked.
+/// cached attributes only from a full set), the birth time when asked,
+/// and the attributes tmpfs reports (immutable, append-only, nodump) with
+/// their mask. Linux 6.18 drops those two (`fuse_do_statx` in
+/// fs/fuse/dir.c copies neither into the kstat, and `fuse_update_get_attr`
+/// asks for basic stats and btime only), so `statx` shows only the VFS's
+/// own; they are answered for a kernel that passes them on.
 fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
     let time = |w: &mut Wr<'_>, t: SystemTime| {
@@ -355,9 +371,14 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         (a.rdev >> 8) & 0xfff,
         (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
     );
+    let attributes = STATX_ATTRS
+        .iter()
+        .filter(|(fl, _)| a.flags & fl != 0)
+        .fold(0, |x, (_, attr)| x | attr);
+    let attributes_mask = STATX_ATTRS.iter().fold(0, |x, (_, attr)| x | attr);
     w.u32(mask)
         .u32(4096)
-        .u64(0) // attributes
+        .u64(attributes)
         .u32(a.nlink)
         .u32(a.uid)
         .u32(a.gid)
@@ -366,7 +387,7 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         .u64(a.ino.0)
         .u64(a.size)
         .u64(a.blocks)
-        .u64(0); // attributes_mask
+        .u64(attributes_mask);
     time(w, a.atime);
     time(w, a.btime);
     time(w, a.ctime);
