@@ -925,3 +925,97 @@ fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
         );
     }
 }
+
+/// chattr (FS_IOC_SETFLAGS, then FS_IOC_FSSETXATTR) on a regular file and
+/// a directory: each change must move ctime. Before each, the kernel's
+/// coarse clock is let pass the inode's ctime (polled, with a deadline).
+const CHATTR_CTIME_C: &str = r#"
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long ctime_of(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) { perror("fstat"); exit(2); }
+    return st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+}
+
+static void after(long long t) {
+    struct timespec now, start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        if (now.tv_sec * 1000000000LL + now.tv_nsec > t) return;
+        struct timespec m;
+        clock_gettime(CLOCK_MONOTONIC, &m);
+        if (m.tv_sec - start.tv_sec > 10) { printf("the coarse clock stayed behind\n"); exit(1); }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+static void check(const char *what, int fd) {
+    long long t = ctime_of(fd);
+    after(t);
+    int flags = FS_NODUMP_FL;
+    if (ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0) { perror("FS_IOC_SETFLAGS"); exit(2); }
+    printf("%s: setflags moved ctime: %s\n", what, ctime_of(fd) > t ? "yes" : "no");
+    t = ctime_of(fd);
+    after(t);
+    struct fsxattr fa;
+    if (ioctl(fd, FS_IOC_FSGETXATTR, &fa) != 0) { perror("FS_IOC_FSGETXATTR"); exit(2); }
+    fa.fsx_xflags &= ~FS_XFLAG_NODUMP;
+    if (ioctl(fd, FS_IOC_FSSETXATTR, &fa) != 0) { perror("FS_IOC_FSSETXATTR"); exit(2); }
+    printf("%s: fssetxattr moved ctime: %s\n", what, ctime_of(fd) > t ? "yes" : "no");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3 || chdir(argv[1]) != 0) { perror("chdir"); return 2; }
+    if (argv[2][0] == 'f') {
+        int fd = open("f", O_CREAT | O_RDWR, 0644);
+        if (fd < 0 || write(fd, "x", 1) != 1) { perror("f"); return 2; }
+        check("file", fd);
+    } else {
+        if (mkdir("d", 0755) != 0) { perror("mkdir"); return 2; }
+        int fd = open("d", O_RDONLY | O_DIRECTORY);
+        if (fd < 0) { perror("d"); return 2; }
+        check("dir", fd);
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn chattr_moves_ctime_as_on_tmpfs() {
+    let prog = c_program("chattrctime", CHATTR_CTIME_C);
+    let (file, dir) = (
+        format!("{} \"$1\" file", prog.path.display()),
+        format!("{} \"$1\" dir", prog.path.display()),
+    );
+    // The write-back cache (the default): directories only. For a regular
+    // file the kernel keeps ctime itself and never takes ramd's
+    // (fuse_change_attributes_i keeps the inode's own ctime while
+    // fuse_get_cache_mask has STATX_CTIME), and Linux 6.18's
+    // fuse_fileattr_set (fs/fuse/ioctl.c) sends FUSE_IOCTL without moving
+    // that ctime as its setxattr, link, rename and unlink paths do
+    // (fuse_update_ctime): nothing a server answers can move it.
+    let disk = FsDisk::mount(CACHE_MODES[0]);
+    let out = same_as_tmpfs(&disk, "chattrctime", &dir);
+    assert_eq!(
+        out,
+        "dir: setflags moved ctime: yes\ndir: fssetxattr moved ctime: yes\n"
+    );
+    for args in [CACHE_MODES[1], &["--size", "64M", "--data-path", "kernel"]] {
+        let disk = FsDisk::mount(args);
+        for script in [&file, &dir] {
+            let out = same_as_tmpfs(&disk, "chattrctime", script);
+            assert!(!out.contains(": no"), "{args:?}: {out}");
+            fs::remove_dir_all(disk.join("chattrctime")).unwrap();
+        }
+    }
+}
