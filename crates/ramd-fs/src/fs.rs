@@ -1807,6 +1807,9 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        if inode.kind == Kind::File {
+            self.hot_flags(ino, flags)?;
+        }
         inode.flags = flags;
         inode.ctime = now();
         drop(st);

@@ -352,11 +352,13 @@ fn chattr_flags_are_kept_and_enforced_as_on_tmpfs() {
     for t in ["chattr", "lsattr", "setfattr"] {
         require_tool(t);
     }
-    let disk = FsDisk::mount(&["--size", "64M"]);
-    let out = same_as_tmpfs(&disk, "chattr", CHATTR_SCRIPT);
-    assert!(out.contains("refused: rm -f a\n"), "{out}");
-    assert!(out.contains("ok: sh -c echo two >> a\n"), "{out}");
-    assert!(out.contains("\n978307200\n"), "noatime: {out}");
+    for args in DATA_PATHS {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "chattr", CHATTR_SCRIPT);
+        assert!(out.contains("refused: rm -f a\n"), "{args:?}: {out}");
+        assert!(out.contains("ok: sh -c echo two >> a\n"), "{args:?}: {out}");
+        assert!(out.contains("\n978307200\n"), "noatime: {args:?}: {out}");
+    }
 }
 
 /// An ioctl nobody supports, called many times: ENOTTY each time, as on
@@ -694,6 +696,17 @@ const CACHE_MODES: [&[&str]; 2] = [
     &["--size", "64M", "--no-writeback-cache"],
 ];
 
+/// The kernel data path: files' data in a private kernel tmpfs, served by
+/// FUSE passthrough (no write-back cache).
+const KERNEL_PATH: &[&str] = &["--size", "64M", "--data-path", "kernel"];
+
+/// Both data paths: the store (default, write-back cache) and the kernel's.
+const DATA_PATHS: [&[&str]; 2] = [CACHE_MODES[0], KERNEL_PATH];
+
+/// Every way file data moves: both cache modes of the store, and the
+/// kernel data path.
+const ALL_MODES: [&[&str]; 3] = [CACHE_MODES[0], CACHE_MODES[1], KERNEL_PATH];
+
 /// `echo aaa > f` as the shell does it, then the order of its times: birth
 /// and atime no later than mtime (so relatime moves atime on the first
 /// read). Then, once the kernel's coarse clock (the one `current_time()`
@@ -755,7 +768,7 @@ int main(int argc, char **argv) {
 fn timestamps_come_from_the_kernels_clock_as_on_tmpfs() {
     let prog = c_program("clocks", CLOCKS_C);
     let script = format!("{} \"$1\"", prog.path.display());
-    for args in CACHE_MODES {
+    for args in ALL_MODES {
         let disk = FsDisk::mount(args);
         let out = same_as_tmpfs(&disk, "clocks", &script);
         assert_eq!(
@@ -799,7 +812,7 @@ fn immutable_and_append_only_refuse_as_on_tmpfs() {
     for t in ["chattr", "touch", "unlink", "rmdir"] {
         require_tool(t);
     }
-    for args in CACHE_MODES {
+    for args in ALL_MODES {
         let disk = FsDisk::mount(args);
         let out = same_as_tmpfs(&disk, "fixed", FIXED_SCRIPT);
         assert!(
@@ -842,11 +855,13 @@ fn an_acl_set_outside_the_group_drops_setgid_as_on_tmpfs() {
     for t in ["setfacl", "setpriv", "stat"] {
         require_tool(t);
     }
-    let disk = FsDisk::mount(&["--size", "64M"]);
-    let out = same_as_tmpfs(&disk, "sgidacl", SGID_ACL_SCRIPT);
-    assert!(out.contains("other access 770\n"), "{out}");
-    assert!(out.contains("member access 2770\n"), "{out}");
-    assert!(out.contains("root access 2770\n"), "{out}");
+    for args in DATA_PATHS {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "sgidacl", SGID_ACL_SCRIPT);
+        assert!(out.contains("other access 770\n"), "{args:?}: {out}");
+        assert!(out.contains("member access 2770\n"), "{args:?}: {out}");
+        assert!(out.contains("root access 2770\n"), "{args:?}: {out}");
+    }
 }
 
 /// xfs_io's chattr and lsattr (FS_IOC_FSSETXATTR / FSGETXATTR): the flags
@@ -881,14 +896,19 @@ fn xfs_io_chattr_and_lsattr_work_as_on_tmpfs() {
     for t in ["xfs_io", "lsattr", "touch"] {
         require_tool(t);
     }
-    let disk = FsDisk::mount(&["--size", "64M"]);
-    let out = same_as_tmpfs(&disk, "xfsio", XFS_IO_SCRIPT);
-    assert!(out.contains("== lsattr\n---a-Ad---------- f \n"), "{out}");
-    assert!(out.contains("refused append to +i\n"), "{out}");
-    assert!(
-        out.contains("== chattr +s\ncannot set flags on f: Operation not supported\n"),
-        "{out}"
-    );
+    for args in DATA_PATHS {
+        let disk = FsDisk::mount(args);
+        let out = same_as_tmpfs(&disk, "xfsio", XFS_IO_SCRIPT);
+        assert!(
+            out.contains("== lsattr\n---a-Ad---------- f \n"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("refused append to +i\n"), "{args:?}: {out}");
+        assert!(
+            out.contains("== chattr +s\ncannot set flags on f: Operation not supported\n"),
+            "{args:?}: {out}"
+        );
+    }
 }
 
 /// SEEK_DATA and SEEK_HOLE right after writes the kernel still holds in
@@ -913,7 +933,7 @@ fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
         CACHE_MODES[0],
         CACHE_MODES[1],
         &["--size", "64M", "--threads", "1", "--fuse-transport", "dev"],
-        &["--size", "64M", "--data-path", "kernel"],
+        KERNEL_PATH,
     ];
     for args in modes {
         let disk = FsDisk::mount(args);
@@ -1010,7 +1030,7 @@ fn chattr_moves_ctime_as_on_tmpfs() {
         out,
         "dir: setflags moved ctime: yes\ndir: fssetxattr moved ctime: yes\n"
     );
-    for args in [CACHE_MODES[1], &["--size", "64M", "--data-path", "kernel"]] {
+    for args in [CACHE_MODES[1], KERNEL_PATH] {
         let disk = FsDisk::mount(args);
         for script in [&file, &dir] {
             let out = same_as_tmpfs(&disk, "chattrctime", script);

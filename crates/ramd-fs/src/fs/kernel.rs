@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{err, Attr, Errno, Fs, Ino, Kind, Result, SetTime, Whence};
+use super::{err, Attr, Errno, Fs, Ino, Kind, Result, SetTime, Whence, FL_NOATIME};
 use crate::hot::HotTier;
 
 fn ioerr(e: io::Error) -> Errno {
@@ -47,6 +47,26 @@ fn timespec_of(t: Option<SetTime>) -> libc::timespec {
             }
         }
     }
+}
+
+/// Sets or clears FS_NOATIME_FL on `f` (tmpfs keeps it), leaving its
+/// other flags alone.
+fn set_noatime(f: &File, on: bool) -> Result<()> {
+    let mut fl: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int to the pointer.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut fl) } < 0 {
+        return Err(ioerr(io::Error::last_os_error()));
+    }
+    let want = if on {
+        fl | FL_NOATIME as libc::c_int
+    } else {
+        fl & !(FL_NOATIME as libc::c_int)
+    };
+    // SAFETY: FS_IOC_SETFLAGS reads one int from the pointer.
+    if want != fl && unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &want) } < 0 {
+        return Err(ioerr(io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 pub(super) fn futimens(f: &File, atime: Option<SetTime>, mtime: Option<SetTime>) -> Result<()> {
@@ -161,9 +181,28 @@ impl Fs {
     }
 
     /// The backing file to register for an open of regular file `ino`
-    /// (FOPEN_PASSTHROUGH).
+    /// (FOPEN_PASSTHROUGH), carrying the inode's noatime flag (one made
+    /// by a load, or before chattr +A, has none yet).
     pub fn backing_file(&self, ino: Ino) -> Result<File> {
-        self.backing_with(ino, None)
+        let f = self.backing_with(ino, None)?;
+        if self.state.read().get(ino)?.flags & FL_NOATIME != 0 {
+            set_noatime(&f, true)?;
+        }
+        Ok(f)
+    }
+
+    /// chattr's `flags` for regular file `ino`, on its backing file if it
+    /// has one: noatime, since reads passed through move the backing
+    /// file's atime, the one a stat shows (the others `Fs` enforces, and
+    /// would stop `Fs`'s own changes there).
+    pub(super) fn hot_flags(&self, ino: Ino, flags: u32) -> Result<()> {
+        let Some(hot) = self.hot.get() else {
+            return Ok(());
+        };
+        match hot.open(ino, false).map_err(ioerr)? {
+            Some(f) => set_noatime(&f, flags & FL_NOATIME != 0),
+            None => Ok(()),
+        }
     }
 
     /// SETATTR's size and times of a regular file, on its backing file.
