@@ -738,6 +738,7 @@ int main(int argc, char **argv) {
     struct statx s = get("f");
     long long a = ts(s.stx_atime), m = ts(s.stx_mtime), c = ts(s.stx_ctime), b = ts(s.stx_btime);
     printf("birth <= mtime: %s\n", b <= m ? "yes" : "no");
+    printf("birth <= atime: %s\n", b <= a ? "yes" : "no");
     printf("atime <= mtime: %s\n", a <= m ? "yes" : "no");
     printf("mtime <= ctime: %s\n", m <= c ? "yes" : "no");
     long long last = a > m ? a : m;
@@ -773,7 +774,8 @@ fn timestamps_come_from_the_kernels_clock_as_on_tmpfs() {
         let out = same_as_tmpfs(&disk, "clocks", &script);
         assert_eq!(
             out,
-            "birth <= mtime: yes\natime <= mtime: yes\nmtime <= ctime: yes\nfirst read moved atime: yes\n",
+            "birth <= mtime: yes\nbirth <= atime: yes\natime <= mtime: yes\nmtime <= ctime: yes\n\
+             first read moved atime: yes\n",
             "{args:?}"
         );
     }
