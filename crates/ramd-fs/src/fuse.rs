@@ -18,7 +18,7 @@ use crate::fs::{
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
 use crate::ll::dev::{InitWant, Negotiated};
 use crate::ll::notify::Notifier;
-use crate::ll::{self, Dispatch, Reply, Request};
+use crate::ll::{Dispatch, Reply, Request};
 
 /// How long the kernel may trust names (also a name's absence) and
 /// attributes it was given, in seconds. The kernel is the only writer: it
@@ -85,6 +85,10 @@ pub struct FuseFs {
     setxattr_ext: AtomicBool,
     /// Backing files registered for passthrough opens (FUSE_PASSTHROUGH).
     backings: Backings,
+    /// Answers seeks that wait for the kernel's write-back.
+    seeker: Seeker,
+    /// Seeks waiting for the kernel's write-back in place (io_uring).
+    in_place_seeks: std::sync::atomic::AtomicUsize,
 }
 
 /// The backing ids of open regular files. The kernel refuses a
@@ -124,6 +128,8 @@ impl FuseFs {
             unknown_ioctls: Mutex::new(HashSet::new()),
             setxattr_ext: AtomicBool::new(false),
             backings: Backings::default(),
+            seeker: Seeker::default(),
+            in_place_seeks: Default::default(),
         }
     }
 
@@ -575,6 +581,41 @@ impl Dispatch for FuseFs {
     }
 }
 
+/// A seek answered from the seeker thread ([`FuseFs::lseek_written_back`]).
+type SeekJob = Box<dyn FnOnce() + Send>;
+
+/// The thread that answers seeks which wait for the kernel's write-back,
+/// started at the first; it ends when the filesystem's sender goes.
+#[derive(Default)]
+struct Seeker {
+    tx: Mutex<Option<std::sync::mpsc::Sender<SeekJob>>>,
+}
+
+impl Seeker {
+    /// Hands `job` to the thread; back if no thread could be started.
+    fn send(&self, job: SeekJob) -> std::result::Result<(), std::sync::mpsc::SendError<SeekJob>> {
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if tx.is_none() {
+            let (t, rx) = std::sync::mpsc::channel::<SeekJob>();
+            let started = std::thread::Builder::new()
+                .name("ramd-fuse-seek".into())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                });
+            match started {
+                Ok(_) => *tx = Some(t),
+                Err(e) => {
+                    log::warn!("starting the seek thread: {e}; seeks answered in place");
+                    return Err(std::sync::mpsc::SendError(job));
+                }
+            }
+        }
+        tx.as_ref().expect("started").send(job)
+    }
+}
+
 /// LSEEK's offset and whence; ENXIO for a negative offset, EINVAL for a
 /// whence other than SEEK_DATA and SEEK_HOLE (the kernel handles
 /// SEEK_SET/CUR/END itself).
@@ -613,9 +654,9 @@ impl FuseFs {
     /// only by seeks). Pages before the offset cannot change the answer
     /// (one that extends the file holds the offset). The WRITEs must be
     /// served while the notification waits, so on `/dev/fuse` the answer is
-    /// sent from a thread of its own and the worker goes on serving (with
+    /// sent from the seeker thread and the worker goes on serving (with
     /// `--threads 1` it is the only one); io_uring cannot hand an answer
-    /// over, and its other entries on the CPU serve them.
+    /// over, and keeps an entry of every queue free for them (below).
     fn lseek_written_back(&self, req: &Request<'_>, reply: &mut dyn Reply) {
         let ino = Ino(req.header.nodeid);
         let (offset, whence) = match lseek_in(req) {
@@ -632,8 +673,8 @@ impl FuseFs {
             self.notifier.clone(),
             self.opts.metrics.clone(),
         );
-        let answer = move || {
-            if let Some(n) = notifier.get() {
+        let answer = move |write_back: bool| {
+            if let Some(n) = notifier.get().filter(|_| write_back) {
                 if let Err(e) = n.inval_inode(ino.0, offset, 0) {
                     log::warn!("writing back inode {ino}'s cached pages before a seek: {e}");
                 }
@@ -646,7 +687,28 @@ impl FuseFs {
             res.map_err(ferr)
         };
         let Some(later) = reply.detach() else {
-            let res = answer().and_then(|o| {
+            // In place (io_uring): the request keeps its ring entry until
+            // answered, and the write-back's WRITEs need a free entry in
+            // the queue of the CPU the notification runs on. So at most a
+            // queue's depth less one seeks wait at once, whichever queues
+            // they are on: every queue keeps an entry for the WRITEs. A
+            // seek past that is answered from what ramd has seen.
+            let limit =
+                usize::from(crate::ll::uring::UringConfig::default().queue_depth).saturating_sub(1);
+            let waiting = &self.in_place_seeks;
+            let write_back = waiting
+                .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+                .is_ok();
+            if !write_back {
+                log::debug!(
+                    "seek in inode {ino} answered without write-back: {limit} already wait"
+                );
+            }
+            let res = answer(write_back);
+            if write_back {
+                waiting.fetch_sub(1, Relaxed);
+            }
+            let res = res.and_then(|o| {
                 let mut w = Wr::new(reply.buf());
                 w.u64(o);
                 w.written().ok_or(libc::EIO)
@@ -656,33 +718,16 @@ impl FuseFs {
             }
             return;
         };
-        let send = move |later: ll::Later, res: std::result::Result<u64, i32>| {
-            let bytes = res.map(u64::to_ne_bytes);
+        let job: SeekJob = Box::new(move || {
+            let bytes = answer(true).map(u64::to_ne_bytes);
             if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| *e)) {
                 log::debug!("answering FUSE_LSEEK: {e}");
             }
-        };
-        // The answer goes with the thread; if none can be started, it is
-        // answered here, from what ramd has seen.
-        let job = Arc::new(Mutex::new(Some(later)));
-        let theirs = job.clone();
-        let fallback = (self.fs.clone(), ino, offset, whence);
-        let spawned = std::thread::Builder::new()
-            .name("ramd-fuse-seek".into())
-            .spawn(move || {
-                let res = answer();
-                if let Some(later) = theirs.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                    send(later, res);
-                }
-            });
-        if let Err(e) = spawned {
-            log::warn!(
-                "starting a thread for a seek in inode {ino}: {e}; answered without write-back"
-            );
-            if let Some(later) = job.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let (fs, ino, offset, whence) = fallback;
-                send(later, fs.seek(ino, offset as u64, whence).map_err(ferr));
-            }
+        });
+        if let Err(job) = self.seeker.send(job) {
+            // No thread to answer from (it could not be started): here,
+            // at the risk the notification waits on this worker.
+            (job.0)();
         }
     }
 

@@ -926,6 +926,21 @@ xfs_io -f -c "truncate 2M" -c "mmap -w 0 2M" -c "mwrite -S 0x61 1048576 4096" \
 od -An -c -j 1048576 -N 2 m
 "#;
 
+/// Many files written and seeked at once (more than a ring queue's
+/// entries): each seek waits for a write-back whose WRITEs need a free
+/// worker or ring entry. Then every file's data and holes.
+const SEEK_MANY_SCRIPT: &str = r#"
+cd "$1"
+for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
+  ( for j in 1 2 3 4 5 6 7 8; do
+      xfs_io -f -c "pwrite -q $((j * 8192)) 4096" -c "seek -d 0" -c "mmap -w 0 64k" \
+        -c "mwrite -S 0x62 $((j * 4096)) 100" -c "seek -h 0" -c "munmap" f$i >/dev/null || echo "f$i: xfs_io failed"
+    done ) &
+done
+wait
+for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo "f$i"; xfs_io -r -c "seek -a -r 0" f$i; done
+"#;
+
 #[test]
 fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
     require_tool("xfs_io");
@@ -945,6 +960,8 @@ fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
             out.contains("DATA\t1048576\nHOLE\t1052672\n"),
             "{args:?}: {out}"
         );
+        let out = same_as_tmpfs(&disk, "seekmany", SEEK_MANY_SCRIPT);
+        assert!(!out.contains("failed"), "{args:?}: {out}");
     }
 }
 
