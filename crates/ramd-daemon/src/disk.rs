@@ -143,7 +143,11 @@ impl Disk {
             (None, _) => None,
         };
         let image = match &args.image {
-            Some(dir) => Some(persist::open_image(dir, kind, given)?),
+            Some(dir) => {
+                let (mut image, size) = persist::open_image(dir, kind, given)?;
+                image.set_keep_saves(Some(args.keep_saves));
+                Some((image, size))
+            }
             None => None,
         };
         let id = image
@@ -677,6 +681,14 @@ impl Disk {
                     .find(|f| f.protocol == "fuse")
                     .map(|f| f.endpoint.clone()),
             ),
+            data_path: self.fs.as_ref().map(|f| {
+                if f.hot_tier().is_some() {
+                    "kernel"
+                } else {
+                    "store"
+                }
+                .to_string()
+            }),
             unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
             page_limit,
             metrics: self.metrics_url.clone(),
@@ -929,12 +941,12 @@ fn open_fs(
     };
     // `--data-path kernel`: file data in a private kernel tmpfs, made
     // before a load, which writes into it.
-    let tier = match args.data_path {
+    let tier = match crate::frontends::fuse::data_path(args).0 {
         DataPath::Kernel => Some(
             ramd_fs::hot::HotTier::new(&crate::frontends::fuse::hot_config(args, &cfg))
                 .context("--data-path kernel: making the private tmpfs for file data")?,
         ),
-        DataPath::Store => None,
+        DataPath::Store | DataPath::Auto => None,
     };
     match (image, tier) {
         (Some((image, _)), Some(tier)) if image.manifest().is_some() => {

@@ -235,6 +235,20 @@ pub struct SetAttr {
     pub times_given: bool,
 }
 
+impl SetAttr {
+    /// Nothing to set: from the kernel, its word that setuid and setgid
+    /// must go (see [`Fs::setattr`]).
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none()
+    }
+}
+
 /// One directory entry as readdir returns it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -786,7 +800,8 @@ impl Fs {
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory, and a truncate by a caller without
-    /// CAP_FSETID, drop setuid, setgid and file capabilities.
+    /// CAP_FSETID, drop setuid, setgid and file capabilities; so does an
+    /// empty SETATTR, the kernel's word that a change needs it.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         let c = self.store.change();
         let now = now();
@@ -810,12 +825,19 @@ impl Fs {
         if set.size.is_some() {
             self.drop_privileges(inode, who, Kill::Modify);
         }
+        if set.is_empty() && inode.kind == Kind::File {
+            // The kernel found that a change by `who` (a write, fallocate
+            // or copy it did not send us: passed through to the backing
+            // file, or a fallocate) must drop setuid/setgid, and with
+            // HANDLE_KILLPRIV_V2 leaves that to us, sending nothing else.
+            self.drop_privileges(inode, who, Kill::KernelSays);
+        }
         if inode.kind == Kind::File && self.hot.get().is_some() {
             if set.size.is_some_and(|s| s > self.max_file_size()) {
                 return err(Errno::EFBIG);
             }
-            let times = (inode.atime, inode.mtime);
-            self.hot_setattr(ino, times, set.size, set.atime, set.mtime)?;
+            let made_with = (inode.atime, inode.mtime, inode.flags);
+            self.hot_setattr(ino, made_with, set.size, set.atime, set.mtime)?;
         } else if let Some(size) = set.size {
             let Data::File {
                 slot,
@@ -1438,11 +1460,6 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether `ino` is open (the kernel's opens of it, not yet released).
-    pub fn is_open(&self, ino: Ino) -> bool {
-        self.state.read().get(ino).is_ok_and(|i| i.opens > 0)
-    }
-
     /// Takes the gate: the last close of an unlinked file frees its data.
     pub fn release(&self, ino: Ino) {
         let c = self.store.change();
@@ -1807,8 +1824,8 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
-        if inode.kind == Kind::File {
-            self.hot_flags(ino, flags)?;
+        if inode.kind == Kind::File && (inode.flags ^ flags) & FL_NOATIME != 0 {
+            self.hot_noatime(ino, flags & FL_NOATIME != 0)?;
         }
         inode.flags = flags;
         inode.ctime = now();

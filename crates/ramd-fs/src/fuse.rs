@@ -102,8 +102,26 @@ struct Backings {
     dev: OnceLock<Arc<std::os::fd::OwnedFd>>,
     /// INIT granted FUSE_PASSTHROUGH.
     granted: AtomicBool,
-    /// Inode → (backing id, opens answered with it).
-    ids: Mutex<std::collections::HashMap<Ino, (i32, u32)>>,
+    /// Inode → its backing id and the opens answered with it.
+    ids: Mutex<std::collections::HashMap<Ino, Backed>>,
+}
+
+/// A regular file's backing id and its opens (see [`Backings`]).
+#[derive(Debug, Clone, Copy)]
+struct Backed {
+    id: i32,
+    /// Opens answered with `id`, not yet released.
+    opens: u32,
+    /// Of those, opened O_RDWR: only such an open can map the file shared
+    /// and writable, and so change its blocks and times without a request
+    /// here (mmap of an O_WRONLY fd is refused, and an O_RDONLY one cannot
+    /// be made writable).
+    read_write: u32,
+}
+
+/// Whether an open with these flags could map the file shared and writable.
+fn read_write(flags: u32) -> bool {
+    flags as i32 & libc::O_ACCMODE == libc::O_RDWR
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
@@ -147,14 +165,16 @@ impl FuseFs {
     /// `Fs`: with passthrough, a regular file's backing file (registered
     /// at its first open, see [`Backings`]); otherwise the page-cache mode
     /// `Fs` says, no backing.
-    fn open_reply(&self, ino: Ino) -> std::result::Result<(u32, i32), i32> {
+    fn open_reply(&self, ino: Ino, flags: u32) -> std::result::Result<(u32, i32), i32> {
         if !self.passthrough() || self.fs.hot_tier().is_none() {
             return Ok((open_flags(&self.fs, ino), 0));
         }
+        let rw = u32::from(read_write(flags));
         let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((id, n)) = ids.get_mut(&ino) {
-            *n += 1;
-            return Ok((abi::FOPEN_PASSTHROUGH, *id));
+        if let Some(b) = ids.get_mut(&ino) {
+            b.opens += 1;
+            b.read_write += rw;
+            return Ok((abi::FOPEN_PASSTHROUGH, b.id));
         }
         let dev = self.backings.dev.get().ok_or(libc::EIO)?;
         let file = self.fs.backing_file(ino).map_err(ferr)?;
@@ -164,29 +184,63 @@ impl FuseFs {
         })?;
         // The kernel holds its own reference: ours may go now.
         drop(file);
-        ids.insert(ino, (id, 1));
+        ids.insert(
+            ino,
+            Backed {
+                id,
+                opens: 1,
+                read_write: rw,
+            },
+        );
         Ok((abi::FOPEN_PASSTHROUGH, id))
     }
 
-    /// A RELEASE of `ino`: its last drops the backing id.
-    fn released(&self, ino: Ino) {
+    /// A RELEASE of `ino` by an open with `flags`: its last drops the
+    /// backing id.
+    fn released(&self, ino: Ino, flags: u32) {
         if !self.passthrough() {
             return;
         }
         let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((id, n)) = ids.get_mut(&ino) else {
+        let Some(b) = ids.get_mut(&ino) else {
             return;
         };
-        *n -= 1;
-        if *n > 0 {
+        b.opens -= 1;
+        if read_write(flags) {
+            b.read_write = b.read_write.saturating_sub(1);
+        }
+        if b.opens > 0 {
             return;
         }
-        let id = *id;
+        let id = b.id;
         ids.remove(&ino);
         if let Some(dev) = self.backings.dev.get() {
             if let Err(e) = backing_close(dev, id) {
                 log::warn!("closing backing id {id} of inode {ino}: {e}");
             }
+        }
+    }
+
+    /// How long the kernel may keep an inode's attributes. A regular
+    /// file's on the hot tier (`--data-path kernel`) not at all while an
+    /// open of it could map it shared and writable (O_RDWR): a write
+    /// through such a mapping changes the backing file's blocks and times
+    /// without a request here. Other opens change nothing behind ramd's
+    /// back that the kernel keeps: after a passed-through write it drops
+    /// what it knows of size and times itself, after a read its atime.
+    /// What the kernel cached before an O_RDWR open goes at the open's
+    /// first read, write or mmap (each drops the kernel's atime, and a
+    /// stat then asks for everything). Keeping the attributes of an
+    /// O_WRONLY open (an untar's, a compiler's) saves the GETATTR that
+    /// the permission check of the open itself would send.
+    fn attr_ttl(&self, a: &Attr) -> u64 {
+        if a.kind != Kind::File || self.fs.hot_tier().is_none() {
+            return TTL;
+        }
+        let ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
+        match ids.get(&a.ino) {
+            Some(b) if b.read_write > 0 => 0,
+            _ => TTL,
         }
     }
 
@@ -205,7 +259,9 @@ impl FuseFs {
             | init::DO_READDIRPLUS
             // HANDLE_KILLPRIV_V2: without it the kernel asks for the
             // security.capability xattr before every write, a second round
-            // trip per write; with it, dropping setuid/setgid is ours (fs.rs).
+            // trip per write, and a GETATTR before every chown; with it,
+            // dropping setuid/setgid is ours (fs.rs), also for writes passed
+            // through (the kernel then sends an empty SETATTR).
             | init::HANDLE_KILLPRIV_V2
             | init::PARALLEL_DIROPS
             // File handles (open_by_handle_at, NFS export) that work after
@@ -438,27 +494,11 @@ fn creator(req: &Request<'_>, umask: u32) -> Caller {
 }
 
 /// CREATE's and TMPFILE's answer: the new inode's entry, then its open.
-fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
+fn created_out(t: &FuseFs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, a), &fattr_of(a));
+    abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(a), &fattr_of(a));
     abi::encode_open_out(&mut w, 0, open.0, open.1);
     w.written().ok_or(libc::EIO)
-}
-
-/// How long the kernel may keep an inode's attributes. A regular file's
-/// on the hot tier (`--data-path kernel`) not at all while it is open:
-/// its blocks change in the backing file without a request here (a write
-/// through mmap; the kernel itself drops what it knows of size and times
-/// after a passed-through write, and of atime after a read). A closed one
-/// cannot change behind ramd's back; what the kernel cached while it was
-/// closed goes at the first read, write or mmap of an open (each drops
-/// the kernel's atime, and a stat then asks for everything).
-fn attr_ttl(fs: &Fs, a: &Attr) -> u64 {
-    if a.kind == Kind::File && fs.hot_tier().is_some() && fs.is_open(a.ino) {
-        0
-    } else {
-        TTL
-    }
 }
 
 /// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
@@ -485,10 +525,10 @@ fn arg<T>(v: Option<T>) -> std::result::Result<T, i32> {
     v.ok_or(libc::EINVAL)
 }
 
-fn entry_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn entry_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, &a), &fattr_of(&a));
+    abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(&a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -496,21 +536,21 @@ fn entry_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
 /// kernel keeps as a negative dentry for `TTL`, so asking again for it
 /// (open(O_CREAT), a build's probes) is free; creating the name through
 /// the kernel replaces it.
-fn lookup_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn lookup_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     match r {
         Err(e) if e == Errno::ENOENT => {
             let mut w = Wr::new(buf);
             abi::encode_entry(&mut w, 0, TTL, TTL, &abi::FAttr::default());
             w.written().ok_or(libc::EIO)
         }
-        r => entry_out(fs, buf, r),
+        r => entry_out(t, buf, r),
     }
 }
 
-fn attr_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn attr_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_attr_out(&mut w, attr_ttl(fs, &a), &fattr_of(&a));
+    abi::encode_attr_out(&mut w, t.attr_ttl(&a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -742,14 +782,14 @@ impl FuseFs {
             return Err(libc::EINVAL);
         }
         match h.opcode {
-            op::LOOKUP => lookup_out(fs, buf, fs.lookup(ino, last_name(req.rest)?)),
+            op::LOOKUP => lookup_out(self, buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {
                 let flags = arg(abi::Rd(req.arg0).u32())?;
                 // With a handle: the kernel is about to take a cached write.
                 if flags & abi::GETATTR_FH != 0 {
                     fs.write_allowed(ino).map_err(ferr)?;
                 }
-                attr_out(fs, buf, fs.getattr(ino))
+                attr_out(self, buf, fs.getattr(ino))
             }
             op::SETATTR => {
                 let s = arg(abi::SetattrIn::parse(req.arg0))?;
@@ -778,7 +818,7 @@ impl FuseFs {
                     },
                     times_given: times_given(&s),
                 };
-                attr_out(fs, buf, fs.setattr(caller(req), ino, set))
+                attr_out(self, buf, fs.setattr(caller(req), ino, set))
             }
             op::READLINK => data_out(buf, &fs.readlink(ino).map_err(ferr)?),
             op::SYMLINK => {
@@ -788,14 +828,14 @@ impl FuseFs {
                     return Err(libc::EINVAL);
                 }
                 let target = OsStr::from_bytes(target);
-                entry_out(fs, buf, fs.symlink(caller(req), ino, link, target))
+                entry_out(self, buf, fs.symlink(caller(req), ino, link, target))
             }
             op::MKNOD => {
                 let mut r = Rd(req.arg0);
                 let (mode, rdev, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
                 entry_out(
-                    fs,
+                    self,
                     buf,
                     fs.mknod(who, ino, last_name(req.rest)?, mode, rdev),
                 )
@@ -804,7 +844,7 @@ impl FuseFs {
                 let mut r = Rd(req.arg0);
                 let (mode, umask) = (arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
-                entry_out(fs, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
+                entry_out(self, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
             }
             op::UNLINK => empty(fs.unlink(ino, last_name(req.rest)?)),
             op::RMDIR => empty(fs.rmdir(ino, last_name(req.rest)?)),
@@ -822,12 +862,12 @@ impl FuseFs {
             }
             op::LINK => {
                 let old = arg(Rd(req.arg0).u64())?;
-                entry_out(fs, buf, fs.link(Ino(old), ino, last_name(req.rest)?))
+                entry_out(self, buf, fs.link(Ino(old), ino, last_name(req.rest)?))
             }
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
                 fs.open(ino, flags as i32).map_err(ferr)?;
-                let (open_flags, backing) = match self.open_reply(ino) {
+                let (open_flags, backing) = match self.open_reply(ino, flags) {
                     Ok(r) => r,
                     Err(e) => {
                         fs.release(ino);
@@ -893,7 +933,11 @@ impl FuseFs {
             op::RELEASE => {
                 // The backing id first: the last release frees an
                 // unlinked file's backing file.
-                self.released(ino);
+                // fuse_release_in: fh, then the open's flags (its length
+                // was checked above; a release is never refused).
+                let mut r = Rd(req.arg0);
+                let flags = r.u64().and_then(|_fh| r.u32()).unwrap_or(0);
+                self.released(ino, flags);
                 fs.release(ino);
                 Ok(0)
             }
@@ -968,9 +1012,9 @@ impl FuseFs {
             // With default_permissions the kernel checks access itself.
             op::ACCESS => Ok(0),
             op::CREATE | op::TMPFILE => {
-                // fuse_create_in: flags (not needed), mode, umask.
+                // fuse_create_in: flags, mode, umask.
                 let mut r = Rd(req.arg0);
-                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                let (flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
                 let a = if h.opcode == op::CREATE {
                     fs.create(who, ino, last_name(req.rest)?, mode)
@@ -979,7 +1023,7 @@ impl FuseFs {
                     fs.tmpfile(who, ino, mode)
                 };
                 let a = a.map_err(ferr)?;
-                let open = match self.open_reply(a.ino) {
+                let open = match self.open_reply(a.ino, flags) {
                     Ok(r) => r,
                     Err(e) => {
                         // Created but not opened: the kernel will not
@@ -988,14 +1032,14 @@ impl FuseFs {
                         return Err(e);
                     }
                 };
-                created_out(fs, buf, &a, open)
+                created_out(self, buf, &a, open)
             }
             op::STATX => {
                 let sx = arg(abi::StatxIn::parse(req.arg0))?;
                 let a = fs.getattr(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
                 // attr_valid, its nanoseconds, flags, spare.
-                w.u64(attr_ttl(fs, &a)).u32(0).u32(0).zeros(16);
+                w.u64(self.attr_ttl(&a)).u32(0).u32(0).zeros(16);
                 encode_statx(&mut w, &a, sx.sx_mask);
                 w.written().ok_or(libc::EIO)
             }
@@ -1095,7 +1139,7 @@ impl FuseFs {
                 // Removed since opendir: leave it out.
                 continue;
             };
-            let ttl = attr_ttl(&self.fs, &attr);
+            let ttl = self.attr_ttl(&attr);
             abi::encode_entry(&mut w, GENERATION, TTL, ttl, &fattr_of(&attr));
             let typ = type_bits(e.kind) >> 12;
             abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes());

@@ -90,7 +90,12 @@ fn writes_by_another_user_drop_setuid_and_setgid_as_on_tmpfs() {
     for t in ["setpriv", "fallocate", "truncate", "stat"] {
         require_tool(t);
     }
-    let disk = FsDisk::mount(&["--size", "64M"]);
+    // The kernel path: writes never reach ramd; the kernel sends an empty
+    // SETATTR from the writer when the bits must go.
+    let kernel = FsDisk::mount(&["--size", "64M", "--data-path", "kernel"]);
+    same_as_tmpfs(&kernel, "privs, kernel path", PRIVILEGE_SCRIPT);
+    kernel.stop();
+    let disk = FsDisk::mount(&["--size", "64M", "--data-path", "store"]);
     let out = same_as_tmpfs(&disk, "privs", PRIVILEGE_SCRIPT);
     // The oracle itself: tmpfs drops both bits for a writer outside the group.
     assert!(out.contains("other.6666.write 666\n"), "{out}");
@@ -358,6 +363,7 @@ fn chattr_flags_are_kept_and_enforced_as_on_tmpfs() {
         assert!(out.contains("refused: rm -f a\n"), "{args:?}: {out}");
         assert!(out.contains("ok: sh -c echo two >> a\n"), "{args:?}: {out}");
         assert!(out.contains("\n978307200\n"), "noatime: {args:?}: {out}");
+        disk.stop();
     }
 }
 
@@ -688,19 +694,27 @@ fn statx_reports_birth_time_as_on_tmpfs() {
     );
 }
 
-/// The disks every cache-dependent check runs on: the default (write-back
-/// cache, io_uring where the kernel offers it) and writes sent as they
-/// happen.
+/// The disks every cache-dependent check runs on: the store path with
+/// its write-back cache (io_uring where the kernel offers it) and with
+/// writes sent as they happen, and the kernel path (the default where
+/// passthrough can be had).
 const CACHE_MODES: [&[&str]; 2] = [
-    &["--size", "64M"],
-    &["--size", "64M", "--no-writeback-cache"],
+    &["--size", "64M", "--data-path", "store"],
+    &[
+        "--size",
+        "64M",
+        "--no-writeback-cache",
+        "--data-path",
+        "store",
+    ],
 ];
 
 /// The kernel data path: files' data in a private kernel tmpfs, served by
 /// FUSE passthrough (no write-back cache).
 const KERNEL_PATH: &[&str] = &["--size", "64M", "--data-path", "kernel"];
 
-/// Both data paths: the store (default, write-back cache) and the kernel's.
+/// Both data paths: the store (with its write-back cache) and the kernel's
+/// (the default where passthrough can be had).
 const DATA_PATHS: [&[&str]; 2] = [CACHE_MODES[0], KERNEL_PATH];
 
 /// Every way file data moves: both cache modes of the store, and the
@@ -949,7 +963,16 @@ fn seek_data_sees_writes_not_yet_written_back_as_on_tmpfs() {
     let modes: [&[&str]; 4] = [
         CACHE_MODES[0],
         CACHE_MODES[1],
-        &["--size", "64M", "--threads", "1", "--fuse-transport", "dev"],
+        &[
+            "--size",
+            "64M",
+            "--threads",
+            "1",
+            "--fuse-transport",
+            "dev",
+            "--data-path",
+            "store",
+        ],
         KERNEL_PATH,
     ];
     for args in modes {
