@@ -99,6 +99,11 @@ import os,sys
 d=sys.argv[1]+'/c'
 for i in range($n): os.unlink(f'{d}/f{i}')" "$mnt"
 count "untar (per file)" 2000 tar -C "$mnt" -xf "$work/tree.tar"
+count "stat after untar (per file)" 2000 python3 -c "
+import os,sys
+for d, _, fs in os.walk(sys.argv[1] + '/tree'):
+    for f in fs: os.stat(os.path.join(d, f))" "$mnt"
+count "rm -r (per file)" 2000 rm -r "$mnt/tree"
 count "16 KiB sequential write" 16384 dd if=/dev/zero of="$mnt/seq" bs=16k count=16384 status=none
 count "8 kB write+fdatasync" $n python3 -c "
 import os,sys

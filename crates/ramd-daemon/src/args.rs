@@ -164,18 +164,19 @@ pub struct DiskArgs {
     #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_fuse_transport, value_name = "TRANSPORT")]
     pub fuse_transport: FuseTransport,
 
-    /// Filesystem disk: where regular files' data lives. store (the
-    /// default): ramd's page store, every read and write a FUSE request.
-    /// kernel: a private kernel tmpfs (size, inodes, huge pages and NUMA
-    /// policy from this disk's settings) whose files the kernel reads and
-    /// writes directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps
-    /// names, modes, owners, times and xattrs. Keeps an image as the store
-    /// path does, but a save is not one point in time for files written
-    /// while it runs (see README). With --compress, closed files idle for
-    /// --compress-after move out of the tmpfs into ramd's store,
-    /// compressed, and back when opened. Not with --recompress, nor the
-    /// write-back cache.
-    #[arg(long, requires = "mount", default_value = "store", value_parser = parse_data_path, value_name = "PATH")]
+    /// Filesystem disk: where regular files' data lives. kernel: a
+    /// private kernel tmpfs (size, inodes, huge pages and NUMA policy from
+    /// this disk's settings) whose files the kernel reads and writes
+    /// directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps names,
+    /// modes, owners, times and xattrs; a save is not one point in time
+    /// for files written while it runs (see README); with --compress,
+    /// closed files idle for --compress-after move out of the tmpfs into
+    /// ramd's store, compressed, and back when opened; not with
+    /// --recompress or --writeback-cache. store: ramd's page store, every
+    /// read and write a FUSE request. auto (the default): kernel where it
+    /// can be had and no setting asks for the store (--compress,
+    /// --recompress, --writeback-cache), else store (saying why).
+    #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_data_path, value_name = "PATH")]
     pub data_path: DataPath,
 
     /// Cap on RAM used for pages, compressed objects and page tables;
@@ -283,6 +284,14 @@ pub struct DiskArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", requires = "image")]
     pub autosave: Option<Duration>,
 
+    /// Keep the saves of this long ago restorable (`ramd image restore`):
+    /// the chains that full saves (compactions) replace stay in the image,
+    /// as MANIFEST-N and their segments, until their newest save is older
+    /// than DURATION (e.g. 1h, 7d). 0: only the current chain (chains kept
+    /// earlier stay until `ramd image prune --keep-saves`). Needs --image.
+    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION", requires = "image")]
+    pub keep_saves: Duration,
+
     /// What a flush means. `ignore`: NBD FLUSH/FUA and fsync return at once
     /// (a crash loses what changed since the last save). `persist`: they
     /// return once a save holding the data is durable in the image. Needs
@@ -382,6 +391,7 @@ impl DiskArgs {
             "image" => format!("{:?}", self.image),
             "replicate" => format!("{:?}", self.replicate),
             "autosave" => format!("{:?}", self.autosave),
+            "keep_saves" => format!("{:?}", self.keep_saves),
             "flush" => format!("{:?}", self.flush),
             "iscsi" => format!("{:?}", self.iscsi),
             "iscsi_lun" => format!("{:?}", self.iscsi_lun),
@@ -465,6 +475,9 @@ fn parse_fuse_transport(s: &str) -> Result<FuseTransport, String> {
 /// `--data-path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
+    /// Kernel where it can be had, else store: see
+    /// `frontends::fuse::data_path`, which resolves it.
+    Auto,
     Store,
     Kernel,
 }
@@ -472,6 +485,7 @@ pub enum DataPath {
 impl std::fmt::Display for DataPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            DataPath::Auto => "auto",
             DataPath::Store => "store",
             DataPath::Kernel => "kernel",
         })
@@ -480,9 +494,12 @@ impl std::fmt::Display for DataPath {
 
 fn parse_data_path(s: &str) -> Result<DataPath, String> {
     match s {
+        "auto" => Ok(DataPath::Auto),
         "store" => Ok(DataPath::Store),
         "kernel" => Ok(DataPath::Kernel),
-        _ => Err(format!("invalid data path {s:?}: use store or kernel")),
+        _ => Err(format!(
+            "invalid data path {s:?}: use auto, kernel or store"
+        )),
     }
 }
 

@@ -144,7 +144,11 @@ impl Disk {
             (None, _) => None,
         };
         let image = match &args.image {
-            Some(dir) => Some(persist::open_image(dir, kind, given)?),
+            Some(dir) => {
+                let (mut image, size) = persist::open_image(dir, kind, given)?;
+                image.set_keep_saves(Some(args.keep_saves));
+                Some((image, size))
+            }
             None => None,
         };
         let id = image
@@ -694,6 +698,14 @@ impl Disk {
                     .find(|f| f.protocol == "fuse")
                     .map(|f| f.endpoint.clone()),
             ),
+            data_path: self.fs.as_ref().map(|f| {
+                if f.hot_tier().is_some() {
+                    "kernel"
+                } else {
+                    "store"
+                }
+                .to_string()
+            }),
             unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
             page_limit,
             metrics: self.metrics_url.clone(),
@@ -874,7 +886,7 @@ fn store_config(
             let max_memory = args
                 .max_memory
                 .unwrap_or_else(|| fs_max_memory(args, size, loading));
-            let base = match args.data_path {
+            let base = match crate::frontends::fuse::data_path(args).0 {
                 // File data is in the tmpfs, or compressed in the cold
                 // tier's own store: this one holds none.
                 DataPath::Kernel => StoreConfig {
@@ -882,7 +894,7 @@ fn store_config(
                     compress_after: Duration::ZERO,
                     ..base
                 },
-                DataPath::Store => base,
+                DataPath::Store | DataPath::Auto => base,
             };
             StoreConfig {
                 max_memory: Some(max_memory),
@@ -909,7 +921,7 @@ fn start_cold_tier(
     shared: &Shared,
     placement: &Option<Placement>,
 ) -> Result<()> {
-    if args.data_path != DataPath::Kernel || args.compress.is_none() {
+    if crate::frontends::fuse::data_path(args).0 != DataPath::Kernel || args.compress.is_none() {
         return Ok(());
     }
     let cfg = StoreConfig {
@@ -1002,12 +1014,12 @@ fn open_fs(
     };
     // `--data-path kernel`: file data in a private kernel tmpfs, made
     // before a load, which writes into it.
-    let tier = match args.data_path {
+    let tier = match crate::frontends::fuse::data_path(args).0 {
         DataPath::Kernel => Some(
             ramd_fs::hot::HotTier::new(&crate::frontends::fuse::hot_config(args, &cfg))
                 .context("--data-path kernel: making the private tmpfs for file data")?,
         ),
-        DataPath::Store => None,
+        DataPath::Store | DataPath::Auto => None,
     };
     match (image, tier) {
         (Some((image, _)), Some(tier)) if image.manifest().is_some() => {
@@ -1090,7 +1102,7 @@ fn start_saving(
 /// warm pool's decay, on the daemon's shared threads; they run until the
 /// returned handle is dropped.
 fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
-    if args.compresses() && args.data_path == DataPath::Store {
+    if args.compresses() && crate::frontends::fuse::data_path(args).0 == DataPath::Store {
         log::info!(
             "disk {:?}: compression {} ({}), pages idle {:?} {}, {} background thread(s)",
             args.name,

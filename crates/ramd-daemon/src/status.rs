@@ -35,6 +35,11 @@ pub struct DiskStatus {
     pub read_only: bool,
     /// Filesystem disks: the mount point.
     pub mount: Option<String>,
+    /// Filesystem disks: where file data lives, `kernel` (a private
+    /// kernel tmpfs, FUSE passthrough) or `store` (`--data-path`, auto
+    /// resolved).
+    #[serde(default)]
+    pub data_path: Option<String>,
     /// Filesystem disks: `size = "unlimited"` (ramfs mode).
     pub unlimited: bool,
     /// Filesystem disks: the most pages the disk may hold.

@@ -209,6 +209,8 @@ pub struct Attr {
     pub mtime: SystemTime,
     pub ctime: SystemTime,
     pub btime: SystemTime,
+    /// chattr's flags (`FL_*`).
+    pub flags: u32,
 }
 
 /// A time to set: a given instant or now.
@@ -233,6 +235,20 @@ pub struct SetAttr {
     /// refuses; not for the kernel's write-back of the times it keeps
     /// under the write-back cache.
     pub times_given: bool,
+}
+
+impl SetAttr {
+    /// Nothing to set: from the kernel, its word that setuid and setgid
+    /// must go (see [`Fs::setattr`]).
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none()
+    }
 }
 
 /// One directory entry as readdir returns it.
@@ -496,6 +512,7 @@ impl Inode {
             mtime: self.mtime,
             ctime: self.ctime,
             btime: self.btime,
+            flags: self.flags,
         }
     }
 
@@ -799,7 +816,8 @@ impl Fs {
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
     /// FUSE_HANDLE_KILLPRIV_V2, which leaves this to the filesystem), a
     /// chown of a non-directory, and a truncate by a caller without
-    /// CAP_FSETID, drop setuid, setgid and file capabilities.
+    /// CAP_FSETID, drop setuid, setgid and file capabilities; so does an
+    /// empty SETATTR, the kernel's word that a change needs it.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
         // A new size needs the data in the backing file; times alone are
         // the inode's while it is cold.
@@ -829,14 +847,21 @@ impl Fs {
         if set.size.is_some() {
             self.drop_privileges(inode, who, Kill::Modify);
         }
+        if set.is_empty() && inode.kind == Kind::File {
+            // The kernel found that a change by `who` (a write, fallocate
+            // or copy it did not send us: passed through to the backing
+            // file, or a fallocate) must drop setuid/setgid, and with
+            // HANDLE_KILLPRIV_V2 leaves that to us, sending nothing else.
+            self.drop_privileges(inode, who, Kill::KernelSays);
+        }
         if inode.kind == Kind::File && self.hot.get().is_some() {
             if set.size.is_some_and(|s| s > self.max_file_size()) {
                 return err(Errno::EFBIG);
             }
-            let times = (inode.atime, inode.mtime);
+            let made_with = (inode.atime, inode.mtime, inode.flags);
             Fs::cancel_move(&mut inode.cold);
             if !inode.cold.is_cold() {
-                self.hot_setattr(ino, times, set.size, set.atime, set.mtime)?;
+                self.hot_setattr(ino, made_with, set.size, set.atime, set.mtime)?;
             }
         } else if let Some(size) = set.size {
             let Data::File {
@@ -1465,11 +1490,6 @@ impl Fs {
         Ok(())
     }
 
-    /// Whether `ino` is open (the kernel's opens of it, not yet released).
-    pub fn is_open(&self, ino: Ino) -> bool {
-        self.state.read().get(ino).is_ok_and(|i| i.opens > 0)
-    }
-
     /// Takes the gate: the last close of an unlinked file frees its data.
     pub fn release(&self, ino: Ino) {
         let c = self.store.change();
@@ -1848,6 +1868,9 @@ impl Fs {
         }
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
+        if inode.kind == Kind::File && (inode.flags ^ flags) & FL_NOATIME != 0 {
+            self.hot_noatime(ino, flags & FL_NOATIME != 0)?;
+        }
         inode.flags = flags;
         inode.ctime = now();
         drop(st);

@@ -85,6 +85,10 @@ pub struct FuseFs {
     setxattr_ext: AtomicBool,
     /// Backing files registered for passthrough opens (FUSE_PASSTHROUGH).
     backings: Backings,
+    /// Answers seeks that wait for the kernel's write-back.
+    seeker: Seeker,
+    /// Seeks waiting for the kernel's write-back in place (io_uring).
+    in_place_seeks: std::sync::atomic::AtomicUsize,
 }
 
 /// The backing ids of open regular files. The kernel refuses a
@@ -98,8 +102,26 @@ struct Backings {
     dev: OnceLock<Arc<std::os::fd::OwnedFd>>,
     /// INIT granted FUSE_PASSTHROUGH.
     granted: AtomicBool,
-    /// Inode → (backing id, opens answered with it).
-    ids: Mutex<std::collections::HashMap<Ino, (i32, u32)>>,
+    /// Inode → its backing id and the opens answered with it.
+    ids: Mutex<std::collections::HashMap<Ino, Backed>>,
+}
+
+/// A regular file's backing id and its opens (see [`Backings`]).
+#[derive(Debug, Clone, Copy)]
+struct Backed {
+    id: i32,
+    /// Opens answered with `id`, not yet released.
+    opens: u32,
+    /// Of those, opened O_RDWR: only such an open can map the file shared
+    /// and writable, and so change its blocks and times without a request
+    /// here (mmap of an O_WRONLY fd is refused, and an O_RDONLY one cannot
+    /// be made writable).
+    read_write: u32,
+}
+
+/// Whether an open with these flags could map the file shared and writable.
+fn read_write(flags: u32) -> bool {
+    flags as i32 & libc::O_ACCMODE == libc::O_RDWR
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
@@ -124,6 +146,8 @@ impl FuseFs {
             unknown_ioctls: Mutex::new(HashSet::new()),
             setxattr_ext: AtomicBool::new(false),
             backings: Backings::default(),
+            seeker: Seeker::default(),
+            in_place_seeks: Default::default(),
         }
     }
 
@@ -141,14 +165,16 @@ impl FuseFs {
     /// `Fs`: with passthrough, a regular file's backing file (registered
     /// at its first open, see [`Backings`]); otherwise the page-cache mode
     /// `Fs` says, no backing.
-    fn open_reply(&self, ino: Ino) -> std::result::Result<(u32, i32), i32> {
+    fn open_reply(&self, ino: Ino, flags: u32) -> std::result::Result<(u32, i32), i32> {
         if !self.passthrough() || self.fs.hot_tier().is_none() {
             return Ok((open_flags(&self.fs, ino), 0));
         }
+        let rw = u32::from(read_write(flags));
         let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((id, n)) = ids.get_mut(&ino) {
-            *n += 1;
-            return Ok((abi::FOPEN_PASSTHROUGH, *id));
+        if let Some(b) = ids.get_mut(&ino) {
+            b.opens += 1;
+            b.read_write += rw;
+            return Ok((abi::FOPEN_PASSTHROUGH, b.id));
         }
         let dev = self.backings.dev.get().ok_or(libc::EIO)?;
         let file = self.fs.backing_file(ino).map_err(ferr)?;
@@ -158,29 +184,63 @@ impl FuseFs {
         })?;
         // The kernel holds its own reference: ours may go now.
         drop(file);
-        ids.insert(ino, (id, 1));
+        ids.insert(
+            ino,
+            Backed {
+                id,
+                opens: 1,
+                read_write: rw,
+            },
+        );
         Ok((abi::FOPEN_PASSTHROUGH, id))
     }
 
-    /// A RELEASE of `ino`: its last drops the backing id.
-    fn released(&self, ino: Ino) {
+    /// A RELEASE of `ino` by an open with `flags`: its last drops the
+    /// backing id.
+    fn released(&self, ino: Ino, flags: u32) {
         if !self.passthrough() {
             return;
         }
         let mut ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((id, n)) = ids.get_mut(&ino) else {
+        let Some(b) = ids.get_mut(&ino) else {
             return;
         };
-        *n -= 1;
-        if *n > 0 {
+        b.opens -= 1;
+        if read_write(flags) {
+            b.read_write = b.read_write.saturating_sub(1);
+        }
+        if b.opens > 0 {
             return;
         }
-        let id = *id;
+        let id = b.id;
         ids.remove(&ino);
         if let Some(dev) = self.backings.dev.get() {
             if let Err(e) = backing_close(dev, id) {
                 log::warn!("closing backing id {id} of inode {ino}: {e}");
             }
+        }
+    }
+
+    /// How long the kernel may keep an inode's attributes. A regular
+    /// file's on the hot tier (`--data-path kernel`) not at all while an
+    /// open of it could map it shared and writable (O_RDWR): a write
+    /// through such a mapping changes the backing file's blocks and times
+    /// without a request here. Other opens change nothing behind ramd's
+    /// back that the kernel keeps: after a passed-through write it drops
+    /// what it knows of size and times itself, after a read its atime.
+    /// What the kernel cached before an O_RDWR open goes at the open's
+    /// first read, write or mmap (each drops the kernel's atime, and a
+    /// stat then asks for everything). Keeping the attributes of an
+    /// O_WRONLY open (an untar's, a compiler's) saves the GETATTR that
+    /// the permission check of the open itself would send.
+    fn attr_ttl(&self, a: &Attr) -> u64 {
+        if a.kind != Kind::File || self.fs.hot_tier().is_none() {
+            return TTL;
+        }
+        let ids = self.backings.ids.lock().unwrap_or_else(|p| p.into_inner());
+        match ids.get(&a.ino) {
+            Some(b) if b.read_write > 0 => 0,
+            _ => TTL,
         }
     }
 
@@ -199,7 +259,9 @@ impl FuseFs {
             | init::DO_READDIRPLUS
             // HANDLE_KILLPRIV_V2: without it the kernel asks for the
             // security.capability xattr before every write, a second round
-            // trip per write; with it, dropping setuid/setgid is ours (fs.rs).
+            // trip per write, and a GETATTR before every chown; with it,
+            // dropping setuid/setgid is ours (fs.rs), also for writes passed
+            // through (the kernel then sends an empty SETATTR).
             | init::HANDLE_KILLPRIV_V2
             | init::PARALLEL_DIROPS
             // File handles (open_by_handle_at, NFS export) that work after
@@ -342,8 +404,24 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
     }
 }
 
+/// The statx attributes tmpfs reports, each with the chattr flag it
+/// stands for.
+const STATX_ATTRS: [(u32, u64); 3] = {
+    use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NODUMP};
+    [
+        (FL_IMMUTABLE, libc::STATX_ATTR_IMMUTABLE as u64),
+        (FL_APPEND, libc::STATX_ATTR_APPEND as u64),
+        (FL_NODUMP, libc::STATX_ATTR_NODUMP as u64),
+    ]
+};
+
 /// `struct fuse_statx`: all basic fields always (the kernel refreshes its
-/// cached attributes only from a full set), the birth time when asked.
+/// cached attributes only from a full set), the birth time when asked,
+/// and the attributes tmpfs reports (immutable, append-only, nodump) with
+/// their mask. Linux 6.18 drops those two (`fuse_do_statx` in
+/// fs/fuse/dir.c copies neither into the kstat, and `fuse_update_get_attr`
+/// asks for basic stats and btime only), so `statx` shows only the VFS's
+/// own; they are answered for a kernel that passes them on.
 fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
     let time = |w: &mut Wr<'_>, t: SystemTime| {
@@ -355,9 +433,14 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         (a.rdev >> 8) & 0xfff,
         (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
     );
+    let attributes = STATX_ATTRS
+        .iter()
+        .filter(|(fl, _)| a.flags & fl != 0)
+        .fold(0, |x, (_, attr)| x | attr);
+    let attributes_mask = STATX_ATTRS.iter().fold(0, |x, (_, attr)| x | attr);
     w.u32(mask)
         .u32(4096)
-        .u64(0) // attributes
+        .u64(attributes)
         .u32(a.nlink)
         .u32(a.uid)
         .u32(a.gid)
@@ -366,7 +449,7 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         .u64(a.ino.0)
         .u64(a.size)
         .u64(a.blocks)
-        .u64(0); // attributes_mask
+        .u64(attributes_mask);
     time(w, a.atime);
     time(w, a.btime);
     time(w, a.ctime);
@@ -411,27 +494,11 @@ fn creator(req: &Request<'_>, umask: u32) -> Caller {
 }
 
 /// CREATE's and TMPFILE's answer: the new inode's entry, then its open.
-fn created_out(fs: &Fs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
+fn created_out(t: &FuseFs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer {
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, a), &fattr_of(a));
+    abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(a), &fattr_of(a));
     abi::encode_open_out(&mut w, 0, open.0, open.1);
     w.written().ok_or(libc::EIO)
-}
-
-/// How long the kernel may keep an inode's attributes. A regular file's
-/// on the hot tier (`--data-path kernel`) not at all while it is open:
-/// its blocks change in the backing file without a request here (a write
-/// through mmap; the kernel itself drops what it knows of size and times
-/// after a passed-through write, and of atime after a read). A closed one
-/// cannot change behind ramd's back; what the kernel cached while it was
-/// closed goes at the first read, write or mmap of an open (each drops
-/// the kernel's atime, and a stat then asks for everything).
-fn attr_ttl(fs: &Fs, a: &Attr) -> u64 {
-    if a.kind == Kind::File && fs.hot_tier().is_some() && fs.is_open(a.ino) {
-        0
-    } else {
-        TTL
-    }
 }
 
 /// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
@@ -458,10 +525,10 @@ fn arg<T>(v: Option<T>) -> std::result::Result<T, i32> {
     v.ok_or(libc::EINVAL)
 }
 
-fn entry_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn entry_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_entry(&mut w, GENERATION, TTL, attr_ttl(fs, &a), &fattr_of(&a));
+    abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(&a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -469,21 +536,21 @@ fn entry_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
 /// kernel keeps as a negative dentry for `TTL`, so asking again for it
 /// (open(O_CREAT), a build's probes) is free; creating the name through
 /// the kernel replaces it.
-fn lookup_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn lookup_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     match r {
         Err(e) if e == Errno::ENOENT => {
             let mut w = Wr::new(buf);
             abi::encode_entry(&mut w, 0, TTL, TTL, &abi::FAttr::default());
             w.written().ok_or(libc::EIO)
         }
-        r => entry_out(fs, buf, r),
+        r => entry_out(t, buf, r),
     }
 }
 
-fn attr_out(fs: &Fs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
+fn attr_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
     let a = r.map_err(ferr)?;
     let mut w = Wr::new(buf);
-    abi::encode_attr_out(&mut w, attr_ttl(fs, &a), &fattr_of(&a));
+    abi::encode_attr_out(&mut w, t.attr_ttl(&a), &fattr_of(&a));
     w.written().ok_or(libc::EIO)
 }
 
@@ -544,6 +611,7 @@ impl Dispatch for FuseFs {
             }
             // Requests are not cancelled: each is answered when done.
             op::INTERRUPT => return,
+            op::LSEEK if self.kernel_holds_pages() => return self.lseek_written_back(req, reply),
             _ => {}
         }
         let answer = self.serve(req, reply.buf());
@@ -553,7 +621,156 @@ impl Dispatch for FuseFs {
     }
 }
 
+/// A seek answered from the seeker thread ([`FuseFs::lseek_written_back`]).
+type SeekJob = Box<dyn FnOnce() + Send>;
+
+/// The thread that answers seeks which wait for the kernel's write-back,
+/// started at the first; it ends when the filesystem's sender goes.
+#[derive(Default)]
+struct Seeker {
+    tx: Mutex<Option<std::sync::mpsc::Sender<SeekJob>>>,
+}
+
+impl Seeker {
+    /// Hands `job` to the thread; back if no thread could be started.
+    fn send(&self, job: SeekJob) -> std::result::Result<(), std::sync::mpsc::SendError<SeekJob>> {
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if tx.is_none() {
+            let (t, rx) = std::sync::mpsc::channel::<SeekJob>();
+            let started = std::thread::Builder::new()
+                .name("ramd-fuse-seek".into())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                });
+            match started {
+                Ok(_) => *tx = Some(t),
+                Err(e) => {
+                    log::warn!("starting the seek thread: {e}; seeks answered in place");
+                    return Err(std::sync::mpsc::SendError(job));
+                }
+            }
+        }
+        tx.as_ref().expect("started").send(job)
+    }
+}
+
+/// LSEEK's offset and whence; ENXIO for a negative offset, EINVAL for a
+/// whence other than SEEK_DATA and SEEK_HOLE (the kernel handles
+/// SEEK_SET/CUR/END itself).
+fn lseek_in(req: &Request<'_>) -> std::result::Result<(i64, Whence), i32> {
+    let mut r = Rd(req.arg0);
+    let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
+    let whence = match whence as i32 {
+        libc::SEEK_DATA => Whence::Data,
+        libc::SEEK_HOLE => Whence::Hole,
+        _ => return Err(libc::EINVAL),
+    };
+    if offset < 0 {
+        return Err(libc::ENXIO);
+    }
+    Ok((offset, whence))
+}
+
 impl FuseFs {
+    /// Whether regular files' pages live in the kernel's page cache, where
+    /// it may hold written pages it has not written back yet: under the
+    /// write-back cache, and without it too for a shared writable mmap. Not
+    /// with passthrough, whose pages are the backing file's.
+    fn kernel_holds_pages(&self) -> bool {
+        !self.passthrough() || self.fs.hot_tier().is_none()
+    }
+
+    /// SEEK_DATA/SEEK_HOLE where the kernel may hold pages written but not
+    /// yet written back ([`FuseFs::kernel_holds_pages`]), which ramd has not
+    /// seen. `fuse_lseek` (fs/fuse/file.c) sends FUSE_LSEEK without writing them
+    /// back first (unlike fallocate and copy_file_range), so a seek right
+    /// after a write found no data where tmpfs finds it. The way a server
+    /// has to get them: FUSE_NOTIFY_INVAL_INODE for the range from the
+    /// offset on, whose page-cache invalidation (invalidate_inode_pages2_range)
+    /// launders each dirty page, a WRITE here, and waits for it, before it
+    /// drops the page (clean pages of the range go too: the price, paid
+    /// only by seeks). Pages before the offset cannot change the answer
+    /// (one that extends the file holds the offset). The WRITEs must be
+    /// served while the notification waits, so on `/dev/fuse` the answer is
+    /// sent from the seeker thread and the worker goes on serving (with
+    /// `--threads 1` it is the only one); io_uring cannot hand an answer
+    /// over, and keeps an entry of every queue free for them (below).
+    fn lseek_written_back(&self, req: &Request<'_>, reply: &mut dyn Reply) {
+        let ino = Ino(req.header.nodeid);
+        let (offset, whence) = match lseek_in(req) {
+            Ok(a) => a,
+            Err(e) => {
+                if let Err(e) = reply.send(Err(e)) {
+                    log::debug!("answering FUSE_LSEEK: {e}");
+                }
+                return;
+            }
+        };
+        let (fs, notifier, metrics) = (
+            self.fs.clone(),
+            self.notifier.clone(),
+            self.opts.metrics.clone(),
+        );
+        let answer = move |write_back: bool| {
+            if let Some(n) = notifier.get().filter(|_| write_back) {
+                if let Err(e) = n.inval_inode(ino.0, offset, 0) {
+                    log::warn!("writing back inode {ino}'s cached pages before a seek: {e}");
+                }
+            }
+            let started = Instant::now();
+            let res = fs.seek(ino, offset as u64, whence);
+            if let Some(m) = &metrics {
+                m.record(Op::Other, 0, started, res.is_ok());
+            }
+            res.map_err(ferr)
+        };
+        let Some(later) = reply.detach() else {
+            // In place (io_uring): the request keeps its ring entry until
+            // answered, and the write-back's WRITEs need a free entry in
+            // the queue of the CPU the notification runs on. So at most a
+            // queue's depth less one seeks wait at once, whichever queues
+            // they are on: every queue keeps an entry for the WRITEs. A
+            // seek past that is answered from what ramd has seen.
+            let limit =
+                usize::from(crate::ll::uring::UringConfig::default().queue_depth).saturating_sub(1);
+            let waiting = &self.in_place_seeks;
+            let write_back = waiting
+                .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+                .is_ok();
+            if !write_back {
+                log::debug!(
+                    "seek in inode {ino} answered without write-back: {limit} already wait"
+                );
+            }
+            let res = answer(write_back);
+            if write_back {
+                waiting.fetch_sub(1, Relaxed);
+            }
+            let res = res.and_then(|o| {
+                let mut w = Wr::new(reply.buf());
+                w.u64(o);
+                w.written().ok_or(libc::EIO)
+            });
+            if let Err(e) = reply.send(res) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+            return;
+        };
+        let job: SeekJob = Box::new(move || {
+            let bytes = answer(true).map(u64::to_ne_bytes);
+            if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| *e)) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+        });
+        if let Err(job) = self.seeker.send(job) {
+            // No thread to answer from (it could not be started): here,
+            // at the risk the notification waits on this worker.
+            (job.0)();
+        }
+    }
+
     /// Serves one request that has an answer, built in `buf`.
     fn serve(&self, req: &Request<'_>, buf: &mut [u8]) -> Answer {
         let h = &req.header;
@@ -565,14 +782,14 @@ impl FuseFs {
             return Err(libc::EINVAL);
         }
         match h.opcode {
-            op::LOOKUP => lookup_out(fs, buf, fs.lookup(ino, last_name(req.rest)?)),
+            op::LOOKUP => lookup_out(self, buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {
                 let flags = arg(abi::Rd(req.arg0).u32())?;
                 // With a handle: the kernel is about to take a cached write.
                 if flags & abi::GETATTR_FH != 0 {
                     fs.write_allowed(ino).map_err(ferr)?;
                 }
-                attr_out(fs, buf, fs.getattr(ino))
+                attr_out(self, buf, fs.getattr(ino))
             }
             op::SETATTR => {
                 let s = arg(abi::SetattrIn::parse(req.arg0))?;
@@ -601,7 +818,7 @@ impl FuseFs {
                     },
                     times_given: times_given(&s),
                 };
-                attr_out(fs, buf, fs.setattr(caller(req), ino, set))
+                attr_out(self, buf, fs.setattr(caller(req), ino, set))
             }
             op::READLINK => data_out(buf, &fs.readlink(ino).map_err(ferr)?),
             op::SYMLINK => {
@@ -611,14 +828,14 @@ impl FuseFs {
                     return Err(libc::EINVAL);
                 }
                 let target = OsStr::from_bytes(target);
-                entry_out(fs, buf, fs.symlink(caller(req), ino, link, target))
+                entry_out(self, buf, fs.symlink(caller(req), ino, link, target))
             }
             op::MKNOD => {
                 let mut r = Rd(req.arg0);
                 let (mode, rdev, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
                 entry_out(
-                    fs,
+                    self,
                     buf,
                     fs.mknod(who, ino, last_name(req.rest)?, mode, rdev),
                 )
@@ -627,7 +844,7 @@ impl FuseFs {
                 let mut r = Rd(req.arg0);
                 let (mode, umask) = (arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
-                entry_out(fs, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
+                entry_out(self, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
             }
             op::UNLINK => empty(fs.unlink(ino, last_name(req.rest)?)),
             op::RMDIR => empty(fs.rmdir(ino, last_name(req.rest)?)),
@@ -645,12 +862,12 @@ impl FuseFs {
             }
             op::LINK => {
                 let old = arg(Rd(req.arg0).u64())?;
-                entry_out(fs, buf, fs.link(Ino(old), ino, last_name(req.rest)?))
+                entry_out(self, buf, fs.link(Ino(old), ino, last_name(req.rest)?))
             }
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
                 fs.open(ino, flags as i32).map_err(ferr)?;
-                let (open_flags, backing) = match self.open_reply(ino) {
+                let (open_flags, backing) = match self.open_reply(ino, flags) {
                     Ok(r) => r,
                     Err(e) => {
                         fs.release(ino);
@@ -716,7 +933,11 @@ impl FuseFs {
             op::RELEASE => {
                 // The backing id first: the last release frees an
                 // unlinked file's backing file.
-                self.released(ino);
+                // fuse_release_in: fh, then the open's flags (its length
+                // was checked above; a release is never refused).
+                let mut r = Rd(req.arg0);
+                let flags = r.u64().and_then(|_fh| r.u32()).unwrap_or(0);
+                self.released(ino, flags);
                 fs.release(ino);
                 Ok(0)
             }
@@ -791,9 +1012,9 @@ impl FuseFs {
             // With default_permissions the kernel checks access itself.
             op::ACCESS => Ok(0),
             op::CREATE | op::TMPFILE => {
-                // fuse_create_in: flags (not needed), mode, umask.
+                // fuse_create_in: flags, mode, umask.
                 let mut r = Rd(req.arg0);
-                let (_flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
+                let (flags, mode, umask) = (arg(r.u32())?, arg(r.u32())?, arg(r.u32())?);
                 let who = creator(req, umask);
                 let a = if h.opcode == op::CREATE {
                     fs.create(who, ino, last_name(req.rest)?, mode)
@@ -802,7 +1023,7 @@ impl FuseFs {
                     fs.tmpfile(who, ino, mode)
                 };
                 let a = a.map_err(ferr)?;
-                let open = match self.open_reply(a.ino) {
+                let open = match self.open_reply(a.ino, flags) {
                     Ok(r) => r,
                     Err(e) => {
                         // Created but not opened: the kernel will not
@@ -811,14 +1032,14 @@ impl FuseFs {
                         return Err(e);
                     }
                 };
-                created_out(fs, buf, &a, open)
+                created_out(self, buf, &a, open)
             }
             op::STATX => {
                 let sx = arg(abi::StatxIn::parse(req.arg0))?;
                 let a = fs.getattr(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
                 // attr_valid, its nanoseconds, flags, spare.
-                w.u64(attr_ttl(fs, &a)).u32(0).u32(0).zeros(16);
+                w.u64(self.attr_ttl(&a)).u32(0).u32(0).zeros(16);
                 encode_statx(&mut w, &a, sx.sx_mask);
                 w.written().ok_or(libc::EIO)
             }
@@ -849,17 +1070,7 @@ impl FuseFs {
                 empty(res)
             }
             op::LSEEK => {
-                let mut r = Rd(req.arg0);
-                let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
-                let whence = match whence as i32 {
-                    libc::SEEK_DATA => Whence::Data,
-                    libc::SEEK_HOLE => Whence::Hole,
-                    // The kernel handles SEEK_SET/CUR/END itself.
-                    _ => return Err(libc::EINVAL),
-                };
-                if offset < 0 {
-                    return Err(libc::ENXIO);
-                }
+                let (offset, whence) = lseek_in(req)?;
                 let started = Instant::now();
                 let res = fs.seek(ino, offset as u64, whence);
                 self.record(Op::Other, 0, started, res.is_ok());
@@ -928,7 +1139,7 @@ impl FuseFs {
                 // Removed since opendir: leave it out.
                 continue;
             };
-            let ttl = attr_ttl(&self.fs, &attr);
+            let ttl = self.attr_ttl(&attr);
             abi::encode_entry(&mut w, GENERATION, TTL, ttl, &fattr_of(&attr));
             let typ = type_bits(e.kind) >> 12;
             abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes());

@@ -184,10 +184,12 @@ pub struct SnapshotArgs {
     #[arg(long)]
     pub full: bool,
 
-    /// Save the whole disk into this new (or empty) directory, which
-    /// becomes the disk's image from now on: the way out when its image's
-    /// filesystem is full or gone. The old image is left as it was.
-    #[arg(long, value_name = "DIR", conflicts_with = "full")]
+    /// Save the whole disk into this new (or empty) directory, or
+    /// s3://BUCKET/PREFIX without an image, which becomes the disk's image
+    /// from now on: the way out when its image's filesystem is full or
+    /// gone. The old image is left as it was. A disk with --replicate
+    /// takes only a directory (its replica follows it there).
+    #[arg(long, value_name = "DIR|URL", conflicts_with = "full")]
     pub to: Option<PathBuf>,
 
     /// Print JSON for scripts.
@@ -211,12 +213,49 @@ pub enum ImageCommand {
         /// The image: a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
     },
-    /// List the saves of an image's chain: sequence number, full or
-    /// incremental, pages, bytes, time of its switch.
+    /// List the saves an image can be restored to (`ramd image restore`):
+    /// its chain's, and those of the chains kept by --keep-saves; sequence
+    /// number, full or incremental, pages, bytes, time of its switch, and
+    /// the MANIFEST that names it.
     Ls {
         /// The image: a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
         /// Print JSON for scripts (an array of saves).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new image holding the disk as of one kept save: any save of
+    /// the image's chain, or of a chain kept by `serve --keep-saves`
+    /// (`ramd image ls` lists them).
+    #[command(
+        after_help = "--at takes a save's sequence number (as `ramd image ls` shows it), a time \
+                      (RFC 3339: 2026-11-26T14:30:00Z, or 2026-11-26 14:30:00 in UTC), or how \
+                      long ago (10m, 2h, \"1h 30m ago\"): for a time, the newest save at or \
+                      before it is taken, and the command says which. The segments of that save's \
+                      chain up to it are copied byte for byte, every record checked on the way, \
+                      and a MANIFEST naming them is written to DEST, which must be a new or empty \
+                      directory or a prefix without an image. DEST is a new disk, with a new \
+                      identity (id), unless --same-id: serve it with `ramd serve --image DEST`. \
+                      SRC is only read (no lock or lease is taken).\n\n\
+                      Examples:\n  \
+            ramd image restore /var/lib/ramd/vm --at 41 --to /var/lib/ramd/vm-41\n  \
+            ramd image restore s3://backups/vm --at \"2 hours ago\" --to /var/lib/ramd/vm-before\n  \
+            ramd image restore /var/lib/ramd/vm --at 2026-11-26T14:30:00Z --to s3://backups/vm-then"
+    )]
+    Restore {
+        /// The image: a directory or s3://BUCKET/PREFIX.
+        src: PathBuf,
+        /// Which save: a sequence number, a time, or a duration ago.
+        #[arg(long, value_name = "SEQ|TIME|DURATION")]
+        at: String,
+        /// The new image: a new or empty directory, or s3://BUCKET/PREFIX.
+        #[arg(long, value_name = "DIR|URL")]
+        to: PathBuf,
+        /// Give the new image SRC's identity (the same disk moved back in
+        /// time, e.g. to replace it), rather than a new one.
+        #[arg(long)]
+        same_id: bool,
+        /// Print JSON for scripts.
         #[arg(long)]
         json: bool,
     },
@@ -226,7 +265,8 @@ pub enum ImageCommand {
     #[command(
         after_help = "Only names a save writes are candidates (seg-N, seg-N.tmp, MANIFEST.tmp; \
                       in object storage seg-N-T and seg-N-T.upload): other files and objects are \
-                      left alone. The image must not be in use: prune takes the directory's lock \
+                      left alone, and so are the chains kept by --keep-saves (MANIFEST-N) and \
+                      their segments, unless --keep-saves is given here. The image must not be in use: prune takes the directory's lock \
                       or the prefix's lease as `ramd serve` does, and is refused while a ramd \
                       holds it. `ramd serve` removes the same debris when it opens the image. In \
                       object storage, the incomplete multipart upload of a ramd killed mid-save \
@@ -240,6 +280,11 @@ pub enum ImageCommand {
     Prune {
         /// The image: a directory or s3://BUCKET/PREFIX.
         dir: PathBuf,
+        /// Also remove the chains kept by `serve --keep-saves` (MANIFEST-N
+        /// and the segments only it names) whose newest save is older than
+        /// DURATION; 0 removes them all. Without it, kept chains stay.
+        #[arg(long, value_parser = ramd_daemon::units::parse_duration, value_name = "DURATION")]
+        keep_saves: Option<std::time::Duration>,
         /// Print JSON for scripts.
         #[arg(long)]
         json: bool,

@@ -1,4 +1,4 @@
-//! `ramd image info|ls|verify|export|import|prune`: images offline,
+//! `ramd image info|ls|verify|export|import|prune|restore`: images offline,
 //! without a running disk, in a directory or in object storage alike
 //! (`ImageDir` hides which).
 
@@ -20,7 +20,18 @@ pub fn run(cmd: ImageCommand) -> Result<()> {
         ImageCommand::Info { dir, json } => info(&dir, json),
         ImageCommand::Verify { dir } => verify(&dir),
         ImageCommand::Ls { dir, json } => ls(&dir, json),
-        ImageCommand::Prune { dir, json } => prune(&dir, json),
+        ImageCommand::Prune {
+            dir,
+            keep_saves,
+            json,
+        } => prune(&dir, keep_saves, json),
+        ImageCommand::Restore {
+            src,
+            at,
+            to,
+            same_id,
+            json,
+        } => restore(&src, &at, &to, same_id, json),
         ImageCommand::Export {
             dir,
             raw,
@@ -89,17 +100,32 @@ fn print_chain(m: &persist::Manifest) {
 
 fn ls(dir: &Path, as_json: bool) -> Result<()> {
     let image = ImageDir::open_existing(dir)?;
-    let m = image.manifest().expect("open_existing has a manifest");
+    let saves = image.restorable()?;
     if as_json {
-        println!("{}", serde_json::to_string(&m.chain)?);
-    } else {
-        print_chain(m);
+        println!("{}", serde_json::to_string(&saves)?);
+        return Ok(());
+    }
+    println!(
+        "{:>8}  {:<11}  {:>10}  {:>10}  {:<23}  MANIFEST",
+        "SEQ", "TYPE", "PAGES", "BYTES", "TIME"
+    );
+    for r in &saves {
+        let s = &r.save;
+        println!(
+            "{:>8}  {:<11}  {:>10}  {:>10}  {:<23}  {}",
+            s.seq,
+            if s.full { "full" } else { "incremental" },
+            s.pages,
+            human(s.bytes),
+            time_text(s.time_ns),
+            r.manifest
+        );
     }
     Ok(())
 }
 
-fn prune(dir: &Path, as_json: bool) -> Result<()> {
-    let removed = ImageDir::prune(dir)?;
+fn prune(dir: &Path, keep: Option<std::time::Duration>, as_json: bool) -> Result<()> {
+    let removed = ImageDir::prune(dir, keep)?;
     let bytes: u64 = removed.iter().map(|(_, n)| n).sum();
     if as_json {
         let names: Vec<serde_json::Value> = removed
@@ -123,6 +149,138 @@ fn prune(dir: &Path, as_json: bool) -> Result<()> {
 }
 
 pub(crate) use ramd_store::persist::time_text;
+
+/// Which save `--at` names among `saves` (by sequence number): a sequence
+/// number, an RFC 3339 time, or a duration ago (`10m`, `2 hours ago`);
+/// for a time, the newest save at or before it. `now_ns`: the present.
+fn pick_save<'a>(
+    src: &Path,
+    at: &str,
+    saves: &'a [persist::Restorable],
+    now_ns: u64,
+) -> Result<&'a persist::Restorable> {
+    let t = at.trim();
+    let kept = || match (saves.first(), saves.last()) {
+        (Some(a), Some(b)) => format!(
+            "the kept saves are {} ({}) to {} ({})",
+            a.save.seq,
+            time_text(a.save.time_ns),
+            b.save.seq,
+            time_text(b.save.time_ns)
+        ),
+        _ => "it keeps no save".into(),
+    };
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        let seq: u64 = t.parse().with_context(|| format!("--at {at}: too large"))?;
+        return saves.iter().find(|r| r.save.seq == seq).with_context(|| {
+            format!(
+                "{}: no kept save {seq}: {} (`ramd image ls {}`)",
+                src.display(),
+                kept(),
+                src.display()
+            )
+        });
+    }
+    let when_ns = match humantime::parse_rfc3339_weak(t) {
+        Ok(when) => when
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        Err(_) => {
+            let ago = t.strip_suffix("ago").unwrap_or(t).trim();
+            let d = humantime::parse_duration(ago).map_err(|_| {
+                anyhow::anyhow!(
+                    "--at {at:?}: not a save's sequence number, a time (RFC 3339, e.g. \
+                     2026-11-26T14:30:00Z) or a duration ago (e.g. 10m, \"2 hours ago\")"
+                )
+            })?;
+            now_ns.saturating_sub(d.as_nanos() as u64)
+        }
+    };
+    saves
+        .iter()
+        .rev()
+        .find(|r| r.save.time_ns <= when_ns)
+        .with_context(|| {
+            format!(
+                "{}: no kept save at or before {}: {}",
+                src.display(),
+                time_text(when_ns),
+                kept()
+            )
+        })
+}
+
+fn restore(src: &Path, at: &str, to: &Path, same_id: bool, as_json: bool) -> Result<()> {
+    let source = ImageDir::open_existing(src)?;
+    let saves = source.restorable()?;
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let pick = pick_save(src, at, &saves, now_ns)?;
+    let m = source.as_of(pick.save.seq)?;
+    // DEST is new: an image there is never replaced, nor files mixed with.
+    if persist::is_url(to) {
+        if ImageDir::open_existing(to).is_ok() {
+            bail!(
+                "{} holds an image already: restore makes a new image (give another prefix, \
+                 or remove that one first)",
+                to.display()
+            );
+        }
+    } else if let Ok(mut d) = std::fs::read_dir(to) {
+        if d.next().is_some() {
+            let what = if to.join(persist::MANIFEST).exists() {
+                "holds an image already"
+            } else {
+                "is not empty"
+            };
+            bail!(
+                "{} {what}: restore makes a new image in a new or empty directory (give \
+                 another one)",
+                to.display()
+            );
+        }
+    }
+    let mut dest = ImageDir::open(to)?;
+    if same_id {
+        if let Some(id) = m.id {
+            dest.set_id(id);
+        }
+    }
+    dest.restore_from(&source, m)?;
+    dest.release_lease();
+    let s = &pick.save;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "image": to.display().to_string(),
+                "from": src.display().to_string(),
+                "seq": s.seq,
+                "time_ns": s.time_ns,
+                "saves": dest.manifest().map_or(0, |m| m.chain.len()),
+                "id": dest.id().to_string(),
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "{}: restored save {} ({}, {}) of {} as {} (id {}); serve it with `ramd serve --image {}`",
+        to.display(),
+        s.seq,
+        if s.full { "full" } else { "incremental" },
+        time_text(s.time_ns),
+        src.display(),
+        if same_id {
+            "the same disk"
+        } else {
+            "a new disk"
+        },
+        dest.id(),
+        to.display()
+    );
+    Ok(())
+}
 
 fn verify(dir: &Path) -> Result<()> {
     let image = ImageDir::open_existing(dir)?;

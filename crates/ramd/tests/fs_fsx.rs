@@ -59,9 +59,17 @@ fn fsx(disk: &FsDisk, seed: &str) {
     eprintln!("fsx seed {seed}, {OPS} ops on {:?}: A-OK", disk.path());
 }
 
+/// The store path (the write-back cache is its default).
 #[test]
 fn fsx_random_io_keeps_every_byte() {
-    let mut disk = FsDisk::mount(&["--size", "64M", "--fuse-transport", "io-uring"]);
+    let mut disk = FsDisk::mount(&[
+        "--size",
+        "64M",
+        "--fuse-transport",
+        "io-uring",
+        "--data-path",
+        "store",
+    ]);
     fsx(&disk, "20240611");
     disk.assert_alive();
     disk.stop();
@@ -69,23 +77,38 @@ fn fsx_random_io_keeps_every_byte() {
 
 #[test]
 fn fsx_random_io_keeps_every_byte_over_dev_fuse() {
-    let mut disk = FsDisk::mount(&["--size", "64M", "--fuse-transport", "dev"]);
+    let mut disk = FsDisk::mount(&[
+        "--size",
+        "64M",
+        "--fuse-transport",
+        "dev",
+        "--data-path",
+        "store",
+    ]);
     fsx(&disk, "4242");
     disk.assert_alive();
     disk.stop();
 }
 
-/// The write-back cache is the default (the tests above); this is the
-/// other mode a user may choose, every write sent through.
+/// The write-back cache is the store path's default (the tests above);
+/// this is the other mode a user may choose there, every write sent
+/// through.
 #[test]
 fn fsx_random_io_keeps_every_byte_without_writeback_cache() {
-    let mut disk = FsDisk::mount(&["--size", "64M", "--no-writeback-cache"]);
+    let mut disk = FsDisk::mount(&[
+        "--size",
+        "64M",
+        "--no-writeback-cache",
+        "--data-path",
+        "store",
+    ]);
     fsx(&disk, "777");
     disk.assert_alive();
     disk.stop();
 }
 
-/// File data in the kernel's tmpfs (`--data-path kernel`): reads, writes
+/// File data in the kernel's tmpfs (`--data-path kernel`, the default
+/// where passthrough can be had): reads, writes
 /// and mmap passed through; truncate, fallocate, punch hole and
 /// copy_file_range through ramd onto the backing file.
 #[test]

@@ -220,6 +220,45 @@ fn stat_after_mmap_writes_is_not_stale() {
     disk.stop();
 }
 
+/// A writer holds the file open O_WRONLY, so the kernel may keep its
+/// attributes (no mapping of that open can write); a second opener maps it
+/// O_RDWR and writes a new page through the mapping: stat must see it,
+/// while both are open and after the mapper closes.
+const MMAP_BESIDE_WRITER: &str = r#"
+import mmap, os, sys, time
+p = sys.argv[1]
+w = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+os.ftruncate(w, 64 << 10)
+os.write(w, b'a' * 4096)
+st = [os.stat(p)]
+# Until the kernel's coarse clock has surely moved on (a few ticks).
+while time.clock_gettime_ns(5) < st[0].st_mtime_ns + 50_000_000:  # CLOCK_REALTIME_COARSE
+    pass
+rw = os.open(p, os.O_RDWR)
+m = mmap.mmap(rw, 64 << 10)
+st.append(os.stat(p))  # mapped, not yet written through the mapping
+m[40960:40964] = b'map!'
+st.append(os.stat(p))
+m.close()
+os.close(rw)
+st.append(os.stat(p))
+os.close(w)
+st.append(os.stat(p))
+print([x.st_blocks for x in st], [x.st_mtime_ns > st[0].st_mtime_ns for x in st[1:]])
+"#;
+
+#[test]
+fn mmap_writes_beside_a_write_only_open_show_in_stat() {
+    let tmpfs = KernelTmpfs::mount("size=16M");
+    let want = py_ok(MMAP_BESIDE_WRITER, &[s(&tmpfs.path().join("m"))]);
+    let mut disk = kernel_disk("16M");
+    let got = py_ok(MMAP_BESIDE_WRITER, &[s(&disk.join("m"))]);
+    assert_eq!(got, want, "ramd --data-path kernel vs kernel tmpfs");
+    assert!(got.starts_with("[8, 8, 16, 16, 16]"), "blocks: {got}");
+    disk.assert_alive();
+    disk.stop();
+}
+
 /// A file made without an open (mknod) gets its backing file at its first
 /// open, a read: that must not move its ctime, as nothing changed it.
 const MKNOD_THEN_READ: &str = r#"
@@ -364,4 +403,33 @@ fn refuses_what_this_phase_cannot_keep() {
         "--writeback-cache",
     ]);
     assert!(e.contains("write-back cache"), "{e}");
+}
+
+/// `--data-path auto` (the default) takes the kernel path on this host
+/// (root, Linux 6.18 with passthrough), and the store path when a setting
+/// asks for it, saying why in the log.
+#[test]
+fn auto_takes_the_kernel_path_unless_a_setting_asks_for_the_store() {
+    let disk = FsDisk::mount(&["--size", "16M"]);
+    assert_eq!(disk.status()["data_path"], "kernel", "{}", disk.status());
+    disk.stop();
+    for (flag, value) in [("--compress", "lz4"), ("--recompress", "zstd")] {
+        let mut disk = FsDisk::mount(&["--size", "16M", flag, value]);
+        assert_eq!(
+            disk.status()["data_path"],
+            "store",
+            "{flag}: {}",
+            disk.status()
+        );
+        disk.assert_alive();
+        let log = disk.stderr();
+        assert!(
+            log.contains("data path store (--data-path auto)") && log.contains(flag),
+            "{flag}: the log does not say why: {log}"
+        );
+        disk.stop();
+    }
+    let disk = FsDisk::mount(&["--size", "16M", "--writeback-cache"]);
+    assert_eq!(disk.status()["data_path"], "store", "{}", disk.status());
+    disk.stop();
 }

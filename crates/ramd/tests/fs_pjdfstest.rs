@@ -288,11 +288,19 @@ fn compare_with_tmpfs(label: &str, ramd_args: &[&str]) {
     disk.stop();
 }
 
+/// The store path (file data in ramd's store, the write-back cache).
 #[test]
 fn pjdfstest_passes_on_ramd_as_on_kernel_tmpfs() {
     compare_with_tmpfs(
         "ramd over io_uring",
-        &["--size", "512M", "--fuse-transport", "io-uring"],
+        &[
+            "--size",
+            "512M",
+            "--fuse-transport",
+            "io-uring",
+            "--data-path",
+            "store",
+        ],
     );
 }
 
@@ -303,28 +311,57 @@ fn pjdfstest_passes_on_ramd_as_on_kernel_tmpfs() {
 fn pjdfstest_passes_on_ramd_over_dev_fuse() {
     compare_with_tmpfs(
         "ramd over /dev/fuse",
-        &["--size", "512M", "--fuse-transport", "dev"],
+        &[
+            "--size",
+            "512M",
+            "--fuse-transport",
+            "dev",
+            "--data-path",
+            "store",
+        ],
     );
 }
 
-/// The tests above run with the write-back cache, the default (timestamps
+/// The tests above run with the store path's write-back cache (timestamps
 /// and sizes of cached writes are the kernel's to keep); this one with
-/// every write sent through, the other mode a user may choose.
+/// every write sent through, the other mode a user may choose there.
 #[test]
 fn pjdfstest_passes_on_ramd_without_writeback_cache() {
     compare_with_tmpfs(
         "ramd --no-writeback-cache",
-        &["--size", "512M", "--no-writeback-cache"],
+        &[
+            "--size",
+            "512M",
+            "--no-writeback-cache",
+            "--data-path",
+            "store",
+        ],
     );
 }
 
-/// File data in the kernel's tmpfs, reads and writes passed through
-/// (`--data-path kernel`): the namespace is still ramd's, and sizes,
-/// blocks and times come from the backing files.
+/// The default: file data in the kernel's tmpfs, reads and writes passed
+/// through (`--data-path auto` gives kernel here): the namespace is still
+/// ramd's, and sizes, blocks and times come from the backing files.
 #[test]
 fn pjdfstest_passes_on_ramd_with_kernel_data_path() {
     compare_with_tmpfs(
         "ramd --data-path kernel",
         &["--size", "512M", "--data-path", "kernel"],
+    );
+}
+
+/// The kernel path over /dev/fuse.
+#[test]
+fn pjdfstest_passes_on_ramd_with_kernel_data_path_over_dev_fuse() {
+    compare_with_tmpfs(
+        "ramd --data-path kernel over /dev/fuse",
+        &[
+            "--size",
+            "512M",
+            "--data-path",
+            "kernel",
+            "--fuse-transport",
+            "dev",
+        ],
     );
 }

@@ -540,7 +540,13 @@ for i in range(10):
 #[test]
 fn a_full_disk_gives_enospc_keeps_data_and_recovers() {
     require_tool("dd");
-    let disk = FsDisk::mount(&["--size", "64M", "--no-writeback-cache"]);
+    let disk = FsDisk::mount(&[
+        "--size",
+        "64M",
+        "--no-writeback-cache",
+        "--data-path",
+        "store",
+    ]);
     let keep = disk.join("keep");
     dd("/dev/urandom", &keep, 8);
     let keep_sum = sha256(&keep);
@@ -713,7 +719,9 @@ print("create after rm ok")
 #[test]
 fn deleting_and_truncating_free_memory() {
     require_tool("fallocate");
-    let disk = FsDisk::mount(&["--size", "512M"]);
+    // The store's own page counts (the kernel path's memory is tmpfs's:
+    // fs_kernel_data's unlink_frees_the_hot_tier).
+    let disk = FsDisk::mount(&["--size", "512M", "--data-path", "store"]);
     let s0 = disk.status();
     let base = num(&s0, "data_pages");
     let f = disk.join("f");
@@ -802,7 +810,9 @@ print("same")
 fn fallocate_modes_and_du_show_allocation() {
     require_tool("fallocate");
     require_tool("truncate");
-    let disk = FsDisk::mount(&["--size", "256M"]);
+    // The store path: it has FALLOC_FL_ZERO_RANGE, which tmpfs (and so
+    // the kernel path) has not.
+    let disk = FsDisk::mount(&["--size", "256M", "--data-path", "store"]);
     let f = disk.join("f");
     let fa = |args: &[&str], path: &Path| {
         let mut c = Command::new("fallocate");
@@ -1176,9 +1186,17 @@ print("bad", bad)
 #[test]
 fn parallel_writers_keep_their_data() {
     for args in [
-        // The default (the write-back cache), and every write sent through.
-        &["--size", "256M", "--threads", "4"][..],
-        &["--size", "256M", "--no-writeback-cache"][..],
+        // The store path with its write-back cache and with every write
+        // sent through; the kernel path.
+        &["--size", "256M", "--threads", "4", "--data-path", "store"][..],
+        &[
+            "--size",
+            "256M",
+            "--no-writeback-cache",
+            "--data-path",
+            "store",
+        ][..],
+        &["--size", "256M", "--threads", "4", "--data-path", "kernel"][..],
     ] {
         let disk = FsDisk::mount(args);
         let cmds: Vec<Command> = (0..4)
@@ -1394,7 +1412,15 @@ fn noatime_never_moves_atime() {
 
 #[test]
 fn unlimited_size_is_ramfs_mode() {
-    let disk = FsDisk::mount(&["--size", "unlimited", "--max-memory", "256M"]);
+    // The store's page counts below.
+    let disk = FsDisk::mount(&[
+        "--size",
+        "unlimited",
+        "--max-memory",
+        "256M",
+        "--data-path",
+        "store",
+    ]);
     let st = disk.status();
     assert_eq!(st["unlimited"], true, "{st}");
     assert_eq!(st["kind"], "fs", "{st}");
@@ -1666,7 +1692,19 @@ fn a_full_disk_under_the_default_writeback_cache_loses_nothing_silently() {
             .collect::<Vec<u8>>(),
     )
     .unwrap();
-    let args = ["--size", "64M", "--image", s(&img), "--flush", "persist"];
+    // The store path, whose default is the write-back cache (the kernel
+    // path has none; on it a full disk fails write(2) itself, as tmpfs:
+    // fs_kernel_data's enospc_at_write_as_on_kernel_tmpfs).
+    let args = [
+        "--size",
+        "64M",
+        "--image",
+        s(&img),
+        "--flush",
+        "persist",
+        "--data-path",
+        "store",
+    ];
     let mut disk = FsDisk::mount(&args);
     fs::create_dir(disk.join("many")).unwrap();
     let writers: Vec<Vec<String>> = vec![

@@ -222,12 +222,15 @@ fn scrape_matches_status_and_counts_nbd_and_fuse_requests() {
     let mnt = data.path().join("mnt");
     let image = data.path().join("image");
     fs::create_dir(&mnt).unwrap();
+    // The fs disk on the store path: its reads and writes are requests
+    // (on the kernel path they never reach ramd).
     let config = write_config(
         data.path(),
         &format!(
             "[daemon]\nmetrics = \"127.0.0.1:0\"\nmax_memory = \"256M\"\n\n\
              [disk.blk]\nsize = \"64M\"\nimage = \"{}\"\n\n\
-             [disk.files]\nkind = \"fs\"\nsize = \"64M\"\nmount = \"{}\"\n",
+             [disk.files]\nkind = \"fs\"\nsize = \"64M\"\nmount = \"{}\"\n\
+             data_path = \"store\"\n",
             image.display(),
             mnt.display()
         ),

@@ -10,6 +10,7 @@
 
 mod common;
 mod fs_common;
+mod restore_common;
 
 use common::layout::*;
 use common::*;
@@ -2394,4 +2395,114 @@ fn a_version_1_image_gets_an_identity_that_stays() {
     let d = Ramd::start(&["--image", p(&img)]);
     assert_eq!(id_of(&d), id, "the identity changed across starts");
     qemu_io(d.uri(), &["read -P 0x51 0 64k".into()]);
+}
+
+/// `ramd image restore` of a directory image: every save of three chains
+/// (two kept by --keep-saves across full saves), a time between two, a
+/// prune by retention, bad input (restore_common.rs); and a destination
+/// directory of other files is refused, naming it.
+#[test]
+fn restore_any_kept_save_of_a_directory_image() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let dests: Vec<String> = (0..10)
+        .map(|i| p(&tmp.path().join(format!("restored-{i}"))).to_string())
+        .collect();
+    // An empty directory is as good as a new one.
+    fs::create_dir(&dests[1]).unwrap();
+    restore_common::restore_scenario(p(&img), &dests, &[], tmp.path());
+    // The dropped chain's files are gone, the kept one's are there.
+    for seq in 1..=6 {
+        let seg = img.join(format!("seg-{seq:08}"));
+        assert_eq!(seg.exists(), seq > 2, "{seg:?}");
+    }
+    assert!(!img.join("MANIFEST-00000001").exists());
+    assert!(img.join("MANIFEST-00000003").exists());
+
+    let busy = tmp.path().join("busy");
+    fs::create_dir(&busy).unwrap();
+    fs::write(busy.join("notes.txt"), "mine").unwrap();
+    let out = ramd_cmd(
+        &tmp.path().join("run"),
+        &["image", "restore", p(&img), "--at", "4", "--to", p(&busy)],
+    )
+    .failed();
+    assert!(
+        out.stderr.contains(p(&busy)) && out.stderr.contains("is not empty"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        fs::read_dir(&busy).unwrap().count(),
+        1,
+        "restore wrote into {busy:?}"
+    );
+}
+
+/// A writer with --keep-saves drops, at a commit, the kept chains whose
+/// newest save is older than its retention (MANIFEST-N, then its
+/// segments); a writer without one neither keeps nor drops chains.
+#[test]
+fn keep_saves_expire_at_the_writers_commits() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let run = tmp.path().join("run");
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let serve = |keep: Option<&str>| {
+        let mut args = vec!["--size", "4M", "--image", p(&img)];
+        if let Some(k) = keep {
+            args.extend(["--keep-saves", k]);
+        }
+        Ramd::start_in(&run, &args)
+    };
+    let save = |d: &Ramd, byte: u8, full: bool| {
+        qemu_io(d.uri(), &[format!("write -P {byte} 0 64k")]);
+        snapshot(&run, d.name(), full);
+    };
+    let mut d = serve(Some("1h"));
+    save(&d, 0x11, false);
+    save(&d, 0x22, true);
+    d.stop();
+    assert!(img.join("MANIFEST-00000001").exists(), "chain [1] not kept");
+    let t2 = now_ns();
+
+    // Without a retention: nothing kept, nothing dropped.
+    let mut d = serve(None);
+    save(&d, 0x33, true);
+    d.stop();
+    assert!(
+        !img.join("MANIFEST-00000002").exists(),
+        "kept without a retention"
+    );
+    assert!(
+        img.join("MANIFEST-00000001").exists(),
+        "dropped without a retention"
+    );
+    assert!(img.join("seg-00000001").exists(), "save 1's segment went");
+
+    // Saves 1 and 2 are past a retention of 1 s once the clock passed
+    // them by that: the next commit drops chain [1] and its segment.
+    let mut d = serve(Some("1s"));
+    wait_until(
+        Duration::from_secs(30),
+        "the clock to pass save 2 by the retention",
+        || now_ns() > t2 + 1_000_000_000,
+    );
+    save(&d, 0x44, false);
+    d.stop();
+    assert!(
+        !img.join("MANIFEST-00000001").exists(),
+        "chain [1] not dropped"
+    );
+    assert!(
+        !img.join("seg-00000001").exists(),
+        "save 1's segment stayed"
+    );
+    let out = ramd_cmd(&run, &["image", "ls", p(&img)]).ok();
+    assert!(!out.contains("MANIFEST-"), "{out}");
 }

@@ -6,9 +6,12 @@
 
 mod common;
 mod fs_common;
+mod lossy_proxy;
+mod restore_common;
 
 use common::*;
 use fs_common::FsDisk;
+use lossy_proxy::{Lose, LossyProxy};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -308,6 +311,27 @@ fn try_serve(
     Ramd::try_start_in_with(run, args, &pairs(env), None)
 }
 
+/// `ramd serve --image IMG` once the lease of a killed writer of `img`
+/// has expired (the environment's RAMD_LEASE_SECS should be short).
+fn serve_once_expired(run: &Path, img: &str, env: &[(String, String)]) -> Ramd {
+    let mut next = None;
+    wait_until(
+        Duration::from_secs(60),
+        "a new writer to take over the killed one's expired lease",
+        || match try_serve(run, &["--image", img], env) {
+            Ok(r) => {
+                next = Some(r);
+                true
+            }
+            Err((_, err)) => {
+                assert!(err.contains("is in use"), "not a lease refusal:\n{err}");
+                false
+            }
+        },
+    );
+    next.unwrap()
+}
+
 /// `ramd ARGS` (offline commands, snapshot) with `env`.
 fn ramd(run: &Path, args: &[&str], env: &[(String, String)]) -> Output {
     let mut c = Command::new(ramd_bin());
@@ -541,22 +565,7 @@ fn killed_writer_lease_expires_and_last_commit_loads() {
     );
     d.stop_with(libc::SIGKILL);
 
-    let mut next = None;
-    wait_until(
-        Duration::from_secs(60),
-        "a new writer to take over the killed one's expired lease",
-        || match try_serve(&tmp.path().join("next"), &["--image", &img], &env) {
-            Ok(r) => {
-                next = Some(r);
-                true
-            }
-            Err((_, err)) => {
-                assert!(err.contains("is in use"), "not a lease refusal:\n{err}");
-                false
-            }
-        },
-    );
-    let next = next.unwrap();
+    let next = serve_once_expired(&tmp.path().join("next"), &img, &env);
     assert!(
         next.stderr().contains("took the lease"),
         "{}",
@@ -924,8 +933,13 @@ fn image_ls_prune_and_identity_on_a_url() {
         rows[0].contains("full") && rows[1].contains("incremental"),
         "{ls}"
     );
-    let chain: Value =
+    // ls --json: info's chain, each save with the MANIFEST that names it.
+    let mut chain: Value =
         serde_json::from_str(&ramd(&run, &["image", "ls", &img, "--json"], &env).ok()).unwrap();
+    for s in chain.as_array_mut().unwrap() {
+        let named = s.as_object_mut().unwrap().remove("manifest");
+        assert_eq!(named, Some(Value::from("MANIFEST")), "{s}");
+    }
     assert_eq!(chain, info["chain"], "ls --json is not info's chain");
 
     // A segment object of a save that never committed, and an object
@@ -1535,4 +1549,260 @@ fn fs_disk_replica_restores() {
         b"kept in the replica\n"
     );
     d.stop();
+}
+
+/// `env` with ramd's requests going through `proxy` instead.
+fn via(env: &[(String, String)], proxy: &LossyProxy) -> Vec<(String, String)> {
+    let mut env = env.to_vec();
+    for (k, v) in &mut env {
+        if k == "AWS_ENDPOINT_URL" {
+            *v = proxy.endpoint();
+        }
+    }
+    env
+}
+
+/// Writes `len` random bytes at `at` over NBD, and into `model` (the
+/// disk as the test knows it).
+fn write_random(uri: &str, dir: &Path, model: &mut [u8], at: u64, len: u64) {
+    let data = dir.join(format!("data-{at}-{len}"));
+    random_file(&data, len);
+    qemu_io(uri, &[format!("write -s {} {at} {len}", data.display())]);
+    model[at as usize..(at + len) as usize].copy_from_slice(&fs::read(&data).unwrap());
+}
+
+/// The disk served from `img` straight from SeaweedFS, once its killed
+/// writer's lease expired, is `model`, byte for byte.
+fn assert_loads_as(run: &Path, img: &str, env: &[(String, String)], model: &[u8], out: &Path) {
+    let d = serve_once_expired(run, img, env);
+    let disk = export(d.uri(), out);
+    assert_eq!(disk.len(), model.len());
+    if let Some(i) = (0..disk.len()).find(|&i| disk[i] != model[i]) {
+        panic!(
+            "{img} loads with byte {i} = {:#x}, not the {:#x} written",
+            disk[i], model[i]
+        );
+    }
+}
+
+/// A MANIFEST put that the server applied but whose answer was lost on a
+/// reset connection: the client library puts it again, the server refuses
+/// that (its condition names the MANIFEST before), and ramd finds the
+/// MANIFEST is byte for byte the one it put: the save is committed, and
+/// so are the ones after. Both kinds of conditional put: the first save
+/// of a new prefix (If-None-Match) and a later one (If-Match).
+#[test]
+fn manifest_commit_whose_answer_was_lost() {
+    let w = Weed::start();
+    let mut direct = w.env();
+    // The killed writer's lease expires soon.
+    direct.push(("RAMD_LEASE_SECS".into(), "6".into()));
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&direct, &proxy);
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("lost-answer");
+    let mut model = vec![0u8; (16 * MIB) as usize];
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+
+    write_random(d.uri(), tmp.path(), &mut model, 0, 4 * MIB);
+    proxy.arm(Lose::Close);
+    let first = snapshot(&run, d.name(), &env);
+    assert_eq!(proxy.lost(), 1, "the first save's MANIFEST put was not hit");
+    assert_eq!(first["full"], true, "{first}");
+
+    write_random(d.uri(), tmp.path(), &mut model, 6 * MIB, MIB);
+    proxy.arm(Lose::Close);
+    let second = snapshot(&run, d.name(), &env);
+    assert_eq!(
+        proxy.lost(),
+        2,
+        "the second save's MANIFEST put was not hit"
+    );
+    assert_eq!(second["full"], false, "{second}");
+
+    write_random(d.uri(), tmp.path(), &mut model, 10 * MIB, 2 * MIB);
+    let third = snapshot(&run, d.name(), &env);
+    assert_eq!(third["full"], false, "{third}");
+    assert_eq!(field(&d.stats(), "save_failures"), 0, "{}", d.stats());
+    // Killed: the image is what the saves committed, nothing of a stop.
+    d.stop_with(libc::SIGKILL);
+
+    let info = ramd(&run, &["image", "info", &img, "--json"], &direct).ok();
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let seqs: Vec<u64> = info["chain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| field(s, "seq"))
+        .collect();
+    assert_eq!(
+        seqs,
+        [
+            first["seq"].as_u64().unwrap(),
+            field(&second, "seq"),
+            field(&third, "seq")
+        ],
+        "{info}"
+    );
+    assert_loads_as(
+        &tmp.path().join("r"),
+        &img,
+        &direct,
+        &model,
+        &tmp.path().join("out"),
+    );
+}
+
+/// A MANIFEST put that the server applied but that timed out (the answer
+/// never came): the save fails, as ramd cannot know. The next save's put
+/// is refused by the server (the failed one is there), ramd finds the
+/// MANIFEST is the failed put's, byte for byte, and commits over it.
+#[test]
+fn manifest_commit_that_timed_out_but_was_applied() {
+    let w = Weed::start();
+    let mut direct = w.env();
+    // The held answer fails the put in seconds; the killed writer's
+    // lease expires soon.
+    direct.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
+    direct.push(("RAMD_LEASE_SECS".into(), "6".into()));
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&direct, &proxy);
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("held-answer");
+    let mut model = vec![0u8; (16 * MIB) as usize];
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+
+    write_random(d.uri(), tmp.path(), &mut model, 0, 4 * MIB);
+    let first = snapshot(&run, d.name(), &env);
+    write_random(d.uri(), tmp.path(), &mut model, 6 * MIB, MIB);
+    proxy.arm(Lose::Hold);
+    let out = ramd(&run, &["snapshot", d.name()], &env).failed();
+    assert_eq!(proxy.lost(), 1, "the save's MANIFEST put was not hit");
+    assert!(out.stderr.contains(&img), "{}", out.stderr);
+    // It failed for ramd, yet the server holds it.
+    let held = w.read("held-answer/MANIFEST");
+    let failed_seq = field(&first, "seq") + 1;
+    assert!(
+        held.contains(&format!("\nseg {failed_seq} incr ")),
+        "the held put was not applied:\n{held}"
+    );
+
+    write_random(d.uri(), tmp.path(), &mut model, 10 * MIB, 2 * MIB);
+    let next = snapshot(&run, d.name(), &env);
+    // A failed save makes the next one full.
+    assert_eq!(next["full"], true, "{next}");
+    assert!(field(&next, "seq") > failed_seq, "{next}");
+    d.stop_with(libc::SIGKILL);
+
+    let info = ramd(&run, &["image", "info", &img, "--json"], &direct).ok();
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let chain = info["chain"].as_array().unwrap();
+    assert_eq!(chain.len(), 1, "{info}");
+    assert_eq!(chain[0]["seq"], next["seq"], "{info}");
+    assert_loads_as(
+        &tmp.path().join("r"),
+        &img,
+        &direct,
+        &model,
+        &tmp.path().join("out"),
+    );
+}
+
+/// `ramd image restore` of an image in object storage: every save of
+/// three chains (two kept by --keep-saves across full saves), a time
+/// between two, a prune by retention, bad input (restore_common.rs); the
+/// restored images go to prefixes and to directories alike.
+#[test]
+fn restore_any_kept_save_of_a_prefix() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let dests: Vec<String> = (0..10)
+        .map(|i| match i % 2 {
+            0 => url(&format!("restored-{i}")),
+            _ => tmp
+                .path()
+                .join(format!("restored-{i}"))
+                .display()
+                .to_string(),
+        })
+        .collect();
+    restore_common::restore_scenario(&url("kept"), &dests, &env, tmp.path());
+    // The dropped chain's segments are gone from the prefix, the kept one's
+    // are there.
+    let names: Vec<String> = w.objects("kept").into_iter().map(|(n, _)| n).collect();
+    for seq in [1, 2] {
+        let seg = format!("seg-{seq:08}-");
+        assert!(!names.iter().any(|n| n.starts_with(&seg)), "{names:?}");
+    }
+    for seq in [3, 4, 5, 6] {
+        let seg = format!("seg-{seq:08}-");
+        assert!(names.iter().any(|n| n.starts_with(&seg)), "{names:?}");
+    }
+}
+
+/// `snapshot --to s3://...` of a replicating disk is refused, saying why
+/// and what to do, and writes nothing there; the disk, its image and the
+/// replica carry on. `snapshot --to DIR` moves the image, and the replica
+/// follows the new directory: it alone then loads every save's data.
+#[test]
+fn snapshot_to_a_url_of_a_replicating_disk() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("followed");
+    let d = serve_replicating(&run, "16M", &local, &img, &env);
+    qemu_io(d.uri(), &["write -P 0x51 0 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &local, &img, &env);
+
+    let other = url("elsewhere");
+    let out = ramd(&run, &["snapshot", d.name(), "--to", &other], &env).failed();
+    for want in [
+        img.as_str(),
+        "--replicate",
+        "--to DIR",
+        local.to_str().unwrap(),
+    ] {
+        assert!(out.stderr.contains(want), "lacks {want:?}:\n{}", out.stderr);
+    }
+    assert!(
+        w.objects("elsewhere").is_empty(),
+        "{:?}",
+        w.objects("elsewhere")
+    );
+    assert_eq!(
+        disk_entry(&status_json(&run), d.name()).unwrap()["image"],
+        local.to_str().unwrap()
+    );
+
+    qemu_io(d.uri(), &["write -P 0x52 2M 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &local, &img, &env);
+
+    let moved = tmp.path().join("moved");
+    ramd(
+        &run,
+        &["snapshot", d.name(), "--to", moved.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    qemu_io(d.uri(), &["write -P 0x53 4M 1M".into()]);
+    snapshot(&run, d.name(), &env);
+    wait_replicated(&run, &moved, &img, &env);
+    drop(d);
+
+    let r = serve(&tmp.path().join("r"), &["--image", &img], &env);
+    qemu_io(
+        r.uri(),
+        &[
+            "read -P 0x51 0 1M".into(),
+            "read -P 0x52 2M 1M".into(),
+            "read -P 0x53 4M 1M".into(),
+        ],
+    );
 }

@@ -113,7 +113,9 @@ impl FrontendFactory for Fuse {
                     }
                 }
                 if args.data_path == DataPath::Kernel {
-                    check_kernel_data_path(args)?;
+                    if let Some(why) = kernel_data_path_refusal(args) {
+                        bail!("{why}");
+                    }
                 }
                 Ok(vec![claim])
             }
@@ -133,7 +135,15 @@ impl FrontendFactory for Fuse {
                 f
             });
         let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
-        let kernel_data = disk.args.data_path == DataPath::Kernel;
+        let (path, why) = data_path(disk.args);
+        let kernel_data = path == DataPath::Kernel;
+        match why {
+            Some(why) => log::info!(
+                "{}: data path store (--data-path auto): {why}",
+                dir.display()
+            ),
+            None => log::info!("{}: data path {path}", dir.display()),
+        }
         // The disk made the tier with the filesystem (a load fills it).
         assert_eq!(
             kernel_data,
@@ -195,35 +205,97 @@ impl FrontendFactory for Fuse {
     }
 }
 
-/// What `--data-path kernel` cannot do in this phase, and what it needs,
-/// refused before anything is allocated: it was asked for by name.
-fn check_kernel_data_path(args: &DiskArgs) -> anyhow::Result<()> {
+/// The data path of a filesystem disk: `--data-path`, with auto resolved
+/// (kernel unless a setting asks for the store or this host cannot give
+/// passthrough), and, when auto chose the store, why.
+pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
+    match args.data_path {
+        DataPath::Auto => {
+            // Compression under auto keeps its meaning from before auto:
+            // every page compressed. The kernel path's cold tier (hot
+            // files in the tmpfs, idle closed ones compressed) is asked
+            // for by name.
+            let why = if args.compresses() {
+                Some(
+                    "--compress and --recompress ask for the store path, which compresses every \
+                     page (for the kernel path's cold tier, which compresses idle closed files, \
+                     give --data-path kernel --compress)"
+                        .to_string(),
+                )
+            } else {
+                kernel_data_path_refusal(args)
+            };
+            match why {
+                None => (DataPath::Kernel, None),
+                Some(why) => (DataPath::Store, Some(why)),
+            }
+        }
+        path => (path, None),
+    }
+}
+
+/// Why this disk cannot have `--data-path kernel`: a setting it does not
+/// have, or what this host or process lacks. Asked for by name, that
+/// refuses the disk before anything is allocated; under auto, the disk
+/// takes the store path.
+fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
     if args.compress.is_none() && args.compress_after.is_some() {
-        bail!(
+        return Some(
             "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \
              kernel it is how long a closed file stays untouched before it moves, compressed, \
              to the cold tier"
+                .into(),
         );
     }
     if !args.recompress.is_none() {
-        bail!(
+        return Some(
             "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
              whole idle files with --compress; leave --recompress out, or use --data-path store"
+                .into(),
         );
     }
     if args.writeback_cache {
-        bail!(
+        return Some(
             "--data-path kernel cannot use the write-back cache (--writeback-cache): the \
              kernel refuses FUSE passthrough with it; leave the flag out"
+                .into(),
         );
     }
     if !has_cap_sys_admin() {
-        bail!(
+        return Some(
             "--data-path kernel needs CAP_SYS_ADMIN (to make its private tmpfs and to register \
              backing files with FUSE); run ramd as root or use --data-path store"
+                .into(),
         );
     }
-    Ok(())
+    if !kernel_has_passthrough() {
+        return Some(
+            "--data-path kernel needs FUSE passthrough, which this kernel lacks (Linux 6.9+ \
+             built with CONFIG_FUSE_PASSTHROUGH: no fuse_passthrough_open in /proc/kallsyms); \
+             use --data-path store"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Whether this kernel has FUSE passthrough: its code is listed in
+/// /proc/kallsyms (names are listed even where addresses are hidden).
+/// Looked up once per process.
+fn kernel_has_passthrough() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        use std::io::BufRead;
+        // A fuse module not loaded yet is loaded by an open of /dev/fuse.
+        drop(std::fs::File::open("/dev/fuse"));
+        let Ok(f) = std::fs::File::open("/proc/kallsyms") else {
+            return false;
+        };
+        std::io::BufReader::new(f)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.split_whitespace().nth(2) == Some("fuse_passthrough_open"))
+    })
 }
 
 /// Whether this process has CAP_SYS_ADMIN in effect (CapEff, bit 21).

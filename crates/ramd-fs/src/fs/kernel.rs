@@ -58,6 +58,47 @@ pub(super) fn futimens(f: &File, atime: Option<SetTime>, mtime: Option<SetTime>)
     Ok(())
 }
 
+/// Sets or clears FS_NOATIME_FL (chattr +A) on a backing file: a read
+/// passed through moves the backing file's atime, which is the one a stat
+/// shows, so the flag must be where the kernel reads it. The other flags
+/// ramd keeps stay with the inode (ramd's own writes to a backing file,
+/// at a load or a truncate, must not be refused).
+pub(super) fn set_noatime(f: &File, on: bool) -> io::Result<()> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int to `flags`.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let noatime = super::FL_NOATIME as libc::c_int;
+    let want = if on {
+        flags | noatime
+    } else {
+        flags & !noatime
+    };
+    if want == flags {
+        return Ok(());
+    }
+    // SAFETY: FS_IOC_SETFLAGS reads one int from `want`.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &want) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A new backing file takes its inode's atime, mtime and noatime flag.
+pub(super) fn init_backing(
+    f: &File,
+    atime: SystemTime,
+    mtime: SystemTime,
+    flags: u32,
+) -> Result<()> {
+    futimens(f, Some(SetTime::At(atime)), Some(SetTime::At(mtime)))?;
+    if flags & super::FL_NOATIME != 0 {
+        set_noatime(f, true).map_err(ioerr)?;
+    }
+    Ok(())
+}
+
 /// fallocate(2) on a backing file.
 pub(super) fn fallocate(f: &File, mode: i32, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: fallocate on an fd we own; no memory is passed.
@@ -143,28 +184,28 @@ impl Fs {
         a
     }
 
-    /// `ino`'s backing file, made now (with the inode's atime and mtime)
-    /// if it has none yet. The caller holds no state lock, or passes the
-    /// times itself (`times`).
+    /// `ino`'s backing file, made now (with the inode's atime, mtime and
+    /// noatime flag) if it has none yet. The caller holds no state lock,
+    /// or passes them itself (`made_with`).
     pub(super) fn backing_with(
         &self,
         ino: Ino,
-        times: Option<(SystemTime, SystemTime)>,
+        made_with: Option<(SystemTime, SystemTime, u32)>,
     ) -> Result<File> {
         let hot = self.hot.get().ok_or(Errno::EINVAL)?;
         if let Some(f) = hot.open(ino, false).map_err(ioerr)? {
             return Ok(f);
         }
-        let (atime, mtime) = match times {
+        let (atime, mtime, flags) = match made_with {
             Some(t) => t,
             None => {
                 let st = self.state.read();
                 let i = st.get(ino)?;
-                (i.atime, i.mtime)
+                (i.atime, i.mtime, i.flags)
             }
         };
         let f = hot.open(ino, true).map_err(ioerr)?.ok_or(Errno::EIO)?;
-        futimens(&f, Some(SetTime::At(atime)), Some(SetTime::At(mtime)))?;
+        init_backing(&f, atime, mtime, flags)?;
         Ok(f)
     }
 
@@ -175,11 +216,12 @@ impl Fs {
     }
 
     /// SETATTR's size and times of a regular file, on its backing file.
-    /// The caller holds the state lock: `times` are the inode's.
+    /// The caller holds the state lock: `made_with` are the inode's atime,
+    /// mtime and flags.
     pub(super) fn hot_setattr(
         &self,
         ino: Ino,
-        times: (SystemTime, SystemTime),
+        made_with: (SystemTime, SystemTime, u32),
         size: Option<u64>,
         atime: Option<SetTime>,
         mtime: Option<SetTime>,
@@ -187,7 +229,7 @@ impl Fs {
         if size.is_none() && atime.is_none() && mtime.is_none() {
             return Ok(());
         }
-        let f = self.backing_with(ino, Some(times))?;
+        let f = self.backing_with(ino, Some(made_with))?;
         if let Some(size) = size {
             self.hot_changed(ino);
             f.set_len(size).map_err(ioerr)?;
@@ -196,6 +238,18 @@ impl Fs {
             futimens(&f, atime, mtime)?;
         }
         Ok(())
+    }
+
+    /// chattr +A/-A of regular file `ino`, on its backing file if it has
+    /// one (one made later takes the flag then).
+    pub(super) fn hot_noatime(&self, ino: Ino, on: bool) -> Result<()> {
+        let Some(hot) = self.hot.get() else {
+            return Ok(());
+        };
+        match hot.open(ino, false).map_err(ioerr)? {
+            Some(f) => set_noatime(&f, on).map_err(ioerr),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn hot_fallocate(&self, ino: Ino, off: u64, len: u64, mode: i32) -> Result<()> {

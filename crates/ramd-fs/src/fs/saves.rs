@@ -786,12 +786,8 @@ impl Fs {
                 continue;
             };
             f.set_len(inode.size)?;
-            super::kernel::futimens(
-                &f,
-                Some(super::SetTime::At(inode.atime)),
-                Some(super::SetTime::At(inode.mtime)),
-            )
-            .map_err(|e| io::Error::from_raw_os_error(e.get()))?;
+            super::kernel::init_backing(&f, inode.atime, inode.mtime, inode.flags)
+                .map_err(|e| io::Error::from_raw_os_error(e.get()))?;
         }
         for slot in made {
             if let Some(f) = tier.open_named(&slot_name(slot), false)? {

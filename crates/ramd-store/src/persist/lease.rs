@@ -341,6 +341,17 @@ impl Remote {
         }
     }
 
+    /// An unconditional put of object `name` (only the lease holder writes
+    /// the objects it puts this way).
+    pub(super) fn put_plain(&self, name: &str, text: String) -> Result<()> {
+        block_on(
+            self.store()
+                .put(&self.key(name), PutPayload::from(text.into_bytes())),
+        )
+        .map(|_| ())
+        .map_err(|e| self.error(name, e))
+    }
+
     /// A conditional put: `Ok(Err(()))` if its condition failed.
     pub(super) fn put(
         &self,

@@ -224,6 +224,9 @@ pub struct ImageDir {
     /// Highest sequence number a segment was begun with: never reused, even
     /// when a commit failed after its MANIFEST was already renamed.
     pub(super) last_seq: u64,
+    /// How long the chains full saves replace are kept (`--keep-saves`,
+    /// `history.rs`); `None`: not kept.
+    pub(super) keep: Option<Duration>,
 }
 
 impl ImageDir {
@@ -262,6 +265,7 @@ impl ImageDir {
                 .unwrap_or_else(DiskId::random),
             manifest,
             last_seq,
+            keep: None,
         };
         dir.remove_debris();
         dir.stamp_id();
@@ -282,6 +286,7 @@ impl ImageDir {
                 id: m.id.unwrap_or_else(DiskId::random),
                 last_seq: m.chain.last().map_or(0, |s| s.seq),
                 manifest: Some(m),
+                keep: None,
             }),
             None => Err(Error::file(
                 path.join(MANIFEST),
@@ -294,8 +299,10 @@ impl ImageDir {
     /// files or segment objects its MANIFEST does not name), holding the
     /// directory's lock or the prefix's lease meanwhile, so never while a
     /// ramd saves to it; changes nothing else (not even a version 1
-    /// MANIFEST's missing id). Returns what it removed.
-    pub fn prune(path: &Path) -> Result<Vec<(String, u64)>> {
+    /// MANIFEST's missing id). Kept chains (`MANIFEST-N`) stay, unless
+    /// `keep` is given: then those older than it go. Returns what it
+    /// removed.
+    pub fn prune(path: &Path, keep: Option<Duration>) -> Result<Vec<(String, u64)>> {
         let mut image = if is_url(path) {
             ImageDir::open_remote(path, Open::Prune)?
         } else {
@@ -304,6 +311,7 @@ impl ImageDir {
             image.lock = Some(lock);
             image
         };
+        image.keep = keep;
         let removed = image.remove_debris();
         image.release_lease();
         Ok(removed)
@@ -352,6 +360,7 @@ impl ImageDir {
                 .map_or(0, |s| s.seq),
             manifest,
             remote: Some(remote),
+            keep: None,
         };
         if how == Open::Save {
             dir.remove_debris();
@@ -460,12 +469,22 @@ impl ImageDir {
     /// next save tries again).
     pub(super) fn remove_debris(&self) -> Vec<(String, u64)> {
         let mut removed = Vec::new();
+        // The kept chains' segments stay; with any kept MANIFEST unreadable,
+        // no segment is known to be debris.
+        let kept = match self.kept_segments(&mut removed) {
+            Ok(k) => k,
+            Err(e) => {
+                log::warn!("not removing debris: {e}");
+                return removed;
+            }
+        };
         if let Some(remote) = &self.remote {
             let keep: Vec<String> = self
                 .manifest
                 .iter()
                 .flat_map(|m| &m.chain)
                 .map(|s| object_name(s.seq, s.time_ns))
+                .chain(kept)
                 .collect();
             let Ok(names) = remote.list() else {
                 return removed;
@@ -494,6 +513,7 @@ impl ImageDir {
             .iter()
             .flat_map(|m| &m.chain)
             .map(|s| self.seg_path(s.seq))
+            .chain(kept.iter().map(|n| self.path.join(n)))
             .collect();
         let Ok(entries) = fs::read_dir(&self.path) else {
             return removed;
@@ -527,7 +547,14 @@ impl ImageDir {
         m.kind = kind;
         m.size = size;
         m.id = Some(self.id);
+        let replaced = match &self.manifest {
+            Some(old) if seg.full && self.keep.is_some() => Some(old.clone()),
+            _ => None,
+        };
         m.chain.push(seg);
+        if let Some(old) = replaced {
+            self.keep_chain(&old)?;
+        }
         self.put_manifest(&m, true)?;
         self.manifest = Some(m);
         self.remove_debris();
@@ -561,7 +588,7 @@ impl ImageDir {
     /// Replaces the MANIFEST with `m`: a conditional put in object storage
     /// (while the lease is held), else written, fsynced and renamed over
     /// the old one. `crash`: the `RAMD_TEST_CRASH` points of a save apply.
-    fn put_manifest(&mut self, m: &Manifest, crash: bool) -> Result<()> {
+    pub(super) fn put_manifest(&mut self, m: &Manifest, crash: bool) -> Result<()> {
         let crash_if = |at| {
             if crash {
                 crash_if(at)
@@ -572,7 +599,9 @@ impl ImageDir {
                 l.check()?;
             }
             crash_if(Crash::ManifestWritten);
-            remote.commit_manifest(m.encode())?;
+            let lease = &self.lease;
+            let still_ours = || lease.as_ref().map_or(Ok(()), Lease::check);
+            remote.commit_manifest(m.encode(), &still_ours)?;
             crash_if(Crash::ManifestRenamed);
             return Ok(());
         }
@@ -616,7 +645,7 @@ pub(super) fn save_file(name: &str) -> bool {
     name == "MANIFEST.tmp" || seg.strip_prefix("seg-").is_some_and(seq_digits)
 }
 
-fn seq_digits(n: &str) -> bool {
+pub(super) fn seq_digits(n: &str) -> bool {
     n.len() >= 8 && n.bytes().all(|b| b.is_ascii_digit())
 }
 

@@ -33,6 +33,7 @@ use crate::DiskId;
 use crate::PAGE_SIZE;
 
 mod format;
+mod history;
 mod lease;
 mod manifest;
 mod outer;
@@ -53,6 +54,7 @@ use remote::*;
 use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
+pub use history::Restorable;
 pub use lease::LeaseWatch;
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};

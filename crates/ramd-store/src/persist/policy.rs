@@ -366,6 +366,21 @@ impl Persister {
     /// image's own filesystem is full or gone. The old image is left as it
     /// was.
     pub fn save_to(&self, dir: &Path) -> Result<SaveReport> {
+        // A replica ships a local image's segment files: an image in object
+        // storage would leave it behind, silently (and --replicate with
+        // --image URL is refused at the start for the same reason).
+        if let (Some(rep), true) = (&self.replica, super::is_url(dir)) {
+            return Err(Error::Unusable(format!(
+                "the disk's image {} is replicated to {} (--replicate), which needs a local \
+                 image directory: `snapshot --to {}` would leave the replica behind; give \
+                 `--to DIR` (the replica follows the new directory), or stop the disk and \
+                 serve --image {} without --replicate",
+                self.path.lock().display(),
+                rep.status().url,
+                dir.display(),
+                dir.display()
+            )));
+        }
         let empty = match std::fs::read_dir(dir) {
             Ok(mut entries) => entries.next().is_none(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
@@ -389,8 +404,10 @@ impl Persister {
                 dir.display()
             )));
         }
-        // The same disk in a new place: the same identity.
+        // The same disk in a new place: the same identity, and saves kept
+        // as long.
         new.set_id(image.id());
+        new.set_keep_saves(image.keep);
         *self.path.lock() = dir.to_path_buf();
         *self.lease.lock() = new.lease_watch();
         std::mem::swap(&mut *image, &mut new);

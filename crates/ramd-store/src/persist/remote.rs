@@ -10,7 +10,8 @@
 //! `.tmp`); the MANIFEST put is the commit point, conditional on the
 //! version this process last read or wrote (`If-Match`), or on there being
 //! none (`If-None-Match: *`): a commit by another writer since is refused,
-//! never overwritten.
+//! never overwritten. A refusal whose MANIFEST is byte for byte one this
+//! process put (an answer lost on the way back) is this process's commit.
 //!
 //! Apache Arrow's `object_store` does the HTTP, signing, retries and
 //! multipart requests (ramd sends the parts itself, to know each upload's
@@ -87,6 +88,9 @@ pub(super) struct Remote {
     /// The MANIFEST's version as this process last read or wrote it: the
     /// precondition of the next commit (`None`: there is none yet).
     version: Option<UpdateVersion>,
+    /// The text of the last MANIFEST put that got no answer (a reset
+    /// connection, a timeout): the server may have applied it all the same.
+    unsure: Option<String>,
 }
 
 impl Remote {
@@ -141,6 +145,7 @@ impl Remote {
             multipart: store,
             prefix,
             version: None,
+            unsure: None,
         })
     }
 
@@ -288,47 +293,108 @@ impl Remote {
 
     /// The commit point: puts the MANIFEST only if it is still the one
     /// this process read or wrote last (or, for the first, if there is
-    /// none).
-    pub(super) fn commit_manifest(&mut self, text: String) -> Result<()> {
-        let mode = match &self.version {
-            Some(v) => PutMode::Update(v.clone()),
-            None => PutMode::Create,
-        };
+    /// none). `still_ours` checks the lease before a refused put is taken
+    /// for one of this process's own (`own_commit`).
+    pub(super) fn commit_manifest(
+        &mut self,
+        text: String,
+        still_ours: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         let key = self.key(MANIFEST);
-        let put = block_on(self.store.put_opts(
-            &key,
-            PutPayload::from(text.into_bytes()),
-            PutOptions::from(mode),
-        ));
-        match put {
-            Ok(r) => {
-                self.version = Some(UpdateVersion {
-                    e_tag: r.e_tag,
-                    version: r.version,
-                });
-                if self.version.as_ref().is_some_and(|v| v.e_tag.is_none()) {
-                    // The next commit needs the e-tag to be conditional.
-                    let meta =
-                        block_on(self.store.head(&key)).map_err(|e| self.error(MANIFEST, e))?;
+        // At most once again: after adopting an earlier put of ours that
+        // got no answer, this one's condition is that put's version.
+        for again in [false, true] {
+            let mode = match &self.version {
+                Some(v) => PutMode::Update(v.clone()),
+                None => PutMode::Create,
+            };
+            let put = block_on(self.store.put_opts(
+                &key,
+                PutPayload::from(text.clone().into_bytes()),
+                PutOptions::from(mode),
+            ));
+            match put {
+                Ok(r) => {
+                    self.unsure = None;
                     self.version = Some(UpdateVersion {
-                        e_tag: meta.e_tag,
-                        version: meta.version,
+                        e_tag: r.e_tag,
+                        version: r.version,
                     });
+                    if self.version.as_ref().is_some_and(|v| v.e_tag.is_none()) {
+                        // The next commit needs the e-tag to be conditional.
+                        let meta =
+                            block_on(self.store.head(&key)).map_err(|e| self.error(MANIFEST, e))?;
+                        self.version = Some(UpdateVersion {
+                            e_tag: meta.e_tag,
+                            version: meta.version,
+                        });
+                    }
+                    return Ok(());
                 }
-                Ok(())
+                Err(
+                    object_store::Error::Precondition { .. }
+                    | object_store::Error::AlreadyExists { .. },
+                ) => match self.own_commit(&text, still_ours)? {
+                    Own::This => return Ok(()),
+                    Own::Earlier if !again => continue,
+                    _ => {
+                        return Err(Error::Unusable(format!(
+                            "{}: another writer committed a save to image {} since this ramd \
+                             read it: this save was not committed (nothing was overwritten); \
+                             only one ramd may save to an image: stop the other one, then \
+                             serve the image again",
+                            self.named(MANIFEST).display(),
+                            self.url
+                        )))
+                    }
+                },
+                Err(e) => {
+                    // Perhaps applied: the next refused put finds out.
+                    self.unsure = Some(text);
+                    return Err(self.error(MANIFEST, e));
+                }
             }
-            Err(
-                object_store::Error::Precondition { .. }
-                | object_store::Error::AlreadyExists { .. },
-            ) => Err(Error::Unusable(format!(
-                "{}: another writer committed a save to image {} since this ramd read it: \
-                 this save was not committed (nothing was overwritten); only one ramd may \
-                 save to an image: stop the other one, then serve the image again",
-                self.named(MANIFEST).display(),
-                self.url
-            ))),
-            Err(e) => Err(self.error(MANIFEST, e)),
         }
+        unreachable!("the second put returns")
+    }
+
+    /// After a commit's put was refused (its condition failed): whether
+    /// the MANIFEST the server holds is this process's own, put by an
+    /// earlier request whose answer was lost: this very text (the client
+    /// library sent the put again after a reset connection, and the first
+    /// had been applied) or the text of an earlier commit that failed
+    /// without an answer. Only byte-for-byte equality counts (every
+    /// MANIFEST names its saves by sequence number and switch time to the
+    /// nanosecond), and only while `still_ours` (the lease) holds; then
+    /// its version is adopted. Anything else is another writer's commit.
+    fn own_commit(&mut self, text: &str, still_ours: &dyn Fn() -> Result<()>) -> Result<Own> {
+        let Some((bytes, version)) = self.get(MANIFEST)? else {
+            return Ok(Own::No);
+        };
+        let own = if bytes == text.as_bytes() {
+            Own::This
+        } else if self
+            .unsure
+            .as_deref()
+            .is_some_and(|u| bytes == u.as_bytes())
+        {
+            Own::Earlier
+        } else {
+            return Ok(Own::No);
+        };
+        still_ours()?;
+        log::info!(
+            "{}: the server had applied {} MANIFEST put of this ramd whose answer was lost; \
+             taking it as committed",
+            self.named(MANIFEST).display(),
+            match own {
+                Own::This => "this",
+                _ => "an earlier (failed)",
+            }
+        );
+        self.unsure = None;
+        self.version = Some(version);
+        Ok(own)
     }
 
     /// Starts uploading object `name` on a thread: it takes buffers from
@@ -499,6 +565,7 @@ impl Remote {
             multipart: self.multipart.clone(),
             prefix: self.prefix.clone(),
             version: None,
+            unsure: None,
         }
     }
 
@@ -531,6 +598,17 @@ impl Remote {
             len,
         ))
     }
+}
+
+/// Whose MANIFEST the server holds after a refused commit (`own_commit`).
+enum Own {
+    /// The text being committed: the commit is done.
+    This,
+    /// An earlier commit's, which failed without an answer: the commit
+    /// may replace it.
+    Earlier,
+    /// Another writer's.
+    No,
 }
 
 /// The endpoint the environment names, for hints (not a secret).
