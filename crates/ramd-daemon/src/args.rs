@@ -169,11 +169,13 @@ pub struct DiskArgs {
     /// this disk's settings) whose files the kernel reads and writes
     /// directly (FUSE passthrough, Linux 6.9+, as root); ramd keeps names,
     /// modes, owners, times and xattrs; a save is not one point in time
-    /// for files written while it runs (see README); not with --compress,
+    /// for files written while it runs (see README); with --compress,
+    /// closed files idle for --compress-after move out of the tmpfs into
+    /// ramd's store, compressed, and back when opened; not with
     /// --recompress or --writeback-cache. store: ramd's page store, every
     /// read and write a FUSE request. auto (the default): kernel where it
-    /// can be had and no setting asks for the store, else store (saying
-    /// why).
+    /// can be had and no setting asks for the store (--compress,
+    /// --recompress, --writeback-cache), else store (saying why).
     #[arg(long, requires = "mount", default_value = "auto", value_parser = parse_data_path, value_name = "PATH")]
     pub data_path: DataPath,
 
@@ -228,10 +230,12 @@ pub struct DiskArgs {
 
     /// Hot/cold tiering: written pages stay raw (memory-speed reads and
     /// writes) and are compressed in the background once untouched for this
-    /// long; compressed pages read whole turn raw again. 0: compress as pages
-    /// are written, like zram. Durations like 500ms, 30s, 5m.
-    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "DURATION")]
-    pub compress_after: Duration,
+    /// long; compressed pages read whole turn raw again. 0 (the default):
+    /// compress as pages are written, like zram. With --data-path kernel:
+    /// how long a closed file stays untouched before its data moves out of
+    /// the tmpfs, compressed (default 60s). Durations like 500ms, 30s, 5m.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub compress_after: Option<Duration>,
 
     /// Re-pack idle pages (see --idle-after) with this codec, up to 16
     /// neighbouring pages per frame: denser than page by page. none: off.

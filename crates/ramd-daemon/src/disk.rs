@@ -34,7 +34,7 @@ use ramd_store::metrics::DiskMetrics;
 use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::DiskId;
-use ramd_store::{ScanHandle, Store, StoreConfig, PAGE_SIZE};
+use ramd_store::{Codec, ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
 use crate::args::{DataPath, DiskArgs, DiskSize};
 use crate::control::{ControlServer, Request};
@@ -92,7 +92,8 @@ pub struct Disk {
     store: Arc<Store>,
     fs: Option<Arc<Fs>>,
     saving: Option<Saving>,
-    scanner: Mutex<Option<ScanHandle>>,
+    /// The store's, and with a cold tier its store's too.
+    scanner: Mutex<Vec<ScanHandle>>,
     frontends: Vec<Arc<dyn Frontend>>,
     /// What the frontends record about their requests.
     io: DiskMetrics,
@@ -208,7 +209,9 @@ impl Disk {
             }
             DiskKind::Fs => {
                 let (fs, image, tree) = open_fs(&args, &store, size, image)?;
-                (Some(Arc::new(fs)), image, tree)
+                let fs = Arc::new(fs);
+                start_cold_tier(&args, &fs, size, shared, &placement)?;
+                (Some(fs), image, tree)
             }
         };
         let saving = match image {
@@ -224,7 +227,11 @@ impl Disk {
             None => None,
         };
         warn_if_overcommitted(&store, shared.host_reserve);
-        let scanner = start_scanner(&store, &args, shared);
+        let mut scanner: Vec<ScanHandle> =
+            start_scanner(&store, &args, shared).into_iter().collect();
+        if let Some(cold) = fs.as_ref().and_then(|f| f.cold_store()) {
+            scanner.push(shared.scanners.add(cold.clone()));
+        }
 
         // The control socket first: a name already in use fails before
         // anything is mounted or bound. It answers "starting" until the
@@ -442,7 +449,7 @@ impl Disk {
             }
         }
         // No background work races the last save.
-        self.scanner.lock().take();
+        self.scanner.lock().clear();
         let saved = match &self.saving {
             None => Ok(()),
             Some(s) => {
@@ -612,6 +619,11 @@ impl Disk {
                 })?;
             fs.set_size(size)
                 .context("resizing the file data's tmpfs")?;
+            // The cold tier's store has the same budget of its own.
+            if let Some(cold) = fs.cold_store() {
+                cold.set_limits(None, budget)
+                    .context("the cold tier's memory budget")?;
+            }
             // The kernel's dirty cap and the write reserve follow the size.
             if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
                 fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));
@@ -703,6 +715,11 @@ impl Disk {
             store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);
+            // With a cold tier, its codec is the disk's (this store holds
+            // no file data).
+            if let Some(cold) = self.fs.as_ref().and_then(|f| f.cold_store()) {
+                store.compress = cold.stats().compress;
+            }
         }
         DiskStatus {
             name: self.args.name.clone(),
@@ -956,7 +973,7 @@ fn store_config(
         track_changes: args.image.is_some(),
         shared_budget: shared.budget.clone(),
         compress: args.compress,
-        compress_after: args.compress_after,
+        compress_after: args.compress_after.unwrap_or_default(),
         recompress: args.recompress,
         idle_after: args.idle_after,
         memory: ramd_store::MemoryPolicy {
@@ -980,6 +997,16 @@ fn store_config(
             let max_memory = args
                 .max_memory
                 .unwrap_or_else(|| fs_max_memory(args, size, loading));
+            let base = match crate::frontends::fuse::data_path(args).0 {
+                // File data is in the tmpfs, or compressed in the cold
+                // tier's own store: this one holds none.
+                DataPath::Kernel => StoreConfig {
+                    compress: Codec::None,
+                    compress_after: Duration::ZERO,
+                    ..base
+                },
+                DataPath::Store | DataPath::Auto => base,
+            };
             StoreConfig {
                 max_memory: Some(max_memory),
                 page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
@@ -988,6 +1015,52 @@ fn store_config(
             }
         }
     }
+}
+
+/// How long a closed file of `--data-path kernel --compress` stays
+/// untouched before it moves to the cold tier, if --compress-after does
+/// not say.
+pub const COLD_AFTER: Duration = Duration::from_secs(60);
+
+/// `--data-path kernel --compress`: the cold tier, a store of its own
+/// (compressed as pages are written, never saved: a save reads cold files
+/// from it as file data), under the disk's memory budget and the daemon's.
+fn start_cold_tier(
+    args: &DiskArgs,
+    fs: &Arc<Fs>,
+    size: Option<u64>,
+    shared: &Shared,
+    placement: &Option<Placement>,
+) -> Result<()> {
+    if crate::frontends::fuse::data_path(args).0 != DataPath::Kernel || args.compress.is_none() {
+        return Ok(());
+    }
+    let cfg = StoreConfig {
+        warm_pool: args.warm_pool,
+        host_reserve: shared.host_reserve,
+        shared_budget: shared.budget.clone(),
+        compress: args.compress,
+        max_memory: Some(
+            args.max_memory
+                .unwrap_or_else(|| fs_max_memory(args, size, false)),
+        ),
+        memory: ramd_store::MemoryPolicy {
+            mlock: args.mlock,
+            numa: placement.clone(),
+            huge_pages: args.huge_pages,
+        },
+        ..StoreConfig::new(ramd_store::MAX_SIZE)
+    };
+    let after = args.compress_after.unwrap_or(COLD_AFTER);
+    let store = Arc::new(Store::new(cfg)?);
+    fs.set_cold_tier(store, after)
+        .map_err(|e| anyhow::anyhow!("--data-path kernel: the cold tier: errno {}", e.get()))?;
+    log::info!(
+        "disk {:?}: closed files untouched {after:?} move to the cold tier, compressed with {}",
+        args.name,
+        args.compress
+    );
+    Ok(())
 }
 
 /// A filesystem disk's default budget: every page of `size`, plus room for
@@ -1143,15 +1216,14 @@ fn start_saving(
 /// warm pool's decay, on the daemon's shared threads; they run until the
 /// returned handle is dropped.
 fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
-    if args.compresses() {
+    if args.compresses() && crate::frontends::fuse::data_path(args).0 == DataPath::Store {
         log::info!(
             "disk {:?}: compression {} ({}), pages idle {:?} {}, {} background thread(s)",
             args.name,
             args.compress,
-            if args.compress_after.is_zero() {
-                "as pages are written".to_string()
-            } else {
-                format!("once untouched {:?}", args.compress_after)
+            match args.compress_after.unwrap_or_default() {
+                d if d.is_zero() => "as pages are written".to_string(),
+                d => format!("once untouched {d:?}"),
             },
             args.idle_after,
             if args.recompress.is_none() {

@@ -585,6 +585,38 @@ impl prometheus_client::collector::Collector for Scrape {
         )?;
         gauge(
             e,
+            "ramd_disk_cold_files",
+            "Filesystem disks with --data-path kernel --compress: files in the cold tier.",
+            None,
+            disks
+                .iter()
+                .filter_map(|s| Some((disk_labels(s), s.fs?.cold?.files)))
+                .collect(),
+        )?;
+        gauge(
+            e,
+            "ramd_disk_cold_data",
+            "Filesystem disks with --data-path kernel --compress: bytes of the cold tier's \
+             files' pages, uncompressed.",
+            Some(Unit::Bytes),
+            disks
+                .iter()
+                .filter_map(|s| Some((disk_labels(s), s.fs?.cold?.data_bytes)))
+                .collect(),
+        )?;
+        gauge(
+            e,
+            "ramd_disk_cold_memory",
+            "Filesystem disks with --data-path kernel --compress: memory the cold tier takes \
+             (compressed pages, allocator slack, page tables).",
+            Some(Unit::Bytes),
+            disks
+                .iter()
+                .filter_map(|s| Some((disk_labels(s), s.fs?.cold?.memory_bytes)))
+                .collect(),
+        )?;
+        gauge(
+            e,
             "ramd_disk_max_inodes",
             "Filesystem disks: most inodes (nr_inodes).",
             None,

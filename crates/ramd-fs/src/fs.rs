@@ -37,11 +37,13 @@ use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 
 mod acl;
 mod cache;
+mod cold;
 mod kernel;
 pub(crate) mod meta;
 mod saves;
 
 pub use cache::OpenCache;
+pub use cold::ColdStats;
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -207,6 +209,8 @@ pub struct Attr {
     pub mtime: SystemTime,
     pub ctime: SystemTime,
     pub btime: SystemTime,
+    /// chattr's flags (`FL_*`).
+    pub flags: u32,
 }
 
 /// A time to set: a given instant or now.
@@ -360,6 +364,8 @@ struct Inode {
     /// chattr(1) flags ([`FL_SUPPORTED`]).
     flags: u32,
     data: Data,
+    /// Where a regular file's data is with a cold tier (see `fs/cold.rs`).
+    cold: cold::ColdState,
 }
 
 struct State {
@@ -400,6 +406,13 @@ pub struct FsStats {
     pub files: u64,
     pub dirs: u64,
     pub file_bytes: u64,
+    /// With `--data-path kernel`: bytes its tmpfs holds (what the host
+    /// sees as shmem), cold files not included.
+    #[serde(default)]
+    pub hot_bytes: Option<u64>,
+    /// With a cold tier (`--data-path kernel --compress`): what it holds.
+    #[serde(default)]
+    pub cold: Option<ColdStats>,
 }
 
 pub struct Fs {
@@ -427,6 +440,9 @@ pub struct Fs {
     hot: std::sync::OnceLock<crate::hot::HotTier>,
     /// What saves of the hot tier remember (see `fs/saves.rs`).
     saves: saves::HotSaves,
+    /// With a hot tier and compression: where idle closed files' data
+    /// goes (see `fs/cold.rs`).
+    cold: std::sync::OnceLock<cold::ColdTier>,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -472,6 +488,7 @@ impl Inode {
             opens: 0,
             cache: Default::default(),
             data,
+            cold: Default::default(),
         }
     }
 
@@ -495,6 +512,7 @@ impl Inode {
             mtime: self.mtime,
             ctime: self.ctime,
             btime: self.btime,
+            flags: self.flags,
         }
     }
 
@@ -679,6 +697,7 @@ impl Fs {
             extending: std::array::from_fn(|_| parking_lot::Mutex::new(())),
             hot: std::sync::OnceLock::new(),
             saves: Default::default(),
+            cold: std::sync::OnceLock::new(),
         }
     }
 
@@ -726,8 +745,8 @@ impl Fs {
     /// enforces it, is the caller's to change first. With a hot tier (`--data-path kernel`) its tmpfs is resized too,
     /// which refuses a size below what it holds.
     pub fn set_size(&self, size: Option<u64>) -> std::io::Result<()> {
-        if let Some(hot) = self.hot.get() {
-            hot.resize(size)?;
+        if self.hot.get().is_some() {
+            self.resize_hot(size)?;
         }
         self.size.store(size.unwrap_or(UNLIMITED), Relaxed);
         Ok(())
@@ -775,7 +794,7 @@ impl Fs {
         };
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
-        Ok(self.hot_attr(inode.attr(ino)))
+        Ok(self.hot_attr(inode, ino))
     }
 
     /// The kernel dropped `n` references taken by lookups and creations.
@@ -791,7 +810,7 @@ impl Fs {
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let st = self.state.read();
-        Ok(self.hot_attr(st.get(ino)?.attr(ino)))
+        Ok(self.hot_attr(st.get(ino)?, ino))
     }
 
     /// Applies `set` for `who`. Like the VFS (the mount negotiates
@@ -800,6 +819,12 @@ impl Fs {
     /// CAP_FSETID, drop setuid, setgid and file capabilities; so does an
     /// empty SETATTR, the kernel's word that a change needs it.
     pub fn setattr(&self, who: Caller, ino: Ino, set: SetAttr) -> Result<Attr> {
+        // A new size needs the data in the backing file; times alone are
+        // the inode's while it is cold.
+        let _pin = match set.size {
+            Some(_) => Some(self.hot_pin(ino)?),
+            None => None,
+        };
         let c = self.store.change();
         let now = now();
         let mut st = self.state.write();
@@ -834,7 +859,10 @@ impl Fs {
                 return err(Errno::EFBIG);
             }
             let made_with = (inode.atime, inode.mtime, inode.flags);
-            self.hot_setattr(ino, made_with, set.size, set.atime, set.mtime)?;
+            Fs::cancel_move(&mut inode.cold);
+            if !inode.cold.is_cold() {
+                self.hot_setattr(ino, made_with, set.size, set.atime, set.mtime)?;
+            }
         } else if let Some(size) = set.size {
             let Data::File {
                 slot,
@@ -886,7 +914,7 @@ impl Fs {
             inode.mtime = resolve(t);
         }
         inode.ctime = set.ctime.unwrap_or(now);
-        Ok(self.hot_attr(inode.attr(ino)))
+        Ok(self.hot_attr(inode, ino))
     }
 
     /// Turns `len` bytes of a file's store range at `at` into holes and
@@ -1171,7 +1199,7 @@ impl Fs {
         inode.nlink += 1;
         inode.lookups += 1;
         inode.ctime = now;
-        Ok(self.hot_attr(inode.attr(ino)))
+        Ok(self.hot_attr(inode, ino))
     }
 
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
@@ -1240,6 +1268,9 @@ impl Fs {
             return;
         }
         if inode.kind == Kind::File && self.hot.get().is_some() {
+            if let Data::File { slot, .. } = inode.data {
+                self.cold_free(&mut inode.cold, slot, inode.size);
+            }
             self.hot_free(ino);
         } else if let Data::File {
             slot,
@@ -1438,6 +1469,8 @@ impl Fs {
 
     /// Opens a non-directory with open(2)'s `flags`.
     pub fn open(&self, ino: Ino, flags: i32) -> Result<()> {
+        // A cold file moves back first; the open then holds it hot.
+        let _pin = self.hot_pin(ino)?;
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         if inode.kind == Kind::Dir {
@@ -1464,6 +1497,9 @@ impl Fs {
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.opens = inode.opens.saturating_sub(1);
             if inode.opens == 0 {
+                if inode.kind == Kind::File {
+                    self.went_idle(ino, &mut inode.cold);
+                }
                 // Closed unlinked: no link can name it any more.
                 st.linkable.remove(&ino);
             }
@@ -1494,6 +1530,7 @@ impl Fs {
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
+            let _pin = self.hot_pin(ino)?;
             return self.hot_read(ino, off, buf);
         }
         if off >= size {
@@ -1534,7 +1571,10 @@ impl Fs {
             .filter(|&e| e <= self.max_file_size() + 1)
             .ok_or(Errno::EFBIG)?;
         if self.hot.get().is_some() {
-            let n = self.hot_write(ino, off, data)?;
+            let n = {
+                let _pin = self.hot_pin(ino)?;
+                self.hot_write(ino, off, data)?
+            };
             let killed = {
                 let mut st = self.state.write();
                 let why = if kernel_kill {
@@ -1638,7 +1678,10 @@ impl Fs {
             return err(Errno::EINVAL);
         }
         if self.hot.get().is_some() {
-            self.hot_fallocate(ino, off, len, mode)?;
+            {
+                let _pin = self.hot_pin(ino)?;
+                self.hot_fallocate(ino, off, len, mode)?;
+            }
             let killed = {
                 let mut st = self.state.write();
                 self.drop_privileges(st.get_mut(ino)?, who, Kill::Modify)
@@ -1698,6 +1741,7 @@ impl Fs {
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
+            let _pin = self.hot_pin(ino)?;
             return self.hot_seek(ino, off, whence);
         }
         if off >= size {
@@ -1741,7 +1785,10 @@ impl Fs {
             if flags & (FL_IMMUTABLE | FL_APPEND) != 0 {
                 return err(Errno::EPERM);
             }
-            let n = self.hot_copy(ino_in, off_in, ino_out, off_out, len)?;
+            let n = {
+                let _pins = (self.hot_pin(ino_in)?, self.hot_pin(ino_out)?);
+                self.hot_copy(ino_in, off_in, ino_out, off_out, len)?
+            };
             let killed = {
                 let mut st = self.state.write();
                 self.drop_privileges(st.get_mut(ino_out)?, who, Kill::Modify)
@@ -1837,7 +1884,7 @@ impl Fs {
         let mut st = self.state.write();
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
-        Ok(self.hot_attr(inode.attr(ino)))
+        Ok(self.hot_attr(inode, ino))
     }
 
     pub fn releasedir(&self, fh: Fh) {
@@ -1953,6 +2000,7 @@ impl Fs {
                 Kind::File => {
                     files += 1;
                     bytes += match self.hot.get() {
+                        Some(_) if i.cold.is_cold() => i.size,
                         Some(h) => h.stat(ino).ok().flatten().map_or(0, |s| s.st_size as u64),
                         None => i.size,
                     };
@@ -1967,6 +2015,8 @@ impl Fs {
             files,
             dirs,
             file_bytes: bytes,
+            hot_bytes: self.hot.get().map(|h| h.used_bytes()),
+            cold: self.cold_stats(),
         }
     }
 }

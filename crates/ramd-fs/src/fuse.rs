@@ -85,6 +85,10 @@ pub struct FuseFs {
     setxattr_ext: AtomicBool,
     /// Backing files registered for passthrough opens (FUSE_PASSTHROUGH).
     backings: Backings,
+    /// Answers seeks that wait for the kernel's write-back.
+    seeker: Seeker,
+    /// Seeks waiting for the kernel's write-back in place (io_uring).
+    in_place_seeks: std::sync::atomic::AtomicUsize,
 }
 
 /// The backing ids of open regular files. The kernel refuses a
@@ -142,6 +146,8 @@ impl FuseFs {
             unknown_ioctls: Mutex::new(HashSet::new()),
             setxattr_ext: AtomicBool::new(false),
             backings: Backings::default(),
+            seeker: Seeker::default(),
+            in_place_seeks: Default::default(),
         }
     }
 
@@ -398,8 +404,24 @@ fn fattr_of(a: &Attr) -> abi::FAttr {
     }
 }
 
+/// The statx attributes tmpfs reports, each with the chattr flag it
+/// stands for.
+const STATX_ATTRS: [(u32, u64); 3] = {
+    use crate::fs::{FL_APPEND, FL_IMMUTABLE, FL_NODUMP};
+    [
+        (FL_IMMUTABLE, libc::STATX_ATTR_IMMUTABLE as u64),
+        (FL_APPEND, libc::STATX_ATTR_APPEND as u64),
+        (FL_NODUMP, libc::STATX_ATTR_NODUMP as u64),
+    ]
+};
+
 /// `struct fuse_statx`: all basic fields always (the kernel refreshes its
-/// cached attributes only from a full set), the birth time when asked.
+/// cached attributes only from a full set), the birth time when asked,
+/// and the attributes tmpfs reports (immutable, append-only, nodump) with
+/// their mask. Linux 6.18 drops those two (`fuse_do_statx` in
+/// fs/fuse/dir.c copies neither into the kstat, and `fuse_update_get_attr`
+/// asks for basic stats and btime only), so `statx` shows only the VFS's
+/// own; they are answered for a kernel that passes them on.
 fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
     let mask = libc::STATX_BASIC_STATS | (want & libc::STATX_BTIME);
     let time = |w: &mut Wr<'_>, t: SystemTime| {
@@ -411,9 +433,14 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         (a.rdev >> 8) & 0xfff,
         (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
     );
+    let attributes = STATX_ATTRS
+        .iter()
+        .filter(|(fl, _)| a.flags & fl != 0)
+        .fold(0, |x, (_, attr)| x | attr);
+    let attributes_mask = STATX_ATTRS.iter().fold(0, |x, (_, attr)| x | attr);
     w.u32(mask)
         .u32(4096)
-        .u64(0) // attributes
+        .u64(attributes)
         .u32(a.nlink)
         .u32(a.uid)
         .u32(a.gid)
@@ -422,7 +449,7 @@ fn encode_statx(w: &mut Wr<'_>, a: &Attr, want: u32) {
         .u64(a.ino.0)
         .u64(a.size)
         .u64(a.blocks)
-        .u64(0); // attributes_mask
+        .u64(attributes_mask);
     time(w, a.atime);
     time(w, a.btime);
     time(w, a.ctime);
@@ -584,6 +611,7 @@ impl Dispatch for FuseFs {
             }
             // Requests are not cancelled: each is answered when done.
             op::INTERRUPT => return,
+            op::LSEEK if self.kernel_holds_pages() => return self.lseek_written_back(req, reply),
             _ => {}
         }
         let answer = self.serve(req, reply.buf());
@@ -593,7 +621,156 @@ impl Dispatch for FuseFs {
     }
 }
 
+/// A seek answered from the seeker thread ([`FuseFs::lseek_written_back`]).
+type SeekJob = Box<dyn FnOnce() + Send>;
+
+/// The thread that answers seeks which wait for the kernel's write-back,
+/// started at the first; it ends when the filesystem's sender goes.
+#[derive(Default)]
+struct Seeker {
+    tx: Mutex<Option<std::sync::mpsc::Sender<SeekJob>>>,
+}
+
+impl Seeker {
+    /// Hands `job` to the thread; back if no thread could be started.
+    fn send(&self, job: SeekJob) -> std::result::Result<(), std::sync::mpsc::SendError<SeekJob>> {
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if tx.is_none() {
+            let (t, rx) = std::sync::mpsc::channel::<SeekJob>();
+            let started = std::thread::Builder::new()
+                .name("ramd-fuse-seek".into())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                });
+            match started {
+                Ok(_) => *tx = Some(t),
+                Err(e) => {
+                    log::warn!("starting the seek thread: {e}; seeks answered in place");
+                    return Err(std::sync::mpsc::SendError(job));
+                }
+            }
+        }
+        tx.as_ref().expect("started").send(job)
+    }
+}
+
+/// LSEEK's offset and whence; ENXIO for a negative offset, EINVAL for a
+/// whence other than SEEK_DATA and SEEK_HOLE (the kernel handles
+/// SEEK_SET/CUR/END itself).
+fn lseek_in(req: &Request<'_>) -> std::result::Result<(i64, Whence), i32> {
+    let mut r = Rd(req.arg0);
+    let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
+    let whence = match whence as i32 {
+        libc::SEEK_DATA => Whence::Data,
+        libc::SEEK_HOLE => Whence::Hole,
+        _ => return Err(libc::EINVAL),
+    };
+    if offset < 0 {
+        return Err(libc::ENXIO);
+    }
+    Ok((offset, whence))
+}
+
 impl FuseFs {
+    /// Whether regular files' pages live in the kernel's page cache, where
+    /// it may hold written pages it has not written back yet: under the
+    /// write-back cache, and without it too for a shared writable mmap. Not
+    /// with passthrough, whose pages are the backing file's.
+    fn kernel_holds_pages(&self) -> bool {
+        !self.passthrough() || self.fs.hot_tier().is_none()
+    }
+
+    /// SEEK_DATA/SEEK_HOLE where the kernel may hold pages written but not
+    /// yet written back ([`FuseFs::kernel_holds_pages`]), which ramd has not
+    /// seen. `fuse_lseek` (fs/fuse/file.c) sends FUSE_LSEEK without writing them
+    /// back first (unlike fallocate and copy_file_range), so a seek right
+    /// after a write found no data where tmpfs finds it. The way a server
+    /// has to get them: FUSE_NOTIFY_INVAL_INODE for the range from the
+    /// offset on, whose page-cache invalidation (invalidate_inode_pages2_range)
+    /// launders each dirty page, a WRITE here, and waits for it, before it
+    /// drops the page (clean pages of the range go too: the price, paid
+    /// only by seeks). Pages before the offset cannot change the answer
+    /// (one that extends the file holds the offset). The WRITEs must be
+    /// served while the notification waits, so on `/dev/fuse` the answer is
+    /// sent from the seeker thread and the worker goes on serving (with
+    /// `--threads 1` it is the only one); io_uring cannot hand an answer
+    /// over, and keeps an entry of every queue free for them (below).
+    fn lseek_written_back(&self, req: &Request<'_>, reply: &mut dyn Reply) {
+        let ino = Ino(req.header.nodeid);
+        let (offset, whence) = match lseek_in(req) {
+            Ok(a) => a,
+            Err(e) => {
+                if let Err(e) = reply.send(Err(e)) {
+                    log::debug!("answering FUSE_LSEEK: {e}");
+                }
+                return;
+            }
+        };
+        let (fs, notifier, metrics) = (
+            self.fs.clone(),
+            self.notifier.clone(),
+            self.opts.metrics.clone(),
+        );
+        let answer = move |write_back: bool| {
+            if let Some(n) = notifier.get().filter(|_| write_back) {
+                if let Err(e) = n.inval_inode(ino.0, offset, 0) {
+                    log::warn!("writing back inode {ino}'s cached pages before a seek: {e}");
+                }
+            }
+            let started = Instant::now();
+            let res = fs.seek(ino, offset as u64, whence);
+            if let Some(m) = &metrics {
+                m.record(Op::Other, 0, started, res.is_ok());
+            }
+            res.map_err(ferr)
+        };
+        let Some(later) = reply.detach() else {
+            // In place (io_uring): the request keeps its ring entry until
+            // answered, and the write-back's WRITEs need a free entry in
+            // the queue of the CPU the notification runs on. So at most a
+            // queue's depth less one seeks wait at once, whichever queues
+            // they are on: every queue keeps an entry for the WRITEs. A
+            // seek past that is answered from what ramd has seen.
+            let limit =
+                usize::from(crate::ll::uring::UringConfig::default().queue_depth).saturating_sub(1);
+            let waiting = &self.in_place_seeks;
+            let write_back = waiting
+                .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+                .is_ok();
+            if !write_back {
+                log::debug!(
+                    "seek in inode {ino} answered without write-back: {limit} already wait"
+                );
+            }
+            let res = answer(write_back);
+            if write_back {
+                waiting.fetch_sub(1, Relaxed);
+            }
+            let res = res.and_then(|o| {
+                let mut w = Wr::new(reply.buf());
+                w.u64(o);
+                w.written().ok_or(libc::EIO)
+            });
+            if let Err(e) = reply.send(res) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+            return;
+        };
+        let job: SeekJob = Box::new(move || {
+            let bytes = answer(true).map(u64::to_ne_bytes);
+            if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| *e)) {
+                log::debug!("answering FUSE_LSEEK: {e}");
+            }
+        });
+        if let Err(job) = self.seeker.send(job) {
+            // No thread to answer from (it could not be started): here,
+            // at the risk the notification waits on this worker.
+            (job.0)();
+        }
+    }
+
     /// Serves one request that has an answer, built in `buf`.
     fn serve(&self, req: &Request<'_>, buf: &mut [u8]) -> Answer {
         let h = &req.header;
@@ -893,17 +1070,7 @@ impl FuseFs {
                 empty(res)
             }
             op::LSEEK => {
-                let mut r = Rd(req.arg0);
-                let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
-                let whence = match whence as i32 {
-                    libc::SEEK_DATA => Whence::Data,
-                    libc::SEEK_HOLE => Whence::Hole,
-                    // The kernel handles SEEK_SET/CUR/END itself.
-                    _ => return Err(libc::EINVAL),
-                };
-                if offset < 0 {
-                    return Err(libc::ENXIO);
-                }
+                let (offset, whence) = lseek_in(req)?;
                 let started = Instant::now();
                 let res = fs.seek(ino, offset as u64, whence);
                 self.record(Op::Other, 0, started, res.is_ok());

@@ -261,3 +261,42 @@ fn create_write_read_readdir_in_the_kernels_layouts() {
         Err(libc::ERANGE)
     );
 }
+
+/// STATX answers chattr's immutable, append-only and nodump flags as statx
+/// attributes, with the mask tmpfs reports (0x70), as set by FS_IOC_SETFLAGS.
+#[test]
+fn statx_answers_the_chattr_attributes_tmpfs_reports() {
+    let f = fuse_fs();
+    let out = one(
+        &f,
+        &raw(op::CREATE, 1, &create_in(libc::S_IFREG | 0o644), b"f\0"),
+    )
+    .unwrap();
+    let ino = u64_at(&out, 0);
+    let statx = |f: &FuseFs| {
+        // fuse_statx_in: getattr_flags, reserved, fh, sx_flags, sx_mask.
+        let mut sx = [0u8; 24];
+        sx[20..24].copy_from_slice(&(libc::STATX_BASIC_STATS | libc::STATX_BTIME).to_ne_bytes());
+        let out = one(f, &raw(op::STATX, ino, &sx, &[])).unwrap();
+        // fuse_statx_out is 32 bytes of validity, then fuse_statx, whose
+        // attributes are at 8 and attributes_mask at 56.
+        (u64_at(&out, 32 + 8), u64_at(&out, 32 + 56))
+    };
+    assert_eq!(statx(&f), (0, 0x70));
+    for (flags, want) in [
+        (crate::fs::FL_APPEND | crate::fs::FL_NODUMP, 0x60),
+        (crate::fs::FL_IMMUTABLE | crate::fs::FL_NOATIME, 0x10),
+        (0, 0),
+    ] {
+        // fuse_ioctl_in: fh, flags, cmd, arg, in_size, out_size.
+        let mut io = Vec::new();
+        io.extend_from_slice(&0u64.to_ne_bytes());
+        io.extend_from_slice(&0u32.to_ne_bytes());
+        io.extend_from_slice(&(libc::FS_IOC_SETFLAGS as u32).to_ne_bytes());
+        io.extend_from_slice(&0u64.to_ne_bytes());
+        io.extend_from_slice(&4u32.to_ne_bytes());
+        io.extend_from_slice(&0u32.to_ne_bytes());
+        one(&f, &raw(op::IOCTL, ino, &io, &flags.to_ne_bytes())).unwrap();
+        assert_eq!(statx(&f), (want, 0x70), "flags {flags:#x}");
+    }
+}

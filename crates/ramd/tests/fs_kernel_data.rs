@@ -382,8 +382,19 @@ fn refuses_what_this_phase_cannot_keep() {
         "kernel",
         "--compress",
         "lz4",
+        "--recompress",
+        "zstd",
     ]);
-    assert!(e.contains("--data-path kernel cannot compress"), "{e}");
+    assert!(e.contains("--data-path kernel cannot re-pack"), "{e}");
+    let e = refused(&[
+        "--size",
+        "16M",
+        "--data-path",
+        "kernel",
+        "--compress-after",
+        "1s",
+    ]);
+    assert!(e.contains("--compress-after needs --compress"), "{e}");
     let e = refused(&[
         "--size",
         "16M",

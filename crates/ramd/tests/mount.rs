@@ -919,11 +919,17 @@ fn lazytime_is_taken_as_tmpfs_takes_it() {
         run_ok(&mut cmd("mount", ["-o", &format!("remount,{o}"), p(&tdir)]));
     });
     assert_eq!(want, (vec![true, false, true, true], 978307200));
-    let dir = s.dir("x");
-    let m = s.mount("ramd-test-lazy", &dir, "size=32M,lazytime");
-    let got = steps(&dir, &|o| {
-        run_ok(&mut s.cmd("mount", &["-o", &format!("remount,{o}"), p(&dir)]));
-    });
-    assert_eq!(got, want);
-    m.unmount();
+    // Both data paths: the store's, and the kernel's (passthrough).
+    for (name, opts) in [
+        ("x", "size=32M,lazytime"),
+        ("k", "size=32M,lazytime,data_path=kernel"),
+    ] {
+        let dir = s.dir(name);
+        let m = s.mount(&format!("ramd-test-lazy-{name}"), &dir, opts);
+        let got = steps(&dir, &|o| {
+            run_ok(&mut s.cmd("mount", &["-o", &format!("remount,{o}"), p(&dir)]));
+        });
+        assert_eq!(got, want, "{opts}");
+        m.unmount();
+    }
 }

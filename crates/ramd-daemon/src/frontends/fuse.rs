@@ -210,23 +210,47 @@ impl FrontendFactory for Fuse {
 /// passthrough), and, when auto chose the store, why.
 pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
     match args.data_path {
-        DataPath::Auto => match kernel_data_path_refusal(args) {
-            None => (DataPath::Kernel, None),
-            Some(why) => (DataPath::Store, Some(why)),
-        },
+        DataPath::Auto => {
+            // Compression under auto keeps its meaning from before auto:
+            // every page compressed. The kernel path's cold tier (hot
+            // files in the tmpfs, idle closed ones compressed) is asked
+            // for by name.
+            let why = if args.compresses() {
+                Some(
+                    "--compress and --recompress ask for the store path, which compresses every \
+                     page (for the kernel path's cold tier, which compresses idle closed files, \
+                     give --data-path kernel --compress)"
+                        .to_string(),
+                )
+            } else {
+                kernel_data_path_refusal(args)
+            };
+            match why {
+                None => (DataPath::Kernel, None),
+                Some(why) => (DataPath::Store, Some(why)),
+            }
+        }
         path => (path, None),
     }
 }
 
 /// Why this disk cannot have `--data-path kernel`: a setting it does not
-/// have in this phase, or what this host or process lacks. Asked for by
-/// name, that refuses the disk before anything is allocated; under auto,
-/// the disk takes the store path.
+/// have, or what this host or process lacks. Asked for by name, that
+/// refuses the disk before anything is allocated; under auto, the disk
+/// takes the store path.
 fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
-    if args.compresses() {
+    if args.compress.is_none() && args.compress_after.is_some() {
         return Some(
-            "--data-path kernel cannot compress yet (--compress, --recompress): its file data \
-             lives in the kernel's tmpfs; use --data-path store to compress"
+            "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \
+             kernel it is how long a closed file stays untouched before it moves, compressed, \
+             to the cold tier"
+                .into(),
+        );
+    }
+    if !args.recompress.is_none() {
+        return Some(
+            "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
+             whole idle files with --compress; leave --recompress out, or use --data-path store"
                 .into(),
         );
     }

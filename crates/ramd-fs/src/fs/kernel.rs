@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::{err, Attr, Errno, Fs, Ino, Kind, Result, SetTime, Whence};
 use crate::hot::HotTier;
 
-fn ioerr(e: io::Error) -> Errno {
+pub(super) fn ioerr(e: io::Error) -> Errno {
     Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
@@ -149,11 +149,19 @@ impl Fs {
     /// Size, blocks and times of a regular file from its backing file:
     /// the kernel changed them without telling us. ctime is the later of
     /// ours (chmod, chown, xattrs move only ours) and the backing file's.
-    pub(super) fn hot_attr(&self, mut a: Attr) -> Attr {
+    /// The caller holds the state lock, in which `i` is inode `ino`.
+    pub(super) fn hot_attr(&self, i: &super::Inode, ino: Ino) -> Attr {
+        let mut a = i.attr(ino);
+        let cold_blocks = i.cold.cold_blocks();
         let Some(hot) = self.hot.get() else {
             return a;
         };
         if a.kind != Kind::File {
+            return a;
+        }
+        if let Some(blocks) = cold_blocks {
+            // Cold: the inode holds what the backing file showed.
+            a.blocks = blocks;
             return a;
         }
         match hot.stat(a.ino) {
@@ -335,10 +343,16 @@ impl Fs {
     }
 
     /// (used, total) 4 KiB pages of file data: the store's, or with a hot
-    /// tier the tmpfs's own count (what the host sees it hold).
+    /// tier the tmpfs's own count (what the host sees it hold) plus what
+    /// cold files held there.
     pub fn pages_used(&self) -> (u64, u64) {
         match self.hot.get().map(|h| h.blocks()) {
-            Some(Ok((total, free))) => (total.saturating_sub(free), total),
+            Some(Ok((total, free))) => {
+                // Cold files count where they would be hot: the tmpfs is
+                // that much smaller (see `fs/cold.rs`).
+                let cold = self.cold_pages();
+                (total.saturating_sub(free) + cold, total + cold)
+            }
             Some(Err(e)) => {
                 log::warn!("statfs of the hot tier: {e}");
                 (0, 0)

@@ -155,7 +155,7 @@ impl Fs {
             .map(|ino| {
                 let i = &st.inodes[ino];
                 // With a hot tier the kernel keeps a file's size and times.
-                let a = self.hot_attr(i.attr(*ino));
+                let a = self.hot_attr(i, *ino);
                 SavedInode {
                     ino: ino.0,
                     kind: i.kind.into(),
@@ -432,6 +432,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                 opens: 0,
                 cache: Default::default(),
                 data,
+                cold: Default::default(),
             },
         );
     }

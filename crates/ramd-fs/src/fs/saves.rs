@@ -22,6 +22,12 @@
 //! file written during the save may be saved with some pages older than
 //! others (each 4 KiB page whole or from a moment a write was under way in
 //! it), and stays marked, so the next save writes it again.
+//!
+//! A file in the cold tier (`cold.rs`) is read from the cold store, where
+//! its pages are at its slot's keys: the same pages, so the same hashes,
+//! and an unchanged cold file is not even read. While a save reads cold
+//! files, their store copies stay until it ends, even if a file moves back
+//! or goes meanwhile (`HotSaves::hold_cold`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -36,6 +42,7 @@ use parking_lot::Mutex;
 use ramd_store::persist::{decode_record, ImageDir, OuterPages, OuterSave, PageRef, Record};
 use ramd_store::{Error, Store, PAGE_SIZE};
 
+use super::cold::ColdFile;
 use super::{Data, Fs, FsConfig, Ino, Kind, FILE_SHIFT};
 use crate::hot::HotTier;
 
@@ -98,6 +105,11 @@ struct Inner {
     saving: bool,
     /// Slots freed since that save's switch: its commit must not adopt them.
     freed_in_save: HashSet<u64>,
+    /// Slots of cold files that save reads from the cold store.
+    cold_read: HashSet<u64>,
+    /// Of those, the ones whose cold copy is no longer wanted (moved back,
+    /// or the file went), with their sizes: freed when the save ends.
+    deferred: Vec<(u64, u64)>,
 }
 
 /// The chunks of slot `slot` where `hashes` name data.
@@ -133,16 +145,96 @@ impl HotSaves {
     pub(super) fn imaged(&self) -> bool {
         self.imaged.load(Relaxed)
     }
+
+    /// Slot `slot`'s cold copy (`size` bytes) is no longer wanted: true if
+    /// a save reads it now, which then frees it when done; false: the
+    /// caller frees it. The caller holds the state lock, so no save
+    /// switches meanwhile.
+    pub(super) fn hold_cold(&self, slot: u64, size: u64) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.saving && inner.cold_read.contains(&slot) {
+            inner.deferred.push((slot, size));
+            return true;
+        }
+        false
+    }
+
+    /// Whether slot `slot` still has a cold copy a save reads (so no new
+    /// one may be written there yet).
+    pub(super) fn cold_held(&self, slot: u64) -> bool {
+        self.inner.lock().deferred.iter().any(|&(s, _)| s == slot)
+    }
+}
+
+/// A save ended: it reads no cold copy any more; frees those no longer
+/// wanted. Takes `inner`'s lock guard and drops it first.
+fn end_save(fs: &Fs, mut inner: parking_lot::MutexGuard<'_, Inner>) {
+    inner.saving = false;
+    inner.freed_in_save.clear();
+    inner.cold_read.clear();
+    let deferred = std::mem::take(&mut inner.deferred);
+    drop(inner);
+    for (slot, size) in deferred {
+        fs.cold_punch(slot, size);
+    }
+}
+
+/// A file's pages as a save reads them: a backing file, or a cold file's
+/// pages in the cold store.
+pub(super) trait Pages {
+    fn size(&self) -> io::Result<u64>;
+    /// The next data extent at or after `from`: (its start, its end).
+    fn next_data(&self, from: u64) -> io::Result<Option<(u64, u64)>>;
+    /// Reads until `buf` is full or the file ends; returns how much.
+    fn read_full(&self, buf: &mut [u8], at: u64) -> io::Result<usize>;
+}
+
+impl Pages for File {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn next_data(&self, from: u64) -> io::Result<Option<(u64, u64)>> {
+        next_data(self, from)
+    }
+
+    fn read_full(&self, buf: &mut [u8], at: u64) -> io::Result<usize> {
+        read_full(self, buf, at)
+    }
+}
+
+impl Pages for ColdFile<'_> {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.size)
+    }
+
+    fn next_data(&self, from: u64) -> io::Result<Option<(u64, u64)>> {
+        ColdFile::next_data(self, from)
+    }
+
+    fn read_full(&self, buf: &mut [u8], at: u64) -> io::Result<usize> {
+        self.read(buf, at)
+    }
 }
 
 /// One file a save reads.
 struct Pick {
     slot: u64,
     ino: Ino,
-    /// `None`: no backing file (never written): all holes.
-    file: Option<File>,
+    data: PickData,
     /// The image's copy; `None`: nothing (a full save, or a new file).
     old: Option<Arc<[Hash]>>,
+}
+
+/// Where a save reads a file's pages.
+enum PickData {
+    /// No backing file (never written): all holes.
+    None,
+    Hot(File),
+    /// In the cold tier, `size` bytes long.
+    Cold {
+        size: u64,
+    },
 }
 
 /// The [`OuterPages`] of a kernel-path filesystem.
@@ -194,11 +286,20 @@ impl OuterPages for Saver {
             if inode.nlink == 0 {
                 continue;
             }
-            let file = match hot.open(ino, false) {
-                Ok(f) => f.inspect(no_atime),
-                Err(e) => {
-                    error.get_or_insert(file_err(format!("the data of inode {ino}"), e));
-                    None
+            let data = if inode.cold.is_cold() {
+                inner.cold_read.insert(slot);
+                PickData::Cold { size: inode.size }
+            } else {
+                match hot.open(ino, false) {
+                    Ok(Some(f)) => {
+                        no_atime(&f);
+                        PickData::Hot(f)
+                    }
+                    Ok(None) => PickData::None,
+                    Err(e) => {
+                        error.get_or_insert(file_err(format!("the data of inode {ino}"), e));
+                        PickData::None
+                    }
                 }
             };
             let old = if full {
@@ -209,7 +310,7 @@ impl OuterPages for Saver {
             picks.push(Pick {
                 slot,
                 ino,
-                file,
+                data,
                 old,
             });
         }
@@ -289,7 +390,21 @@ impl OuterSave for Save {
             let what = format!("inode {}", p.ino);
             let base = p.slot << SLOT_PAGE_SHIFT;
             let old = p.old.as_deref().unwrap_or(&[]);
-            let hashes = save_pages(&what, base, p.file.as_ref(), old, &mut buf, out, &mut pages)?;
+            let cold;
+            let src: Option<&dyn Pages> = match &p.data {
+                PickData::None => None,
+                PickData::Hot(f) => Some(f),
+                PickData::Cold { size } => {
+                    let store = self.fs.cold_store().expect("a cold file has a cold tier");
+                    cold = ColdFile {
+                        store,
+                        base: p.slot << FILE_SHIFT,
+                        size: *size,
+                    };
+                    Some(&cold)
+                }
+            };
+            let hashes = save_pages(&what, base, src, old, &mut buf, out, &mut pages)?;
             self.written.push((p.slot, hashes));
         }
         Ok(pages)
@@ -312,8 +427,7 @@ impl OuterSave for Save {
                 inner.saved.insert(slot, hashes);
             }
         }
-        inner.saving = false;
-        inner.freed_in_save.clear();
+        end_save(&self.fs, inner);
     }
 }
 
@@ -327,8 +441,7 @@ impl Drop for Save {
         let taken = std::mem::take(&mut self.taken);
         inner.dead.extend(taken);
         inner.changed.extend(self.cleared.drain(..));
-        inner.saving = false;
-        inner.freed_in_save.clear();
+        end_save(&self.fs, inner);
     }
 }
 
@@ -338,7 +451,7 @@ impl Drop for Save {
 fn save_pages(
     what: &str,
     base: u64,
-    file: Option<&File>,
+    file: Option<&dyn Pages>,
     old: &[Hash],
     buf: &mut [u8],
     out: &mut dyn FnMut(u64, PageRef<'_>) -> ramd_store::Result<()>,
@@ -348,7 +461,7 @@ fn save_pages(
     let mut new: Vec<Hash> = Vec::new();
     let mut done = 0u64; // pages looked at so far
     if let Some(f) = file {
-        let size = f.metadata().map_err(|e| file_err(data_of(), e))?.len();
+        let size = f.size().map_err(|e| file_err(data_of(), e))?;
         let end_page = size.div_ceil(PAGE);
         if end_page > 1 << SLOT_PAGE_SHIFT {
             // Its pages would land on the next slot's in the image.
@@ -360,8 +473,9 @@ fn save_pages(
         }
         new.resize(end_page as usize, 0);
         while done < end_page {
-            let Some((data, hole)) =
-                next_data(f, done * PAGE).map_err(|e| file_err(data_of(), e))?
+            let Some((data, hole)) = f
+                .next_data(done * PAGE)
+                .map_err(|e| file_err(data_of(), e))?
             else {
                 break;
             };
@@ -371,7 +485,9 @@ fn save_pages(
             while at < last {
                 let n = ((last - at) as usize).min(buf.len() / PAGE_SIZE);
                 let want = &mut buf[..n * PAGE_SIZE];
-                let got = read_full(f, want, at * PAGE).map_err(|e| file_err(data_of(), e))?;
+                let got = f
+                    .read_full(want, at * PAGE)
+                    .map_err(|e| file_err(data_of(), e))?;
                 want[got..].fill(0);
                 for (k, page) in want.chunks_exact(PAGE_SIZE).enumerate() {
                     let i = at + k as u64;
@@ -422,7 +538,7 @@ fn holes(
 
 /// The next data extent at or after `from`: (its start, its end), or
 /// `None` past the last.
-fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
+pub(super) fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
     // SAFETY: lseek on an fd we own.
     let data = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
     if data < 0 {
@@ -445,7 +561,7 @@ fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
 /// would find the tree changed and write a new save. The fd is the
 /// save's own (`HotTier::open` opens anew), so the flag touches no
 /// client's reads. If it cannot be set, the atime moves, nothing worse.
-fn no_atime(f: &File) {
+pub(super) fn no_atime(f: &File) {
     // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
     unsafe {
         let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
@@ -456,7 +572,7 @@ fn no_atime(f: &File) {
 }
 
 /// Reads until `buf` is full or the file ends; returns how much was read.
-fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+pub(super) fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match f.read_at(&mut buf[got..], at + got as u64) {
@@ -816,6 +932,137 @@ mod tests {
         // The failed save neither unmarked the file nor adopted its hashes.
         let again = save(&fs, false, false);
         assert_eq!(again.pages, vec![(0, Some(b'y'))]);
+    }
+
+    /// Gives `fs` a cold tier (zstd) that moves files idle for 10 ms.
+    fn with_cold(fs: &Arc<Fs>) {
+        let store = Store::new(ramd_store::StoreConfig {
+            compress: "zstd".parse().unwrap(),
+            host_reserve: 0,
+            ..ramd_store::StoreConfig::new(ramd_store::MAX_SIZE)
+        })
+        .unwrap();
+        fs.set_cold_tier(Arc::new(store), std::time::Duration::from_millis(10))
+            .unwrap();
+    }
+
+    /// Waits (up to 10 s) until `n` files are cold.
+    fn wait_cold(fs: &Fs, n: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs.cold_stats().unwrap().files != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} file(s) never went cold: {:?}",
+                fs.cold_stats()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_closed_idle_file_moves_to_the_cold_tier_and_back_on_open() {
+        let fs = kernel_fs();
+        let a = create(&fs, "a");
+        for i in [0, 1, 5] {
+            write(&fs, a.ino, i, b'a' + i as u8);
+        }
+        // A partial last page: the size is not a page multiple.
+        fs.write(&fs.change(), a.ino, 6 * PAGE, b"tail", true, ME, false)
+            .unwrap();
+        fs.release(a.ino);
+        let hot = fs.hot_tier().unwrap();
+        let before = fs.getattr(a.ino).unwrap();
+        assert_eq!(hot.used_bytes(), 4 * PAGE);
+        with_cold(&fs);
+        wait_cold(&fs, 1);
+        // Its tmpfs pages are freed; a stat says what it did when hot.
+        assert_eq!(hot.used_bytes(), 0);
+        assert_eq!(fs.getattr(a.ino).unwrap(), before);
+        let (used, _) = fs.pages_used();
+        assert_eq!(used, 4, "cold files count as used");
+        // An open moves it back, whole.
+        fs.open(a.ino, libc::O_RDONLY).unwrap();
+        assert_eq!(fs.cold_stats().unwrap().files, 0);
+        assert_eq!(hot.used_bytes(), 4 * PAGE);
+        let mut buf = vec![0u8; 7 * PAGE_SIZE];
+        let n = fs.read(a.ino, 0, &mut buf).unwrap();
+        assert_eq!(n as u64, 6 * PAGE + 4);
+        for (i, page) in buf.chunks(PAGE_SIZE).take(6).enumerate() {
+            let want = if [0, 1, 5].contains(&i) {
+                b'a' + i as u8
+            } else {
+                0
+            };
+            assert!(page.iter().all(|&b| b == want), "page {i}");
+        }
+        assert_eq!(&buf[6 * PAGE_SIZE..n], b"tail");
+        assert_eq!(fs.getattr(a.ino).unwrap().size, before.size);
+        // Its store copy is freed once it is back.
+        assert_eq!(fs.cold_stats().unwrap().data_bytes, 0);
+        // Closed again, it goes again.
+        fs.release(a.ino);
+        wait_cold(&fs, 1);
+    }
+
+    #[test]
+    fn a_save_reads_a_cold_file_as_it_read_it_hot() {
+        let fs = kernel_fs();
+        let a = create(&fs, "a");
+        for i in [0, 1, 70] {
+            write(&fs, a.ino, i, b'a' + i as u8);
+        }
+        fs.release(a.ino);
+        let hot_save = save(&fs, true, false);
+        with_cold(&fs);
+        wait_cold(&fs, 1);
+        // Nothing changed: nothing read, nothing written.
+        assert_eq!(save(&fs, false, false), Wrote::default());
+        // A full save reads it from the cold tier: the same pages.
+        assert_eq!(save(&fs, true, false), hot_save);
+        // Changed, then cold: the save reads the changed page there.
+        fs.open(a.ino, libc::O_RDWR).unwrap();
+        write(&fs, a.ino, 1, b'z');
+        fs.release(a.ino);
+        wait_cold(&fs, 1);
+        let w = save(&fs, false, false);
+        assert_eq!(w.pages, vec![(slot_page(0, 1), Some(b'z'))]);
+    }
+
+    #[test]
+    fn a_cold_copy_a_save_reads_stays_until_the_save_ends() {
+        let fs = kernel_fs();
+        let a = create(&fs, "a");
+        write(&fs, a.ino, 0, b'a');
+        fs.release(a.ino);
+        with_cold(&fs);
+        wait_cold(&fs, 1);
+        let outer = fs.outer_pages().unwrap();
+        let mut s = outer.switch(true);
+        // Moved back and changed after the switch: the save still reads
+        // the copy of the switch's moment.
+        fs.open(a.ino, libc::O_RDWR).unwrap();
+        write(&fs, a.ino, 0, b'b');
+        let mut pages = Vec::new();
+        s.write(&mut |page, p| {
+            if matches!(p, PageRef::Raw { .. } | PageRef::Fill(..)) {
+                pages.push((page, data_first(&p)));
+            }
+            Ok(())
+        })
+        .unwrap();
+        s.committed();
+        assert_eq!(pages, vec![(0, b'a')]);
+        // The save over, the copy is freed.
+        assert_eq!(fs.cold_stats().unwrap().data_bytes, 0);
+        fs.release(a.ino);
+    }
+
+    fn data_first(p: &PageRef<'_>) -> u8 {
+        match p {
+            PageRef::Raw { data, .. } => data[0],
+            PageRef::Fill(pat) => *pat as u8,
+            _ => 0,
+        }
     }
 
     #[test]

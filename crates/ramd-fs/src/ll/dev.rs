@@ -170,7 +170,7 @@ impl Session {
             }
         }
         for i in 0..self.threads {
-            let fd = clone_fd(&self.fd)?;
+            let fd = Arc::new(clone_fd(&self.fd)?);
             let dispatch = self.dispatch.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ramd-fuse-{i}"))
@@ -382,7 +382,7 @@ fn write_all_once(fd: RawFd, b: &[u8]) -> io::Result<()> {
 /// The answer to one request read from `fd`: the payload is built after
 /// 16 bytes of headroom, where the out header goes, so one write sends both.
 struct DevReply<'a> {
-    fd: RawFd,
+    fd: &'a Arc<OwnedFd>,
     unique: u64,
     buf: &'a mut [u8],
     sent: bool,
@@ -403,7 +403,24 @@ impl Reply for DevReply<'_> {
             Err(e) => (-e, 0),
         };
         self.buf[..OUT_HEADER_LEN].copy_from_slice(&out_header(len, error, self.unique));
-        write_all_once(self.fd, &self.buf[..OUT_HEADER_LEN + len])
+        write_all_once(self.fd.as_raw_fd(), &self.buf[..OUT_HEADER_LEN + len])
+    }
+
+    /// The kernel takes the answer to a request on the fd it was read
+    /// from, from any thread: that fd goes with it.
+    fn detach(&mut self) -> Option<super::Later> {
+        if self.sent {
+            return None;
+        }
+        self.sent = true;
+        let (fd, unique) = (self.fd.clone(), self.unique);
+        Some(Box::new(move |outcome: Result<&[u8], i32>| {
+            let (r, payload) = match outcome {
+                Ok(p) => (Ok(()), p),
+                Err(e) => (Err(e), &[][..]),
+            };
+            send_raw(fd.as_raw_fd(), unique, r, payload)
+        }))
     }
 }
 
@@ -438,7 +455,7 @@ pub fn split<'a>(
 }
 
 fn worker(
-    fd: &OwnedFd,
+    fd: &Arc<OwnedFd>,
     dispatch: &dyn Dispatch,
     buf_len: usize,
     reply_len: usize,
@@ -456,7 +473,7 @@ fn worker(
         match split(&buf[..n], dispatch) {
             Ok(req) => {
                 let mut reply = DevReply {
-                    fd: raw,
+                    fd,
                     unique: req.header.unique,
                     buf: &mut out,
                     sent: false,

@@ -94,7 +94,20 @@ pub trait Reply {
     /// most once per request. An error from the kernel that the request is
     /// gone (ENOENT: it was interrupted) is not an error here.
     fn send(&mut self, outcome: Result<usize, i32>) -> io::Result<()>;
+    /// Takes the answer away, to be sent later from another thread while
+    /// this transport's thread goes on serving: for an answer that must
+    /// wait until other requests were served. `None` where the transport
+    /// cannot (the caller then answers in place, through [`Reply::send`]);
+    /// after `Some`, `send` is not called.
+    fn detach(&mut self) -> Option<Later> {
+        None
+    }
 }
+
+/// An answer sent later ([`Reply::detach`]), from any thread: the payload
+/// or an errno (positive). An error from the kernel that the request is
+/// gone (interrupted) is not an error here.
+pub type Later = Box<dyn FnOnce(Result<&[u8], i32>) -> io::Result<()> + Send>;
 
 /// Serves requests, from any transport and any thread.
 pub trait Dispatch: Send + Sync + 'static {
