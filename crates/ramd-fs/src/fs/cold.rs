@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ramd_store::{ExtentKind, Store};
 
-use super::kernel::{fallocate, futimens, ioerr};
+use super::kernel::{fallocate, init_backing, ioerr};
 use super::saves::{next_data, no_atime, read_full};
-use super::{base, round_up, Data, Errno, Fs, Ino, Kind, Result, SetTime};
+use super::{base, round_up, Data, Errno, Fs, Ino, Kind, Result};
 
 /// What one copy step reads or writes at once.
 const STEP: usize = 1 << 20;
@@ -388,7 +388,7 @@ impl Fs {
         let cold = self.cold.get().expect("a pin without a cold tier");
         let hot = self.hot.get().expect("a cold tier needs the hot one");
         let _one = cold.thaw[(ino.0 % 64) as usize].lock();
-        let (slot, size, atime, mtime, blocks) = {
+        let (slot, size, atime, mtime, flags, blocks) = {
             let st = self.state.read();
             let i = st.get(ino)?;
             let Some(blocks) = i.cold.cold_blocks() else {
@@ -398,7 +398,7 @@ impl Fs {
             let Data::File { slot, .. } = i.data else {
                 return Err(Errno::EIO);
             };
-            (slot, i.size, i.atime, i.mtime, blocks)
+            (slot, i.size, i.atime, i.mtime, i.flags, blocks)
         };
         // Its room in the tmpfs comes back first.
         if let Err(e) = self.count_cold(false, pages_of(blocks)) {
@@ -414,8 +414,8 @@ impl Fs {
         let f = hot.open(ino, true).map_err(ioerr)?.ok_or(Errno::EIO)?;
         let copied = copy_in(&src, &f).and_then(|()| {
             f.set_len(size)?;
-            futimens(&f, Some(SetTime::At(atime)), Some(SetTime::At(mtime)))
-                .map_err(|e| io::Error::from_raw_os_error(e.get()))
+            // Its times, and chattr +A, which the new file must carry.
+            init_backing(&f, atime, mtime, flags).map_err(|e| io::Error::from_raw_os_error(e.get()))
         });
         if let Err(e) = copied {
             hot.remove(ino);
