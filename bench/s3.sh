@@ -268,7 +268,9 @@ export RCLONE_CONFIG=$work/rclone.conf
 export RCLONE_CONFIG_PEER_TYPE=s3 RCLONE_CONFIG_PEER_PROVIDER=SeaweedFS
 export RCLONE_CONFIG_PEER_ACCESS_KEY_ID=$key_id RCLONE_CONFIG_PEER_SECRET_ACCESS_KEY=$secret
 export RCLONE_CONFIG_PEER_ENDPOINT=$endpoint RCLONE_CONFIG_PEER_REGION=us-east-1
-peer() { "$rclone" --config "$RCLONE_CONFIG" "$@"; }
+# Without AWS_CA_BUNDLE: Debian's rclone (1.60) refuses to start when it is
+# set ("unable to load custom CA bundle"); plain http on loopback needs no CA.
+peer() { env -u AWS_CA_BUNDLE "$rclone" --config "$RCLONE_CONFIG" "$@"; }
 weed_up() { alive "$weed_pid" "weed mini" && peer lsf "peer:$bucket" 2>"$work/raw/rclone-ready.log"; }
 note "starting SeaweedFS (weed mini) on $endpoint"
 wait_until 120 "weed mini's S3 at $endpoint (rclone lsf peer:$bucket)" weed_up
