@@ -17,7 +17,8 @@
 #
 # Targets, all 2 GiB, mounted under one mktemp directory:
 #   ramd      ramd serve --mount (default options: FUSE over io_uring where
-#             the kernel has it, the write-back cache)
+#             the kernel has it; the kernel data path where passthrough can
+#             be had, else the store path with its write-back cache)
 #   ramd-dev  the same with --fuse-transport dev (read/write on /dev/fuse)
 #   tmpfs     mount -t tmpfs -o size=2G
 #   pthp      libfuse 3.17.2's example/passthrough_hp (C++, multi-threaded
