@@ -98,7 +98,7 @@ impl ImageDir {
             self.check_lease()?;
             return remote.put_plain(&name, text);
         }
-        write_replacing(&self.path, &name, text.as_bytes())
+        super::manifest::write_replacing(&self.path, &name, text.as_bytes(), || {}, || {})
     }
 
     /// Which segments the kept chains name (object or file names), after
@@ -324,24 +324,4 @@ impl Read for Tee<'_> {
         self.sink.write(&out[..n])?;
         Ok(n)
     }
-}
-
-/// Writes `name` in `dir` whole: to `MANIFEST.tmp` (debris if a crash
-/// leaves it), fsynced, renamed over `name`, the directory fsynced.
-pub(super) fn write_replacing(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
-    let tmp = dir.join("MANIFEST.tmp");
-    let path = dir.join(name);
-    let write = || -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()
-    };
-    write().map_err(|e| Error::file(&tmp, e))?;
-    fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
-    sync_dir(dir)
 }

@@ -605,24 +605,44 @@ impl ImageDir {
             crash_if(Crash::ManifestRenamed);
             return Ok(());
         }
-        let path = self.path.join(MANIFEST);
-        let tmp = self.path.join("MANIFEST.tmp");
-        let write = || -> io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(m.encode().as_bytes())?;
-            f.sync_all()
-        };
-        write().map_err(|e| Error::file(&tmp, e))?;
-        crash_if(Crash::ManifestWritten);
-        fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
-        crash_if(Crash::ManifestRenamed);
-        sync_dir(&self.path)
+        write_replacing(
+            &self.path,
+            MANIFEST,
+            m.encode().as_bytes(),
+            || crash_if(Crash::ManifestWritten),
+            || crash_if(Crash::ManifestRenamed),
+        )
     }
+}
+
+/// Writes `name` in `dir` whole: to `MANIFEST.tmp` (debris if a crash
+/// leaves it), fsynced, renamed over `name`, the directory fsynced.
+/// `written` and `renamed` run after those two steps (a MANIFEST commit's
+/// crash points).
+pub(super) fn write_replacing(
+    dir: &Path,
+    name: &str,
+    data: &[u8],
+    written: impl Fn(),
+    renamed: impl Fn(),
+) -> Result<()> {
+    let tmp = dir.join("MANIFEST.tmp");
+    let path = dir.join(name);
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()
+    };
+    write().map_err(|e| Error::file(&tmp, e))?;
+    written();
+    fs::rename(&tmp, &path).map_err(|e| Error::file(&path, e))?;
+    renamed();
+    sync_dir(dir)
 }
 
 /// The name of save `seq`'s segment file.
