@@ -106,14 +106,7 @@ impl Persister {
         // Status shows the image's last save until this process saves.
         let last = image.manifest().and_then(|m| m.chain.last());
         let state = State {
-            last: last.map(|s| SaveReport {
-                seq: s.seq,
-                full: s.full,
-                pages: s.pages,
-                bytes: s.bytes,
-                seconds: 0.0,
-                unix_time: s.time_ns / 1_000_000_000,
-            }),
+            last: last.map(report_of),
             ..State::default()
         };
         Persister {
@@ -738,7 +731,7 @@ impl Persister {
 /// Why a standby does not save.
 fn standby_refusal() -> Error {
     Error::Unusable(
-        "the disk is a standby: its image's writer saves it; promote it first          (`ramd promote NAME`)"
+        "the disk is a standby: its image's writer saves it; promote it first (`ramd promote NAME`)"
             .into(),
     )
 }
