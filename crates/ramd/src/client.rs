@@ -222,15 +222,7 @@ pub fn snapshot(
         None => "snapshot".into(),
     };
     // No answer timeout: a full save of a large disk takes what it takes.
-    let v = control::request(&path, &line, None).map_err(|e| {
-        match e.downcast_ref::<std::io::Error>() {
-            Some(_) => e.context(format!(
-                "no running disk named {name:?} ({} does not answer)",
-                path.display()
-            )),
-            None => anyhow::anyhow!("disk {name:?}: {e:#}"),
-        }
-    })?;
+    let v = disk_request(name, &path, &line)?;
     let mut r = v["snapshot"].clone();
     if as_json {
         r["name"] = name.into();
@@ -253,6 +245,18 @@ pub fn snapshot(
     Ok(())
 }
 
+/// One request to disk `name`'s control socket at `path`, without an
+/// answer timeout; a socket nobody answers is "no running disk".
+fn disk_request(name: &str, path: &Path, line: &str) -> Result<serde_json::Value> {
+    control::request(path, line, None).map_err(|e| match e.downcast_ref::<std::io::Error>() {
+        Some(_) => e.context(format!(
+            "no running disk named {name:?} ({} does not answer)",
+            path.display()
+        )),
+        None => anyhow::anyhow!("disk {name:?}: {e:#}"),
+    })
+}
+
 /// `ramd promote NAME [--force] [--wait DURATION]`: makes a standby its
 /// image's writer, through its socket.
 pub fn promote(run_dir: &Path, a: &crate::cli::PromoteArgs) -> Result<()> {
@@ -271,15 +275,7 @@ pub fn promote(run_dir: &Path, a: &crate::cli::PromoteArgs) -> Result<()> {
         );
     }
     // No answer timeout: the wait, then a save, take what they take.
-    let v = control::request(&path, &line, None).map_err(|e| {
-        match e.downcast_ref::<std::io::Error>() {
-            Some(_) => e.context(format!(
-                "no running disk named {name:?} ({} does not answer)",
-                path.display()
-            )),
-            None => anyhow::anyhow!("disk {name:?}: {e:#}"),
-        }
-    })?;
+    let v = disk_request(name, &path, &line)?;
     let mut r = v["promoted"].clone();
     if a.json {
         r["name"] = name.as_str().into();
