@@ -3,42 +3,6 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
-use std::path::Path;
-
-/// Runs fio with the nbd engine against `uri`; returns the parsed JSON of
-/// its (only) job after checking that it reports no error.
-fn fio(uri: &str, out_dir: &Path, name: &str, opts: &[&str]) -> Value {
-    require_tool("fio");
-    let out_file = out_dir.join(format!("{name}.json"));
-    let mut c = cmd(
-        "fio",
-        [
-            format!("--name={name}"),
-            "--ioengine=nbd".into(),
-            format!("--uri={uri}"),
-            "--output-format=json".into(),
-            format!("--output={}", out_file.display()),
-            "--verify_fatal=1".into(),
-        ],
-    );
-    // fio drops *-verify.state files in its working directory.
-    c.args(opts).current_dir(out_dir);
-    let out = run(&mut c, LONG_TIMEOUT);
-    let json = std::fs::read_to_string(&out_file).unwrap_or_default();
-    assert!(out.success(), "fio {name} failed: {out:?}\n{json}");
-    let v: Value =
-        serde_json::from_str(&json).unwrap_or_else(|e| panic!("fio JSON ({e}):\n{json}"));
-    let job = v["jobs"][0].clone();
-    assert_eq!(job["error"], 0, "fio {name} reported an error: {job}");
-    job
-}
-
-fn io_bytes(job: &Value, dir: &str) -> u64 {
-    job[dir]["io_bytes"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {dir}.io_bytes in {job}"))
-}
 
 #[test]
 fn random_4k_read_write_with_crc32c_verify() {

@@ -2168,3 +2168,196 @@ fn standby_over_iscsi_is_write_protected_until_promoted() {
     qemu_io(&lun, &["write -P 0x22 0 1M".into()]);
     qemu_io(standby.uri(), &["read -P 0x22 0 1M".into()]);
 }
+
+/// The fio job the failover tests verify: each 4 KiB page of `size` bytes
+/// from `offset` written once, in an order `seed` fixes, each with a
+/// crc32c header (which also names the page's offset), so a later
+/// `--verify_only` run of the same job checks every page it wrote.
+fn verified_job(offset: &str, size: &str, seed: &str) -> Vec<String> {
+    [
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--verify=crc32c",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        format!("--offset={offset}"),
+        format!("--size={size}"),
+        format!("--randseed={seed}"),
+    ])
+    .collect()
+}
+
+fn opts<'a>(job: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
+    job.iter()
+        .map(String::as_str)
+        .chain(more.iter().copied())
+        .collect()
+}
+
+/// The image's last committed save, as its MANIFEST names it.
+fn committed_seq(run: &Path, img: &str, env: &[(String, String)]) -> u64 {
+    let info: Value =
+        serde_json::from_str(&ramd(run, &["image", "info", img, "--json"], env).ok()).unwrap();
+    info["chain"]
+        .as_array()
+        .and_then(|c| c.last())
+        .and_then(|s| s["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no chain in image info --json: {info}"))
+}
+
+/// Failover under fio: a writer autosaving every second takes fio's
+/// random 4 KiB writes (crc32c verify headers); `ramd snapshot` commits
+/// them; fio keeps writing elsewhere (those writes may be lost) until the
+/// writer is killed with SIGKILL. The standby is promoted (`force`: at
+/// once, taking the dead writer's live lease; else once it expires), and
+/// fio's verify-only run of the first job passes on it: every page fio
+/// wrote before the commit is there. The promoted disk takes fio's writes
+/// and verifies them, the old writer started again is refused naming the
+/// new holder, and the image, loaded afresh, holds both jobs.
+///
+/// `poll` is the standby's: with `force` it is long, so the standby
+/// applies nothing after its start and the promotion itself must fetch
+/// every save the writer committed since.
+fn failover_under_fio(force: bool, poll: &str) {
+    require_tool("fio");
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let tmp = scratch();
+    let img = url("failover");
+    let (run_w, run_s) = (tmp.path().join("w"), tmp.path().join("s"));
+    let fio_dir = tmp.path().join("fio");
+    fs::create_dir(&fio_dir).unwrap();
+    let mut writer = serve(
+        &run_w,
+        &["--size", "64M", "--image", &img, "--autosave", "1s"],
+        &env,
+    );
+    // The standby needs a save to load.
+    snapshot(&run_w, writer.name(), &env);
+    let standby = serve(
+        &run_s,
+        &["--image", &img, "--standby", "--standby-poll", poll],
+        &env,
+    );
+    let first = wait_applied(&standby, 1);
+    assert_eq!(first["saves_applied"], 0, "{first}");
+
+    // Paced so that autosaves commit while it writes.
+    let before = verified_job("0", "32M", "2311");
+    let job = fio(
+        writer.uri(),
+        &fio_dir,
+        "before",
+        &opts(&before, &["--do_verify=0", "--rate_iops=2000"]),
+    );
+    assert_eq!(io_bytes(&job, "write"), 32 * MIB, "{job}");
+    let saved = field(&snapshot(&run_w, writer.name(), &env), "seq");
+    let autosaves = saved - 2;
+    assert!(autosaves > 0, "no autosave committed while fio wrote");
+
+    // Writes after the commit, until the kill: an autosave commits some.
+    let after = verified_job("32M", "16M", "2312");
+    let mut c = cmd(
+        "fio",
+        opts(
+            &after,
+            &[
+                "--name=after",
+                "--ioengine=nbd",
+                "--time_based",
+                "--runtime=600",
+                "--rate_iops=500",
+            ],
+        ),
+    );
+    c.arg(format!("--uri={}", writer.uri()))
+        .current_dir(&fio_dir);
+    let mut late = Background::spawn(&mut c);
+    wait_until(
+        Duration::from_secs(60),
+        "an autosave of fio's later writes",
+        || {
+            late.assert_running();
+            writer.stats()["last_save"]["seq"]
+                .as_u64()
+                .is_some_and(|s| s > saved)
+        },
+    );
+    if !force {
+        // The standby follows: it holds the commit before the kill.
+        wait_until(
+            Duration::from_secs(60),
+            &format!("the standby to apply save {saved}"),
+            || field(&standby.stats()["standby"], "applied_seq") >= saved,
+        );
+    }
+    writer.stop_with(libc::SIGKILL);
+    drop(late);
+    let last = committed_seq(&tmp.path().join("info"), &img, &env);
+    assert!(last > saved, "{last} {saved}");
+
+    let args: &[&str] = match force {
+        true => &["--force", "--json"],
+        false => &["--wait", "60s", "--json"],
+    };
+    let out = promote(&run_s, standby.name(), args, &env).ok();
+    let promoted: Value = serde_json::from_str(out.trim()).unwrap();
+    // Its own save follows the writer's last: none was skipped or lost.
+    assert_eq!(promoted["seq"], last + 1, "{promoted}");
+    let st = standby.stats();
+    assert_eq!(st["read_only"], false, "{st}");
+    assert!(st["standby"].is_null(), "{st}");
+
+    // Every page fio wrote before the commit, as it wrote it.
+    let verify = opts(&before, &["--verify_only", "--verify_state_load=1"]);
+    let job = fio(standby.uri(), &fio_dir, "before", &verify);
+    assert_eq!(io_bytes(&job, "read"), 32 * MIB, "{job}");
+
+    // The promoted disk takes writes (a new connection is writable).
+    let more = verified_job("48M", "16M", "2313");
+    let job = fio(
+        standby.uri(),
+        &fio_dir,
+        "promoted",
+        &opts(&more, &["--do_verify=1"]),
+    );
+    assert_eq!(io_bytes(&job, "read"), 16 * MIB, "{job}");
+    snapshot(&run_s, standby.name(), &env);
+
+    // The old writer, started again, finds the lease the standby holds.
+    let (_, err) = try_serve(&run_w, &["--image", &img], &env)
+        .map(|_| ())
+        .expect_err("the old writer started again beside the promoted standby");
+    assert!(
+        err.contains("is in use") && err.contains(&format!("pid {}", standby.pid())),
+        "the refusal does not name the promoted standby (pid {}): {err}",
+        standby.pid()
+    );
+
+    // A clean stop saves and releases the lease; a fresh load holds both.
+    drop(standby);
+    let fresh = serve(&tmp.path().join("fresh"), &["--image", &img], &env);
+    let job = fio(fresh.uri(), &fio_dir, "before", &verify);
+    assert_eq!(io_bytes(&job, "read"), 32 * MIB, "{job}");
+    let job = fio(
+        fresh.uri(),
+        &fio_dir,
+        "promoted",
+        &opts(&more, &["--verify_only"]),
+    );
+    assert_eq!(io_bytes(&job, "read"), 16 * MIB, "{job}");
+}
+
+#[test]
+fn failover_under_fio_once_the_lease_expires() {
+    failover_under_fio(false, "200ms");
+}
+
+#[test]
+fn failover_under_fio_with_force() {
+    failover_under_fio(true, "10m");
+}
