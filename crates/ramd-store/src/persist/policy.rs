@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
@@ -229,7 +229,10 @@ impl Persister {
             let left = h.expires.saturating_sub(now);
             if Instant::now() >= deadline {
                 return Err(Error::Unusable(format!(
-                    "image {}: its lease is held by {} until {} (in {left} s): its writer may                      be alive. Promote once it has stopped (a clean stop releases the lease)                      or its lease has run out (`--wait DURATION` waits for that), or take the                      lease over with --force (the old writer's next save then fails)",
+                    "image {}: its lease is held by {} until {} (in {left} s): its writer may \
+                    be alive. Promote once it has stopped (a clean stop releases the lease) \
+                    or its lease has run out (`--wait DURATION` waits for that), or take the \
+                    lease over with --force (the old writer's next save then fails)",
                     image.path().display(),
                     h.holder,
                     super::time_text(h.expires * 1_000_000_000),
@@ -241,9 +244,13 @@ impl Persister {
                 h.holder,
                 super::time_text(h.expires * 1_000_000_000)
             );
-            // Again at its expiry, or sooner: a clean stop releases it.
+            // Again at its expiry (to the millisecond: a failover waits
+            // for it), and every second before: a clean stop releases it.
+            let expiry = (UNIX_EPOCH + Duration::from_secs(h.expires))
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
             let until = deadline
-                .min(Instant::now() + Duration::from_secs(left + 1))
+                .min(Instant::now() + expiry + Duration::from_millis(1))
                 .min(Instant::now() + Duration::from_secs(1));
             let mut st = self.state.lock();
             while !st.stop && Instant::now() < until {
