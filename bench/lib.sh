@@ -129,14 +129,16 @@ wait_quiet() {
 
 # serve_nbd RAMD WORK SIZE [FLAG...]: starts `RAMD serve` on a unix socket in
 # WORK (run dir WORK/run, log WORK/ramd.log) and waits until its URI answers;
-# sets ramd_pid and uri. Callers stop it with stop_pid "$ramd_pid" ramd.
+# sets ramd_pid and uri. SIZE "-": no --size (the image says it). Callers
+# stop it with stop_pid "$ramd_pid" ramd.
 serve_nbd() {
-    local bin=$1 dir=$2 size=$3
+    local bin=$1 dir=$2 size_flag=()
+    [[ $3 == - ]] || size_flag=(--size "$3")
     shift 3
     mkdir -p "$dir/run"
     # A URI line left by the last ramd must not pass for this one's.
     rm -f "$dir/uri"
-    RAMD_RUN_DIR=$dir/run "$bin" serve --size "$size" "$@" \
+    RAMD_RUN_DIR=$dir/run "$bin" serve "${size_flag[@]}" "$@" \
         --listen "unix:$dir/ramd.sock" >"$dir/uri" 2>"$dir/ramd.log" {bench_lock_fd}>&- &
     ramd_pid=$!
     _serve_nbd_has_uri() { alive "$ramd_pid" ramd && [[ -s $dir/uri ]]; }
@@ -158,4 +160,50 @@ bench_lock() {
         flock -w "${BENCH_LOCK_WAIT:-1800}" "$bench_lock_fd" ||
             die "still locked after ${BENCH_LOCK_WAIT:-1800}s: $file"
     fi
+}
+
+# find_go_tool NAME: NAME where `go install` puts it (the newest release,
+# built here), else on PATH.
+find_go_tool() {
+    local gobin=""
+    command -v go >/dev/null 2>&1 && gobin=$(go env GOPATH 2>/dev/null)/bin
+    for d in "$gobin" "${HOME:-/root}/go/bin"; do
+        [[ -n $d && -x $d/$1 ]] && { echo "$d/$1"; return 0; }
+    done
+    command -v "$1" 2>/dev/null
+}
+
+# start_weed WEED DIR LOG BUCKET KEY_ID SECRET: starts SeaweedFS (`weed
+# mini`: master, volume, filer and S3 in one process) on loopback on ten
+# free ports, its data and config in DIR, its output in LOG, with BUCKET
+# and one identity; sets weed_pid and endpoint, and exports the AWS_*
+# variables ramd takes its endpoint and credentials from. The caller waits
+# until it answers (with its own client) and stops it with stop_pid.
+start_weed() {
+    local bin=$1 wdir=$2 log=$3 bucket=$4 key_id=$5 secret=$6 ports
+    mkdir -p "$wdir/data"
+    cat >"$wdir/s3.json" <<EOF
+{"identities":[{"name":"bench","credentials":[{"accessKey":"$key_id","secretKey":"$secret"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
+EOF
+    # Ten free loopback ports (taken by the kernel, then released for weed).
+    mapfile -t ports < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(10)]
+for x in s:
+    x.bind(("127.0.0.1", 0))
+print("\n".join(str(x.getsockname()[1]) for x in s))')
+    "$bin" mini -dir="$wdir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+        -master.port="${ports[0]}" -master.port.grpc="${ports[1]}" \
+        -volume.port="${ports[2]}" -volume.port.grpc="${ports[3]}" \
+        -filer.port="${ports[4]}" -filer.port.grpc="${ports[5]}" \
+        -s3.port="${ports[6]}" -s3.port.grpc="${ports[7]}" \
+        -admin.port="${ports[8]}" -admin.port.grpc="${ports[9]}" \
+        -admin.port.legacy=0 -admin.ui=false -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 \
+        -s3.config="$wdir/s3.json" -bucket="$bucket" \
+        </dev/null >"$log" 2>&1 {bench_lock_fd}>&- &
+    # shellcheck disable=SC2034 # read by the caller
+    weed_pid=$!
+    endpoint=http://127.0.0.1:${ports[6]}
+    export AWS_ACCESS_KEY_ID=$key_id AWS_SECRET_ACCESS_KEY=$secret AWS_REGION=us-east-1
+    export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true
 }

@@ -121,16 +121,6 @@ need mountpoint util-linux
 fio --enghelp=nbd >/dev/null 2>&1 ||
     die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
 
-# find_go_tool NAME: NAME where `go install` puts it (the newest release,
-# built here), else on PATH.
-find_go_tool() {
-    local gobin=""
-    command -v go >/dev/null 2>&1 && gobin=$(go env GOPATH 2>/dev/null)/bin
-    for d in "$gobin" "${HOME:-/root}/go/bin"; do
-        [[ -n $d && -x $d/$1 ]] && { echo "$d/$1"; return 0; }
-    done
-    command -v "$1" 2>/dev/null
-}
 weed=$(find_go_tool weed) ||
     die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
 # RCLONE=PATH picks one rclone among several (Debian's and a go install).
@@ -237,31 +227,8 @@ EOF
 # --- SeaweedFS ------------------------------------------------------------------
 bucket=ramdbench
 key_id=ramdbench secret=ramdbenchsecret0123456789
-cat >"$work/s3.json" <<EOF
-{"identities":[{"name":"bench","credentials":[{"accessKey":"$key_id","secretKey":"$secret"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
-EOF
-# Ten free loopback ports (taken by the kernel, then released for weed).
-mapfile -t ports < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(10)]
-for x in s:
-    x.bind(("127.0.0.1", 0))
-print("\n".join(str(x.getsockname()[1]) for x in s))')
-"$weed" mini -dir="$work/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -master.port="${ports[0]}" -master.port.grpc="${ports[1]}" \
-    -volume.port="${ports[2]}" -volume.port.grpc="${ports[3]}" \
-    -filer.port="${ports[4]}" -filer.port.grpc="${ports[5]}" \
-    -s3.port="${ports[6]}" -s3.port.grpc="${ports[7]}" \
-    -admin.port="${ports[8]}" -admin.port.grpc="${ports[9]}" \
-    -admin.port.legacy=0 -admin.ui=false -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 \
-    -s3.config="$work/s3.json" -bucket="$bucket" \
-    </dev/null >"$work/raw/weed.log" 2>&1 {bench_lock_fd}>&- &
-weed_pid=$!
-endpoint=http://127.0.0.1:${ports[6]}
+start_weed "$weed" "$work/weed" "$work/raw/weed.log" "$bucket" "$key_id" "$secret"
 
-# ramd takes the endpoint and credentials from the standard variables.
-export AWS_ACCESS_KEY_ID=$key_id AWS_SECRET_ACCESS_KEY=$secret AWS_REGION=us-east-1
-export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true
 # rclone's remote "peer", from the environment only (no config file).
 export RCLONE_CONFIG=$work/rclone.conf
 : >"$RCLONE_CONFIG"
