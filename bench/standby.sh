@@ -41,7 +41,7 @@
 #      the first in which S reports it applied (p50 and max; the samples'
 #      spacing bounds the error to ±0.5 s)
 #   2. failover, RUNS times each way, each on a fresh prefix: W and S as
-#      above under the same fio writes; after a random wait of one to two
+#      above under the same fio writes; after a random wait of two to four
 #      autosave intervals W is killed (SIGKILL) and at once `ramd promote
 #      bench` (`--wait 120s`: once the lease expires; `--force`: at once)
 #      runs, while a client (python3's libnbd) connects to S again and
@@ -269,8 +269,9 @@ for mode in wait force; do
         note "failover $r/$runs (promote --$mode)"
         record "${key}_loadavg" "$(cut -d' ' -f1 /proc/loadavg)"
         pair "$key" "$key-w" "$key-s"
-        # A random moment in the autosave and lease renewal cycles.
-        sleep "$(awk -v a="$autosave_s" -v s=$RANDOM 'BEGIN { printf "%.2f", a * (1 + s / 32768) }')"
+        # A random moment in the autosave and lease renewal cycles, a few
+        # saves in (one may be uploading).
+        sleep "$(awk -v a="$autosave_s" -v s=$RANDOM 'BEGIN { printf "%.2f", a * (2 + 2 * s / 32768) }')"
         alive "$w_pid" "the writer"
         t_kill=$(date +%s.%N)
         kill -KILL "$w_pid"
