@@ -122,7 +122,7 @@ cleanup() {
     local rc=$? ok=0 p
     trap - EXIT INT TERM
     cd /
-    [[ -z $fio_pid ]] || kill -KILL -- "-$fio_pid" 2>/dev/null || true
+    [[ -z $fio_pid ]] || kill -KILL "$fio_pid" 2>/dev/null || true
     for p in "${pids[@]}"; do
         kill -0 "$p" 2>/dev/null && { stop_pid "$p" "ramd" || ok=1; }
     done
@@ -185,15 +185,20 @@ pair() {
     pair_s=$3
     _applied() { [[ $(ctl "$pair_s" status --json | jq '.disks[0].standby.applied_seq') -ge 1 ]]; }
     wait_until 60 "the standby of $img (save 1 applied)" _applied
-    # Its own process group: its job process outlives a SIGTERM to the
-    # parent when the writer it writes to was killed.
-    setsid fio --name=steady --ioengine=nbd --uri="$w_uri" --rw=randwrite --bs=4k --iodepth=4 \
-        --rate_iops="$rate" --time_based --runtime=3600 --size="$size_bytes" \
-        --output="$work/raw/fio-$1.out" >/dev/null 2>&1 {bench_lock_fd}>&- &
+    # --thread: a job process (fio's default) starts its own session, so
+    # it outlives a signal to fio. Its output is capped (SIGXFSZ ends it):
+    # once its server is gone, fio 3.33's nbd engine logs "nothing to poll
+    # for in state DEAD" in a tight loop, gigabytes a minute.
+    (
+        ulimit -f 1024
+        exec fio --name=steady --ioengine=nbd --uri="$w_uri" --thread --rw=randwrite --bs=4k \
+            --iodepth=4 --rate_iops="$rate" --time_based --runtime=3600 --size="$size_bytes" \
+            --output="$work/raw/fio-$1.out"
+    ) >/dev/null 2>&1 {bench_lock_fd}>&- &
     fio_pid=$!
 }
 stop_fio() {
-    kill -KILL -- "-$fio_pid" 2>/dev/null || true
+    kill -KILL "$fio_pid" 2>/dev/null || true
     wait "$fio_pid" 2>/dev/null || true
     fio_pid=""
 }
@@ -233,9 +238,11 @@ while True:
           f"\t{sb['saves_behind']}\t{sb['error'] or ''}", flush=True)
 EOF
 h1=$(host_busy_ticks)
+alive "$fio_pid" "fio (writing to the writer throughout)"
 record lag_host_cores "$(awk -v t=$((h1 - h0)) -v tck="$(getconf CLK_TCK)" -v d="$duration" 'BEGIN { printf "%.2f", t / tck / d }')"
 stop_fio
 cp "$work/lag-s/ramd.log" "$work/raw/lag-standby.log"
+cp "$work/lag-w/ramd.log" "$work/raw/lag-writer.log"
 down lag-w "$w_pid"
 down lag-s "$s_pid"
 

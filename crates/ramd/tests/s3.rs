@@ -2268,6 +2268,9 @@ fn failover_under_fio(force: bool, poll: &str) {
             &[
                 "--name=after",
                 "--ioengine=nbd",
+                // One process: a job process has its own session, which
+                // Background's kill of fio's process group would miss.
+                "--thread",
                 "--time_based",
                 "--runtime=600",
                 "--rate_iops=500",
