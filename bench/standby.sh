@@ -126,7 +126,9 @@ cleanup() {
     for p in "${pids[@]}"; do
         kill -0 "$p" 2>/dev/null && { stop_pid "$p" "ramd" || ok=1; }
     done
-    [[ -n $weed_pid ]] && { stop_pid "$weed_pid" "weed mini" || ok=1; }
+    # A slow stop of SeaweedFS (it takes over 10 s now and then on a busy
+    # host) does not spoil the figures: stop_pid says so and kills it.
+    [[ -z $weed_pid ]] || stop_pid "$weed_pid" "weed mini" || true
     if ((rc != 0)); then
         for log in "$work"/raw/*.log; do
             [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
