@@ -1710,6 +1710,205 @@ fn manifest_commit_that_timed_out_but_was_applied() {
     );
 }
 
+/// A 64 MiB disk of random data saved to `img` (straight to the server):
+/// the data's file, and the name and size of the one segment object.
+fn saved_random_image(
+    w: &Weed,
+    prefix: &str,
+    env: &[(String, String)],
+    tmp: &Path,
+) -> (PathBuf, String, u64) {
+    let run = tmp.join(format!("{prefix}-writer"));
+    let data = tmp.join(format!("{prefix}-data"));
+    random_file(&data, 64 * MIB);
+    let d = serve(&run, &["--size", "64M", "--image", &url(prefix)], env);
+    qemu_io(d.uri(), &[format!("write -s {} 0 64M", data.display())]);
+    let full = snapshot(&run, d.name(), env);
+    assert_eq!(full["full"], true, "{full}");
+    drop(d);
+    let segs: Vec<(String, u64)> = w
+        .objects(prefix)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("seg-"))
+        .collect();
+    assert_eq!(segs.len(), 1, "one full save, one segment: {segs:?}");
+    assert!(segs[0].1 > 64 * MIB, "random data stored smaller: {segs:?}");
+    (data, segs[0].0.clone(), segs[0].1)
+}
+
+/// `ramd serve --image IMG` started on a thread (it returns once loaded,
+/// or once it failed): its exit and stderr if it failed.
+fn serve_in_background(
+    run: &Path,
+    img: &str,
+    env: &[(String, String)],
+) -> std::thread::JoinHandle<Result<(), (String, String)>> {
+    let (run, img, env) = (run.to_path_buf(), img.to_string(), env.to_vec());
+    std::thread::spawn(move || try_serve(&run, &["--image", &img], &env).map(drop))
+}
+
+/// A segment of several ranged GETs (64 MiB; a range is 8 MiB) loads as
+/// ranges, fetched several at once and parsed in order: the disk served,
+/// `ramd image export` and `ramd image restore` (to a directory) give the
+/// source's bytes exactly. A proxy in between counts the ranges.
+#[test]
+fn large_segment_loads_as_ranges() {
+    let w = Weed::start();
+    let tmp = scratch();
+    let (data, seg, len) = saved_random_image(&w, "ranges", &w.env(), tmp.path());
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&w.env(), &proxy);
+    let run = tmp.path().join("run");
+    let img = url("ranges");
+    let want = sha256(&data);
+
+    let d = serve(&run, &["--image", &img], &env);
+    let out = tmp.path().join("loaded");
+    export(d.uri(), &out);
+    assert_eq!(sha256(&out), want, "the loaded disk differs from the data");
+    drop(d);
+    let mut starts = proxy.ranged_gets(&format!("/ranges/{seg}"));
+    starts.sort_unstable();
+    starts.dedup();
+    assert!(
+        starts.len() >= 4 && starts[0] == 0 && *starts.last().unwrap() < len,
+        "a {len}-byte segment was not read as ranges: GETs from {starts:?}"
+    );
+
+    let raw = tmp.path().join("exported.raw");
+    ramd(
+        &run,
+        &["image", "export", &img, "--to", raw.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    assert_eq!(sha256(&raw), want, "the exported image differs");
+    let restored = tmp.path().join("restored");
+    let out = ramd(
+        &run,
+        &[
+            "image",
+            "restore",
+            &img,
+            "--at",
+            "1",
+            "--to",
+            restored.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    assert!(out.contains("restored save 1 "), "{out}");
+    let raw = tmp.path().join("restored.raw");
+    ramd(
+        &run,
+        &[
+            "image",
+            "export",
+            restored.to_str().unwrap(),
+            "--to",
+            raw.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    assert_eq!(sha256(&raw), want, "the restored image differs");
+}
+
+/// A segment rewritten while a load reads it (between its first range and
+/// the next: the proxy holds the later ranges meanwhile) fails the load,
+/// naming the object and the bytes, rather than loading a mix of the two.
+#[test]
+fn segment_rewritten_during_a_load_is_refused() {
+    let w = Weed::start();
+    let tmp = scratch();
+    let (_, seg, len) = saved_random_image(&w, "rewritten", &w.env(), tmp.path());
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&w.env(), &proxy);
+    let img = url("rewritten");
+
+    proxy.hold_ranges();
+    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
+    wait_until(
+        Duration::from_secs(60),
+        "the load to ask for a range past the segment's first",
+        || proxy.held() > 0,
+    );
+    // The same length, one byte of the last page's record changed: were
+    // the two versions mixed, the parser alone would see a bad checksum.
+    let key = Key::from(format!("rewritten/{seg}"));
+    let client = w.client();
+    let mut bytes = block_on(async { client.get(&key).await?.bytes().await })
+        .unwrap()
+        .to_vec();
+    assert_eq!(bytes.len() as u64, len);
+    let at = bytes.len() - 2000;
+    bytes[at] ^= 0xff;
+    block_on(client.put(&key, bytes.into())).unwrap();
+    proxy.release();
+
+    let Err((status, stderr)) = loading.join().unwrap() else {
+        panic!("a load of a segment rewritten half way succeeded");
+    };
+    assert!(status.starts_with("exited"), "{status}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{img}/{seg}: bytes "))
+            && stderr.contains("changed while it was being read"),
+        "the refusal does not name the object, its bytes and why:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("checksum"),
+        "the parser saw mixed data:\n{stderr}"
+    );
+}
+
+/// The server stopped (SIGSTOP) while a load has read a segment's first
+/// range and not the rest: the load fails once the client gives up
+/// (retries included), naming the object and the bytes it lacked, and no
+/// disk is served. The image is untouched: once the server runs again it
+/// loads whole.
+#[test]
+fn server_stopped_during_a_load() {
+    let w = Weed::start();
+    let mut direct = w.env();
+    // Requests give up within seconds; the failed loader's lease (it may
+    // not release it while the server is stopped) expires soon.
+    direct.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
+    direct.push(("RAMD_LEASE_SECS".into(), "6".into()));
+    let tmp = scratch();
+    let (data, seg, _) = saved_random_image(&w, "stopped-load", &direct, tmp.path());
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&direct, &proxy);
+    let img = url("stopped-load");
+
+    proxy.hold_ranges();
+    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
+    wait_until(
+        Duration::from_secs(60),
+        "the load to ask for a range past the segment's first",
+        || proxy.held() > 0,
+    );
+    w.signal(libc::SIGSTOP);
+    proxy.release();
+    let result = loading.join().unwrap();
+    w.signal(libc::SIGCONT);
+    let Err((status, stderr)) = result else {
+        panic!("a load from a stopped server succeeded");
+    };
+    assert!(status.starts_with("exited"), "{status}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("loading image {img}"))
+            && stderr.contains(&format!("{img}/{seg}: bytes "))
+            && stderr.contains("did not answer"),
+        "the failure does not name the object, its bytes and why:\n{stderr}"
+    );
+
+    let d = serve_once_expired(&tmp.path().join("again"), &img, &direct);
+    let out = tmp.path().join("loaded");
+    export(d.uri(), &out);
+    assert_eq!(sha256(&out), sha256(&data), "the image loads otherwise");
+}
+
 /// `ramd image restore` of an image in object storage: every save of
 /// three chains (two kept by --keep-saves across full saves), a time
 /// between two, a prune by retention, bad input (restore_common.rs); the

@@ -234,7 +234,7 @@ impl ImageDir {
             };
             match &src.remote {
                 Some(remote) => {
-                    let (mut r, len) = remote.reader(&src_name)?;
+                    let (mut r, len) = remote.reader(&src_name, s.bytes)?;
                     tee(&mut r, len, &mut sink)
                 }
                 None => {

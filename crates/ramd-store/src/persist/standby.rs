@@ -256,7 +256,7 @@ impl ImageDir {
         let remote = self.remote.as_ref().expect("a standby's image is remote");
         let name = object_name(seg.seq, seg.time_ns);
         let path = remote.named(&name);
-        let (mut r, len) = remote.reader(&name)?;
+        let (mut r, len) = remote.reader(&name, seg.bytes)?;
         let mut data = Vec::with_capacity(len as usize);
         r.read_to_end(&mut data)
             .map_err(|e| Error::file(&path, e))?;
