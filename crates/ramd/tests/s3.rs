@@ -1909,6 +1909,105 @@ fn server_stopped_during_a_load() {
     assert_eq!(sha256(&out), sha256(&data), "the image loads otherwise");
 }
 
+/// `--replicate` with `--keep-saves`: the chains the local image keeps
+/// across full saves are kept in the replica too (their MANIFEST-N and
+/// segments), so `ramd image ls` of the URL lists what the directory's
+/// does and, with the directory gone, `ramd image restore URL --at SEQ`
+/// of a save of a replaced chain gives that save's data exactly.
+#[test]
+fn replica_keeps_the_chains_the_local_image_keeps() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("kept-replica");
+    let args = [
+        "--size",
+        "16M",
+        "--image",
+        local.to_str().unwrap(),
+        "--replicate",
+        &img,
+        "--keep-saves",
+        "1h",
+    ];
+    let d = serve(&run, &args, &env);
+    let mut model = vec![0u8; (16 * MIB) as usize];
+    // (seq, the disk as that save holds it)
+    let mut saves: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (i, full) in [false, false, true, false].into_iter().enumerate() {
+        write_random(d.uri(), tmp.path(), &mut model, i as u64 * 3 * MIB, MIB);
+        let mut a = vec!["snapshot", d.name(), "--json"];
+        if full {
+            a.push("--full");
+        }
+        let s: Value = serde_json::from_str(&ramd(&run, &a, &env).ok()).unwrap();
+        assert_eq!(s["full"], full || i == 0, "{s}");
+        saves.push((field(&s, "seq"), model.clone()));
+    }
+    // The local image keeps the first chain (saves 1 and 2) as MANIFEST-N;
+    // the replica lists the same saves once it is caught up.
+    let chain = wait_replicated(&run, &local, &img, &env);
+    let seqs: Vec<u64> = chain
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| field(s, "seq"))
+        .collect();
+    assert_eq!(
+        seqs,
+        saves.iter().map(|s| s.0).collect::<Vec<_>>(),
+        "{chain}"
+    );
+    let kept = format!("MANIFEST-{:08}", saves[0].0);
+    assert_eq!(
+        fs::read_to_string(local.join(&kept)).unwrap(),
+        w.read(&format!("kept-replica/{kept}")),
+        "the replica's kept MANIFEST is not the local one"
+    );
+    drop(d);
+
+    // The host lost its directory: the older chain's saves come back
+    // from the replica alone.
+    fs::remove_dir_all(&local).unwrap();
+    for (seq, want) in &saves[..2] {
+        let to = tmp.path().join(format!("restored-{seq}"));
+        let seq = seq.to_string();
+        let out = ramd(
+            &run,
+            &[
+                "image",
+                "restore",
+                &img,
+                "--at",
+                &seq,
+                "--to",
+                to.to_str().unwrap(),
+            ],
+            &env,
+        )
+        .ok();
+        assert!(out.contains(&format!("restored save {seq} ")), "{out}");
+        let raw = tmp.path().join(format!("restored-{seq}.raw"));
+        ramd(
+            &run,
+            &[
+                "image",
+                "export",
+                to.to_str().unwrap(),
+                "--to",
+                raw.to_str().unwrap(),
+            ],
+            &env,
+        )
+        .ok();
+        if fs::read(&raw).unwrap() != *want {
+            panic!("save {seq}, restored from the replica, is not the disk as it was saved");
+        }
+    }
+}
+
 /// `ramd image restore` of an image in object storage: every save of
 /// three chains (two kept by --keep-saves across full saves), a time
 /// between two, a prune by retention, bad input (restore_common.rs); the
