@@ -1870,13 +1870,14 @@ fn segment_rewritten_during_a_load_is_refused() {
 #[test]
 fn server_stopped_during_a_load() {
     let w = Weed::start();
-    let mut direct = w.env();
-    // Requests give up within seconds; the failed loader's lease (it may
-    // not release it while the server is stopped) expires soon.
-    direct.push(("RAMD_S3_TIMEOUT".into(), "2".into()));
-    direct.push(("RAMD_LEASE_SECS".into(), "6".into()));
     let tmp = scratch();
-    let (data, seg, _) = saved_random_image(&w, "stopped-load", &direct, tmp.path());
+    // Saved with the default timeout: a busy host may take seconds.
+    let (data, seg, _) = saved_random_image(&w, "stopped-load", &w.env(), tmp.path());
+    let mut direct = w.env();
+    // The loader's requests give up within seconds; its lease (it cannot
+    // release it while the server is stopped) expires soon.
+    direct.push(("RAMD_S3_TIMEOUT".into(), "5".into()));
+    direct.push(("RAMD_LEASE_SECS".into(), "10".into()));
     let proxy = LossyProxy::start(w.s3_port);
     let env = via(&direct, &proxy);
     let img = url("stopped-load");
