@@ -1860,6 +1860,18 @@ fn segment_rewritten_during_a_load_is_refused() {
         !stderr.contains("checksum"),
         "the parser saw mixed data:\n{stderr}"
     );
+
+    // Emptied: there is no first range to ask for; the load says how
+    // short the object is.
+    block_on(client.put(&key, Vec::new().into())).unwrap();
+    let Err((_, stderr)) = try_serve(&tmp.path().join("run2"), &["--image", &img], &w.env()) else {
+        panic!("a load of an emptied segment succeeded");
+    };
+    assert!(
+        stderr.contains(&format!("{img}/{seg}"))
+            && stderr.contains(&format!("file is 0 bytes, the MANIFEST says {len}")),
+        "the refusal does not say the object is empty:\n{stderr}"
+    );
 }
 
 /// The server stopped (SIGSTOP) while a load has read a segment's first

@@ -629,7 +629,7 @@ const RANGES_IN_FLIGHT: usize = 4;
 /// Whether a ranged GET was refused for its range (an empty object).
 fn is_bad_range(e: &object_store::Error) -> bool {
     let text = e.to_string();
-    text.contains("InvalidRange") || text.contains("416")
+    text.contains("<Code>InvalidRange</Code>") || text.contains("status code: 416")
 }
 
 /// Hands the body of one GET to the reader chunk by chunk as it arrives;
