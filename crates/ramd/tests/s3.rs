@@ -1747,7 +1747,7 @@ fn serve_in_background(
     std::thread::spawn(move || try_serve(&run, &["--image", &img], &env).map(drop))
 }
 
-/// A segment of several ranged GETs (64 MiB; a range is 8 MiB) loads as
+/// A segment of several ranged GETs (64 MiB; a range is 16 MiB) loads as
 /// ranges, fetched several at once and parsed in order: the disk served,
 /// `ramd image export` and `ramd image restore` (to a directory) give the
 /// source's bytes exactly. A proxy in between counts the ranges.
