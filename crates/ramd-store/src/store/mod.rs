@@ -381,9 +381,20 @@ impl Store {
     }
 
     /// A standby's read: holds the gate shared (see `standby`); `None` for
-    /// any other store, whose reads need no gate.
+    /// any other store, whose reads need no gate. Recursive: a filesystem
+    /// holds it over a whole read request (`Store::standby_hold`) and the
+    /// store's read takes it again, which a plain read lock would deadlock
+    /// on once an apply waits for the gate.
     pub(crate) fn standby_read(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
-        self.standby().then(|| self.gate.read())
+        self.standby().then(|| self.gate.read_recursive())
+    }
+
+    /// Holds a standby's gate shared over a request that reads more than
+    /// once (a filesystem's tree, then the file's data), so that a save
+    /// being applied is all in or all out of the whole request; `None` for
+    /// any other store.
+    pub fn standby_hold(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
+        self.standby_read()
     }
 
     /// Runs `f` (restore calls) with the gate held exclusively: no client
