@@ -38,12 +38,14 @@ use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 mod acl;
 mod cache;
 mod cold;
+mod follow;
 mod kernel;
 pub(crate) mod meta;
 mod saves;
 
 pub use cache::OpenCache;
 pub use cold::ColdStats;
+pub use follow::{Inval, StandbyTree, TreeHook};
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -443,6 +445,13 @@ pub struct Fs {
     /// With a hot tier and compression: where idle closed files' data
     /// goes (see `fs/cold.rs`).
     cold: std::sync::OnceLock<cold::ColdTier>,
+    /// A standby's (see `fs/follow.rs`): what its loaded or last applied
+    /// tree was charged, which the next apply returns.
+    tree_cost: AtomicU64,
+    /// A standby's: what the applies since the last announcement changed,
+    /// and whom to tell (the FUSE session).
+    stale: parking_lot::Mutex<Vec<Inval>>,
+    on_tree_change: std::sync::OnceLock<TreeHook>,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -698,6 +707,9 @@ impl Fs {
             hot: std::sync::OnceLock::new(),
             saves: Default::default(),
             cold: std::sync::OnceLock::new(),
+            tree_cost: AtomicU64::new(0),
+            stale: Default::default(),
+            on_tree_change: std::sync::OnceLock::new(),
         }
     }
 
@@ -980,7 +992,9 @@ impl Fs {
     /// says (relatime unless told otherwise).
     fn accessed(&self, ino: Ino) {
         let a = self.atime();
-        if a.mode == AtimeMode::Never {
+        // A standby's mount is read-only: its writer's saves bring the
+        // times, and an apply would undo any moved here.
+        if a.mode == AtimeMode::Never || self.store.standby() {
             return;
         }
         let now = now();
@@ -1528,6 +1542,8 @@ impl Fs {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        // A standby: the size and the data from one save (an apply waits).
+        let standby = self.store.standby_hold();
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
             let _pin = self.hot_pin(ino)?;
@@ -1538,6 +1554,7 @@ impl Fs {
         }
         let n = (size - off).min(buf.len() as u64) as usize;
         self.store.read(base + off, &mut buf[..n])?;
+        drop(standby);
         self.accessed(ino);
         Ok(n)
     }

@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 use ramd_store::metrics::{IoMetrics, Op};
 
 use crate::fs::{
-    split_time, Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence,
+    split_time, Attr, Caller, Errno, Fh, Fs, Ino, Inval, Kind, OpenCache, SetAttr, SetTime, Whence,
     NAME_MAX,
 };
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
@@ -136,6 +136,30 @@ impl FuseFs {
             if let Some(n) = n.get() {
                 if let Err(e) = n.inval_inode(ino.0, -1, 0) {
                     log::warn!("invalidating the kernel's attributes of inode {ino}: {e}");
+                }
+            }
+        }));
+        // A standby's applied saves: names first, then inodes, whose
+        // cached pages go too (offset 0, length 0: to the end).
+        let n = notifier.clone();
+        fs.on_tree_change(Box::new(move |stale| {
+            let Some(n) = n.get() else { return };
+            let mut inodes = Vec::new();
+            for s in stale {
+                match s {
+                    Inval::Entry(parent, name) => {
+                        if let Err(e) = n.inval_entry(parent.0, name.as_bytes()) {
+                            log::warn!(
+                                "invalidating the kernel's entry {name:?} in inode {parent}: {e}"
+                            );
+                        }
+                    }
+                    Inval::Inode(ino) => inodes.push(*ino),
+                }
+            }
+            for ino in inodes {
+                if let Err(e) = n.inval_inode(ino.0, 0, 0) {
+                    log::warn!("invalidating the kernel's copy of inode {ino}: {e}");
                 }
             }
         }));
@@ -1267,6 +1291,57 @@ pub fn mount_read_only(path: &Path) -> Option<bool> {
     let super_opts = tail.split(' ').nth(2)?;
     let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
     Some(ro(mount_opts) || ro(super_opts))
+}
+
+/// Makes the topmost mount at `path` read-write (its superblock and the
+/// mount itself, with `mount(2)` `MS_REMOUNT`), keeping its other flags as
+/// /proc/self/mountinfo shows them: a promoted standby's mount.
+pub fn remount_read_write(path: &Path) -> std::io::Result<()> {
+    let line = mountinfo_line(path)
+        .ok_or_else(|| std::io::Error::other(format!("{} is not a mount point", path.display())))?;
+    let field = |n: usize| line.split(' ').nth(n).unwrap_or("").to_string();
+    let super_opts = line
+        .split_once(" - ")
+        .and_then(|(_, t)| t.split(' ').nth(2))
+        .unwrap_or("")
+        .to_string();
+    let mut flags = libc::MS_REMOUNT;
+    let mut atime = false;
+    for o in field(5).split(',').chain(super_opts.split(',')) {
+        flags |= match o {
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            "sync" => libc::MS_SYNCHRONOUS,
+            "dirsync" => libc::MS_DIRSYNC,
+            "lazytime" => libc::MS_LAZYTIME,
+            _ => 0,
+        };
+        atime |= o == "noatime" || o == "relatime";
+    }
+    if !atime {
+        flags |= libc::MS_STRICTATIME;
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: mount(2) with a NUL-terminated path we own; no source, type
+    // or data (FUSE takes none on a remount).
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The /proc/self/mountinfo line of the topmost mount at `path`.

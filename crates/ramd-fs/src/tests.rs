@@ -1571,3 +1571,91 @@ fn under_the_write_back_cache_write_backs_leave_times_to_the_kernel() {
     f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
     assert!(f.getattr(a).unwrap().mtime > then);
 }
+
+/// A standby's apply (`fs/follow.rs`): the tree becomes the writer's new
+/// one whole, what the kernel holds of a kept inode carries over, a
+/// removed inode goes at once (even open), the tree's memory is what a load
+/// of the new tree charges, and the kernel is told exactly the names and
+/// inodes that changed.
+#[test]
+fn a_standby_installs_each_tree_and_says_what_changed() {
+    use ramd_store::persist::FollowTree;
+    use std::collections::HashSet;
+    let a = new_store(DISK);
+    let w = Fs::new(a.clone(), cfg(1000)).unwrap();
+    let d = w.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let x = w.create(ME, ROOT_INO, n("x"), REG).unwrap().ino;
+    w.write(&w.change(), x, 0, &pattern(10_000, 1), true, ME, false)
+        .unwrap();
+    let y = w.create(ME, ROOT_INO, n("y"), REG).unwrap().ino;
+    let l = w.symlink(ME, ROOT_INO, n("l"), n("x")).unwrap().ino;
+    let same = w.create(ME, d, n("same"), REG).unwrap().ino;
+    for ino in [x, y, same] {
+        w.release(ino);
+    }
+    let b = new_store(DISK);
+    copy_store(&a, &b);
+    let s = Arc::new(Fs::load(b.clone(), cfg(1000), &w.save_meta()).unwrap());
+    let told: Arc<parking_lot::Mutex<Vec<Inval>>> = Default::default();
+    let t = told.clone();
+    s.on_tree_change(Box::new(move |v| t.lock().extend_from_slice(v)));
+    // The kernel looks x and l up and opens x, on the standby.
+    s.lookup(ROOT_INO, n("x")).unwrap();
+    s.lookup(ROOT_INO, n("l")).unwrap();
+    s.open(x, libc::O_RDONLY).unwrap();
+
+    // The writer rewrites x, moves y into d, removes l, creates z.
+    w.write(&w.change(), x, 0, &pattern(20_000, 2), true, ME, false)
+        .unwrap();
+    w.rename(ME, ROOT_INO, n("y"), d, n("y2"), 0).unwrap();
+    w.unlink(ROOT_INO, n("l")).unwrap();
+    let z = w.create(ME, ROOT_INO, n("z"), REG).unwrap().ino;
+    w.release(z);
+    copy_store(&a, &b);
+    let tree = StandbyTree(s.clone());
+    let prepared = tree.prepare(&w.save_meta()).unwrap();
+    let chunks: HashSet<u64> = [(x_slot(&s, x) << FILE_SHIFT) / CHUNK_BYTES].into();
+    let y_before = s.getattr(y).unwrap();
+    tree.install(Some(prepared), Some(&chunks)).unwrap();
+    assert!(told.lock().is_empty(), "told before the announcement");
+    tree.announce();
+
+    assert_eq!(walk(&s), walk(&w));
+    let mut got = std::mem::take(&mut *told.lock());
+    got.sort_by_key(|i| format!("{i:?}"));
+    let mut want = vec![
+        Inval::Entry(ROOT_INO, "y".into()),
+        Inval::Entry(ROOT_INO, "l".into()),
+        Inval::Entry(ROOT_INO, "z".into()),
+        Inval::Entry(d, "y2".into()),
+        Inval::Inode(ROOT_INO),
+        Inval::Inode(d),
+        Inval::Inode(x),
+        Inval::Inode(l),
+    ];
+    // A rename changes the moved inode's ctime on tmpfs; if ramd's does,
+    // it is named too.
+    if s.getattr(y).unwrap() != y_before {
+        want.push(Inval::Inode(y));
+    }
+    want.sort_by_key(|i| format!("{i:?}"));
+    assert_eq!(got, want, "`same` and nothing else unchanged is named");
+    assert_eq!(s.getattr(l), Err(Errno::ENOENT), "the removed link");
+    // x's lookup and open carried over: its release and forget find them.
+    let mut buf = vec![0; 20_000];
+    assert_eq!(s.read(x, 0, &mut buf).unwrap(), 20_000);
+    assert_eq!(buf, pattern(20_000, 2));
+    s.release(x);
+    s.forget(x, 1);
+    assert_eq!(s.getattr(x).unwrap().size, 20_000, "linked: kept");
+    // The tree's memory is what loading it charges.
+    let c = new_store(DISK);
+    copy_store(&a, &c);
+    let _loaded = Fs::load(c.clone(), cfg(1000), &w.save_meta()).unwrap();
+    assert_eq!(b.stats().metadata_bytes, c.stats().metadata_bytes);
+    assert_eq!(b.stats().memory_used, c.stats().memory_used);
+}
+
+fn x_slot(f: &Fs, ino: Ino) -> u64 {
+    f.data_offset(ino).unwrap() >> FILE_SHIFT
+}
