@@ -461,7 +461,8 @@ impl VfsFlags {
         let d = &req.disk;
         let mut f = 0;
         for (on, bit) in [
-            (d.read_only, libc::MS_RDONLY),
+            // A standby's mount is read-only until its promotion.
+            (d.read_only || d.standby, libc::MS_RDONLY),
             (d.nosuid, libc::MS_NOSUID),
             (d.nodev, libc::MS_NODEV),
             (d.noexec, libc::MS_NOEXEC),

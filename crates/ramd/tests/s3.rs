@@ -2047,8 +2047,10 @@ fn standby_refusals() {
             &url("x"),
             "--mount",
             tmp.path().to_str().unwrap(),
+            "--data-path",
+            "kernel",
         ],
-        "a filesystem disk cannot be a standby",
+        "--standby with --data-path kernel",
     );
     refused(
         &["--standby", "--image", &url("x"), "--replicate", &url("y")],
@@ -2167,4 +2169,287 @@ fn standby_over_iscsi_is_write_protected_until_promoted() {
     promote(&run_s, standby.name(), &["--wait", "0s"], &env).ok();
     qemu_io(&lun, &["write -P 0x22 0 1M".into()]);
     qemu_io(standby.uri(), &["read -P 0x22 0 1M".into()]);
+}
+
+/// One node of a mounted tree as a client sees it: its path, type,
+/// permissions, size, mtime and content (a file's bytes, a link's target).
+#[derive(Debug, PartialEq)]
+struct Node {
+    path: String,
+    kind: &'static str,
+    mode: u32,
+    size: u64,
+    mtime: (i64, i64),
+    content: Vec<u8>,
+}
+
+/// Every node under `root`, sorted by path.
+fn tree_of(root: &Path) -> Vec<Node> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir:?}: {e}")) {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            let (kind, content) = if m.is_dir() {
+                todo.push(p.clone());
+                ("dir", Vec::new())
+            } else if m.file_type().is_symlink() {
+                let t = fs::read_link(&p).unwrap();
+                ("symlink", t.as_os_str().as_bytes().to_vec())
+            } else {
+                (
+                    "file",
+                    fs::read(&p).unwrap_or_else(|e| panic!("{p:?}: {e}")),
+                )
+            };
+            out.push(Node {
+                path: p.strip_prefix(root).unwrap().display().to_string(),
+                kind,
+                mode: m.mode(),
+                size: m.size(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                content,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// What the writer's kernel still caches (write-back data, times) goes to
+/// ramd, so that the next save holds what a client of the writer sees.
+fn sync_mount(dir: &Path) {
+    let f = fs::File::open(dir).unwrap();
+    // SAFETY: syncfs(2) on an fd we hold.
+    let r = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    assert_eq!(r, 0, "syncfs {dir:?}: {}", std::io::Error::last_os_error());
+}
+
+/// Saves the writer's tree (after a syncfs) and waits until the standby
+/// applied that save; runs `check` (before anything lists a directory,
+/// which would refresh what the kernel caches); then both mounts show the
+/// same tree.
+fn save_and_follow(
+    writer: &FsDisk,
+    standby: &FsDisk,
+    env: &[(String, String)],
+    full: bool,
+    check: impl FnOnce(),
+) {
+    sync_mount(writer.path());
+    let mut args = vec!["snapshot", writer.name(), "--json"];
+    if full {
+        args.push("--full");
+    }
+    let out = ramd(writer.run_dir(), &args, env).ok();
+    let s: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["full"], full, "{s}");
+    let seq = field(&s, "seq");
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the standby to apply save {seq}"),
+        || {
+            let sb = standby.status()["standby"].clone();
+            sb["applied_seq"] == seq && sb["saves_behind"] == 0 && sb["error"].is_null()
+        },
+    );
+    check();
+    let (a, b) = (tree_of(writer.path()), tree_of(standby.path()));
+    if a != b {
+        let diff: Vec<_> = a
+            .iter()
+            .zip(b.iter())
+            .filter(|(x, y)| x != y)
+            .take(3)
+            .collect();
+        panic!(
+            "after save {seq} the standby's tree differs from the writer's ({} vs {} nodes): \
+             {diff:#?}",
+            a.len(),
+            b.len()
+        );
+    }
+}
+
+fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
+    r.expect_err("succeeded").raw_os_error().unwrap_or(-1)
+}
+
+/// A filesystem standby (`--standby --mount`), its writer on `data_path`:
+/// mounted read-only, it follows the saves of files created, rewritten,
+/// renamed and deleted (the tree, contents, modes, sizes and mtimes equal
+/// the writer's after each), also through file descriptors and names the
+/// kernel cached before the save: an open file reads its new content, a
+/// name looked up as missing appears, and an open file the writer deleted
+/// answers ENOENT. `promote --force` makes its mount read-write; the old
+/// writer's next save is refused, and the image loads as the promoted disk.
+fn fs_standby_follows_and_is_promoted(data_path: &str) {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let w = Weed::start();
+    let env = w.env();
+    let img = url(&format!("fs-standby-{data_path}"));
+    let writer = FsDisk::mount_with_env(
+        &["--size", "64M", "--image", &img, "--data-path", data_path],
+        &pairs(&env),
+    );
+    fs::create_dir_all(writer.join("a/b")).unwrap();
+    fs::write(writer.join("a/b/keep.txt"), b"first version\n").unwrap();
+    fs::write(writer.join("doomed.txt"), vec![7u8; 100_000]).unwrap();
+    fs::write(writer.join("moving.txt"), b"moves\n").unwrap();
+    random_file(&writer.join("a/big"), 5 * MIB);
+    std::os::unix::fs::symlink("a/b/keep.txt", writer.join("link")).unwrap();
+    sync_mount(writer.path());
+    let first = snapshot(writer.run_dir(), writer.name(), &env);
+    assert_eq!(first["seq"], 1, "{first}");
+
+    let standby = FsDisk::mount_with_env(
+        &["--image", &img, "--standby", "--standby-poll", "200ms"],
+        &pairs(&env),
+    );
+    let st = standby.status();
+    assert_eq!(st["read_only"], true, "{st}");
+    assert_eq!(st["data_path"], "store", "{st}");
+    assert_eq!(
+        st["id"],
+        writer.status()["id"],
+        "the standby is another disk"
+    );
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
+    // Read-only as a read-only mount is, for every kind of change.
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(standby.join("link"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+
+    // What the kernel caches on the standby before the next save: open
+    // files and their pages, attributes, names and a name's absence.
+    let keep = fs::File::open(standby.join("a/b/keep.txt")).unwrap();
+    let mut buf = [0u8; 64];
+    let n = keep.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"first version\n");
+    let doomed = fs::File::open(standby.join("doomed.txt")).unwrap();
+    assert_eq!(doomed.read_at(&mut buf, 0).unwrap(), 64);
+    assert!(!standby.join("a/fresh.txt").exists());
+    assert!(standby.join("moving.txt").exists());
+    let big_mode = || {
+        fs::metadata(standby.join("a/big"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(big_mode(), 0o644);
+
+    // Rewritten in place, created, renamed, deleted, chmod, a new mtime.
+    fs::write(writer.join("a/b/keep.txt"), b"second version, longer\n").unwrap();
+    fs::write(writer.join("a/fresh.txt"), b"fresh\n").unwrap();
+    fs::rename(writer.join("moving.txt"), writer.join("a/b/moved.txt")).unwrap();
+    fs::remove_file(writer.join("doomed.txt")).unwrap();
+    fs::set_permissions(writer.join("a/big"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(writer.join("a/big"))
+        .unwrap()
+        .write_all_at(&[0xAB; 8192], MIB)
+        .unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"second version, longer\n",
+            "a file open across the apply reads the new save"
+        );
+        assert_eq!(
+            fs::metadata(standby.join("a/b/keep.txt")).unwrap().len(),
+            23,
+            "the size the kernel cached"
+        );
+        assert_eq!(big_mode(), 0o640, "the mode the kernel cached");
+        assert_eq!(
+            errno_of(doomed.read_at(&mut buf, 0)),
+            libc::ENOENT,
+            "an open file its writer deleted"
+        );
+        assert_eq!(fs::read(standby.join("a/fresh.txt")).unwrap(), b"fresh\n");
+        assert!(!standby.join("moving.txt").exists());
+        assert!(standby.join("a/b/moved.txt").exists());
+    });
+    drop(doomed);
+
+    // A directory renamed and another removed with its files; then a full
+    // save, which starts a new chain.
+    fs::rename(writer.join("a/b"), writer.join("c")).unwrap();
+    fs::create_dir(writer.join("gone")).unwrap();
+    fs::write(writer.join("gone/x"), b"x").unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        assert!(!standby.join("a/b").exists());
+        assert_eq!(fs::read(standby.join("c/moved.txt")).unwrap(), b"moves\n");
+        assert_eq!(fs::read(standby.join("gone/x")).unwrap(), b"x");
+    });
+    fs::remove_dir_all(writer.join("gone")).unwrap();
+    fs::write(writer.join("c/keep.txt"), b"third\n").unwrap();
+    save_and_follow(&writer, &standby, &env, true, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"third\n",
+            "the open file after a renamed directory"
+        );
+        assert!(!standby.join("gone").exists());
+    });
+    drop(keep);
+
+    // The writer lives: --force takes its lease over, and the mount turns
+    // read-write.
+    let out = promote(standby.run_dir(), standby.name(), &["--force"], &env).ok();
+    assert!(out.contains("promoted"), "{out}");
+    let st = standby.status();
+    assert_eq!(st["read_only"], false, "{st}");
+    assert!(st["standby"].is_null(), "{st}");
+    fs::write(
+        standby.join("c/after.txt"),
+        b"written after the promotion\n",
+    )
+    .unwrap();
+    fs::remove_file(standby.join("a/fresh.txt")).unwrap();
+    sync_mount(standby.path());
+    let saved = snapshot(standby.run_dir(), standby.name(), &env);
+    assert_eq!(saved["full"], false, "{saved}");
+    fs::write(writer.join("late.txt"), b"too late\n").unwrap();
+    let out = ramd(writer.run_dir(), &["snapshot", writer.name()], &env).failed();
+    assert!(
+        out.stderr.contains("another writer committed") || out.stderr.contains("lost the lease"),
+        "{}",
+        out.stderr
+    );
+    let promoted = tree_of(standby.path());
+    drop(standby);
+    // Its stop would hold its unsaved data; it is given up here.
+    let mut writer = writer;
+    writer.kill();
+
+    let fresh = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert_eq!(
+        tree_of(fresh.path()),
+        promoted,
+        "the image differs from the promoted disk"
+    );
+}
+
+#[test]
+fn fs_standby_follows_a_store_path_writer() {
+    fs_standby_follows_and_is_promoted("store");
+}
+
+#[test]
+fn fs_standby_follows_a_kernel_path_writer() {
+    fs_standby_follows_and_is_promoted("kernel");
 }
