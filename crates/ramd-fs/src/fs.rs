@@ -1756,6 +1756,8 @@ impl Fs {
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
+        // A standby: the size and the extents from one save.
+        let _standby = self.store.standby_hold();
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
             let _pin = self.hot_pin(ino)?;
