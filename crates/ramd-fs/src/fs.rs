@@ -1882,6 +1882,10 @@ impl Fs {
     /// as tmpfs). The kernel has checked ownership and CAP_LINUX_IMMUTABLE.
     pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
         let _change = self.store.change();
+        // A standby's tree is its writer's (see `fuse.rs`'s `changes`).
+        if self.store.standby() {
+            return err(Errno::EROFS);
+        }
         if flags & !FL_SUPPORTED != 0 {
             return err(Errno::EOPNOTSUPP);
         }

@@ -645,6 +645,37 @@ impl Dispatch for FuseFs {
     }
 }
 
+/// Whether `req` would change the tree or a file: refused on a standby
+/// even if its mount was made read-write behind ramd's back (`mount -o
+/// remount,rw` without the mount helper), since the next applied save
+/// would undo it and the promoted disk would differ from its image.
+/// chattr's FS_IOC_SETFLAGS is refused by `Fs::set_flags`.
+fn changes(req: &Request<'_>) -> bool {
+    match req.header.opcode {
+        op::SETATTR
+        | op::SYMLINK
+        | op::MKNOD
+        | op::MKDIR
+        | op::UNLINK
+        | op::RMDIR
+        | op::RENAME
+        | op::RENAME2
+        | op::LINK
+        | op::WRITE
+        | op::SETXATTR
+        | op::REMOVEXATTR
+        | op::CREATE
+        | op::TMPFILE
+        | op::FALLOCATE
+        | op::COPY_FILE_RANGE => true,
+        op::OPEN => Rd(req.arg0).u32().is_some_and(|f| {
+            let f = f as i32;
+            f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0
+        }),
+        _ => false,
+    }
+}
+
 /// A seek answered from the seeker thread ([`FuseFs::lseek_written_back`]).
 type SeekJob = Box<dyn FnOnce() + Send>;
 
@@ -804,6 +835,9 @@ impl FuseFs {
         // and answered by the session anyway).
         if h.opcode != op::INIT && req.arg0.len() < self.arg0_len(h.opcode) {
             return Err(libc::EINVAL);
+        }
+        if fs.store().standby() && changes(req) {
+            return Err(libc::EROFS);
         }
         match h.opcode {
             op::LOOKUP => lookup_out(self, buf, fs.lookup(ino, last_name(req.rest)?)),

@@ -2274,6 +2274,25 @@ fn save_and_follow(
     }
 }
 
+/// `mount(2)` `MS_REMOUNT` of `dir`, read-only or not, as mount(8) does
+/// when no helper is installed.
+fn remount(dir: &Path, ro: bool) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let flags = libc::MS_REMOUNT | if ro { libc::MS_RDONLY } else { 0 };
+    // SAFETY: mount(2) with a NUL-terminated path we own, no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "remount {dir:?}: {}", std::io::Error::last_os_error());
+}
+
 fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
     r.expect_err("succeeded").raw_os_error().unwrap_or(-1)
 }
@@ -2328,6 +2347,33 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
         )),
         libc::EROFS
     );
+
+    // Made read-write behind ramd's back (mount(2) as mount(8) without
+    // the helper): ramd still refuses every change.
+    remount(standby.path(), false);
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(standby.join("doomed.txt"))
+        ),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(fs::create_dir(standby.join("nd"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::rename(standby.join("link"), standby.join("l2"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+    remount(standby.path(), true);
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
 
     // What the kernel caches on the standby before the next save: open
     // files and their pages, attributes, names and a name's absence.
