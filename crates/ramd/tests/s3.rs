@@ -2348,6 +2348,12 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
         libc::EROFS
     );
 
+    // The mount helper's remount asks the disk first: rw is refused.
+    let ctl = standby.run_dir().join(format!("{}.ctl", standby.name()));
+    let err = ramd_daemon::control::request(&ctl, "remount rw", Some(CMD_TIMEOUT))
+        .expect_err("a standby remounted rw");
+    assert!(err.to_string().contains("is a standby"), "{err:#}");
+    ramd_daemon::control::request(&ctl, "remount ro", Some(CMD_TIMEOUT)).unwrap();
     // Made read-write behind ramd's back (mount(2) as mount(8) without
     // the helper): ramd still refuses every change.
     remount(standby.path(), false);
