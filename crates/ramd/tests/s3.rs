@@ -2306,7 +2306,7 @@ fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
 /// answers ENOENT. `promote --force` makes its mount read-write; the old
 /// writer's next save is refused, and the image loads as the promoted disk.
 fn fs_standby_follows_and_is_promoted(data_path: &str) {
-    use std::os::unix::fs::{FileExt, PermissionsExt};
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
     let w = Weed::start();
     let env = w.env();
     let img = url(&format!("fs-standby-{data_path}"));
@@ -2403,6 +2403,7 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
     // Rewritten in place, created, renamed, deleted, chmod, a new mtime.
     fs::write(writer.join("a/b/keep.txt"), b"second version, longer\n").unwrap();
     fs::write(writer.join("a/fresh.txt"), b"fresh\n").unwrap();
+    fs::hard_link(writer.join("a/fresh.txt"), writer.join("hard.txt")).unwrap();
     fs::rename(writer.join("moving.txt"), writer.join("a/b/moved.txt")).unwrap();
     fs::remove_file(writer.join("doomed.txt")).unwrap();
     fs::set_permissions(writer.join("a/big"), fs::Permissions::from_mode(0o640)).unwrap();
@@ -2431,6 +2432,11 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
             "an open file its writer deleted"
         );
         assert_eq!(fs::read(standby.join("a/fresh.txt")).unwrap(), b"fresh\n");
+        let (f, h) = (
+            fs::metadata(standby.join("a/fresh.txt")).unwrap(),
+            fs::metadata(standby.join("hard.txt")).unwrap(),
+        );
+        assert!(f.ino() == h.ino() && f.nlink() == 2, "a hard link");
         assert!(!standby.join("moving.txt").exists());
         assert!(standby.join("a/b/moved.txt").exists());
     });
