@@ -2303,12 +2303,15 @@ fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
 /// the writer's after each), also through file descriptors and names the
 /// kernel cached before the save: an open file reads its new content, a
 /// name looked up as missing appears, and an open file the writer deleted
-/// answers ENOENT. `promote --force` makes its mount read-write; the old
-/// writer's next save is refused, and the image loads as the promoted disk.
-fn fs_standby_follows_and_is_promoted(data_path: &str) {
+/// answers ENOENT. Promoted, its mount turns read-write: with `--force`
+/// while the writer lives (whose next save is then refused), or once the
+/// lease of a killed writer ran out (a new writer is then refused); the
+/// image loads as the promoted disk.
+fn fs_standby_follows_and_is_promoted(data_path: &str, writer_dies: bool) {
     use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
     let w = Weed::start();
-    let env = w.env();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
     let img = url(&format!("fs-standby-{data_path}"));
     let writer = FsDisk::mount_with_env(
         &["--size", "64M", "--image", &img, "--data-path", data_path],
@@ -2465,9 +2468,16 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
     });
     drop(keep);
 
-    // The writer lives: --force takes its lease over, and the mount turns
+    // Killed, the writer leaves its lease to run out, which promote waits
+    // for; alive, --force takes its lease over. Either way the mount turns
     // read-write.
-    let out = promote(standby.run_dir(), standby.name(), &["--force"], &env).ok();
+    let mut writer = writer;
+    let out = if writer_dies {
+        writer.kill();
+        promote(standby.run_dir(), standby.name(), &["--wait", "60s"], &env).ok()
+    } else {
+        promote(standby.run_dir(), standby.name(), &["--force"], &env).ok()
+    };
     assert!(out.contains("promoted"), "{out}");
     let st = standby.status();
     assert_eq!(st["read_only"], false, "{st}");
@@ -2481,18 +2491,30 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
     sync_mount(standby.path());
     let saved = snapshot(standby.run_dir(), standby.name(), &env);
     assert_eq!(saved["full"], false, "{saved}");
-    fs::write(writer.join("late.txt"), b"too late\n").unwrap();
-    let out = ramd(writer.run_dir(), &["snapshot", writer.name()], &env).failed();
-    assert!(
-        out.stderr.contains("another writer committed") || out.stderr.contains("lost the lease"),
-        "{}",
-        out.stderr
-    );
+    if writer_dies {
+        // A new writer of the prefix is refused: the promoted disk holds
+        // the lease.
+        let tmp = scratch();
+        let dir = tmp.path().join("mnt");
+        fs::create_dir(&dir).unwrap();
+        let f = FsDisk::mount_at_env(&dir, &["--image", &img], &pairs(&env))
+            .err()
+            .expect("a second writer started");
+        assert!(f.stderr.contains("is in use"), "{}", f.stderr);
+    } else {
+        fs::write(writer.join("late.txt"), b"too late\n").unwrap();
+        let out = ramd(writer.run_dir(), &["snapshot", writer.name()], &env).failed();
+        assert!(
+            out.stderr.contains("another writer committed")
+                || out.stderr.contains("lost the lease"),
+            "{}",
+            out.stderr
+        );
+        // Its stop would hold its unsaved data; it is given up here.
+        writer.kill();
+    }
     let promoted = tree_of(standby.path());
     drop(standby);
-    // Its stop would hold its unsaved data; it is given up here.
-    let mut writer = writer;
-    writer.kill();
 
     let fresh = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
     assert_eq!(
@@ -2504,10 +2526,10 @@ fn fs_standby_follows_and_is_promoted(data_path: &str) {
 
 #[test]
 fn fs_standby_follows_a_store_path_writer() {
-    fs_standby_follows_and_is_promoted("store");
+    fs_standby_follows_and_is_promoted("store", false);
 }
 
 #[test]
 fn fs_standby_follows_a_kernel_path_writer() {
-    fs_standby_follows_and_is_promoted("kernel");
+    fs_standby_follows_and_is_promoted("kernel", true);
 }
