@@ -1553,7 +1553,7 @@ impl Fs {
             return Ok(0);
         }
         let n = (size - off).min(buf.len() as u64) as usize;
-        self.store.read(base + off, &mut buf[..n])?;
+        self.store.read_held(&standby, base + off, &mut buf[..n])?;
         drop(standby);
         self.accessed(ino);
         Ok(n)
@@ -1757,7 +1757,7 @@ impl Fs {
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
         // A standby: the size and the extents from one save.
-        let _standby = self.store.standby_hold();
+        let standby = self.store.standby_hold();
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
             let _pin = self.hot_pin(ino)?;
@@ -1770,7 +1770,7 @@ impl Fs {
         while pos < size {
             // Extents are asked for in pieces so one call stays bounded.
             let len = (size - pos).min(1 << 30);
-            for e in self.store.extents(base + pos, len, 4096)? {
+            for e in self.store.extents_held(&standby, base + pos, len, 4096)? {
                 let hole = e.kind == ExtentKind::Hole;
                 if hole == (whence == Whence::Hole) {
                     return Ok(pos);
