@@ -798,14 +798,16 @@ impl Fs {
     }
 
     /// The kernel dropped `n` references taken by lookups and creations.
-    /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
+    /// Takes the gate: dropping the inode frees its slot for reuse.
     pub fn forget(&self, ino: Ino, n: u64) {
-        let c = self.store.change();
+        let _gate = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.lookups = inode.lookups.saturating_sub(n);
         }
-        self.maybe_free(&c, &mut st, ino);
+        // Fewer lookups reach no data: an unreachable inode's went when
+        // its last link or open did (`maybe_free`).
+        self.maybe_drop(&mut st, ino);
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -1287,8 +1289,15 @@ impl Fs {
                 inode.size = 0;
             }
         }
-        if inode.lookups > 0 {
-            return;
+        self.maybe_drop(st, ino);
+    }
+
+    /// Drops an inode that nothing names, holds open or remembers (its data
+    /// freed already, see `maybe_free`).
+    fn maybe_drop(&self, st: &mut State, ino: Ino) {
+        match st.inodes.get(&ino) {
+            Some(i) if i.nlink == 0 && i.opens == 0 && i.lookups == 0 => {}
+            _ => return,
         }
         let inode = st.inodes.remove(&ino).expect("present");
         let mut cost = INODE_COST;
