@@ -165,7 +165,13 @@ impl FuseFs {
     /// `Fs`: with passthrough, a regular file's backing file (registered
     /// at its first open, see [`Backings`]); otherwise the page-cache mode
     /// `Fs` says, no backing.
-    fn open_reply(&self, ino: Ino, flags: u32) -> std::result::Result<(u32, i32), i32> {
+    /// `created`: the open of a CREATE, whose inode has no backing file yet.
+    fn open_reply(
+        &self,
+        ino: Ino,
+        flags: u32,
+        created: bool,
+    ) -> std::result::Result<(u32, i32), i32> {
         if !self.passthrough() || self.fs.hot_tier().is_none() {
             return Ok((open_flags(&self.fs, ino), 0));
         }
@@ -177,7 +183,12 @@ impl FuseFs {
             return Ok((abi::FOPEN_PASSTHROUGH, b.id));
         }
         let dev = self.backings.dev.get().ok_or(libc::EIO)?;
-        let file = self.fs.backing_file(ino).map_err(ferr)?;
+        let file = if created {
+            self.fs.new_backing_file(ino)
+        } else {
+            self.fs.backing_file(ino)
+        };
+        let file = file.map_err(ferr)?;
         let id = backing_open(dev, &file).map_err(|e| {
             log::warn!("registering inode {ino}'s backing file: {e}");
             e.raw_os_error().unwrap_or(libc::EIO)
@@ -867,7 +878,7 @@ impl FuseFs {
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
                 fs.open(ino, flags as i32).map_err(ferr)?;
-                let (open_flags, backing) = match self.open_reply(ino, flags) {
+                let (open_flags, backing) = match self.open_reply(ino, flags, false) {
                     Ok(r) => r,
                     Err(e) => {
                         fs.release(ino);
@@ -1023,7 +1034,7 @@ impl FuseFs {
                     fs.tmpfile(who, ino, mode)
                 };
                 let a = a.map_err(ferr)?;
-                let open = match self.open_reply(a.ino, flags) {
+                let open = match self.open_reply(a.ino, flags, true) {
                     Ok(r) => r,
                     Err(e) => {
                         // Created but not opened: the kernel will not
