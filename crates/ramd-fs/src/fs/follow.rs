@@ -137,8 +137,13 @@ impl Fs {
             if !same {
                 out.push(Inval::Inode(ino));
             }
-            if let (Data::Dir { entries: a, .. }, Data::Dir { entries: b, .. }) = (&o.data, &n.data)
+            if let (Data::Dir { entries: a, .. }, Data::Dir { entries: b, .. }) =
+                (&o.data, &mut n.data)
             {
+                // A listing going on across the apply returns each name
+                // that stayed exactly once (fs/dir.rs).
+                b.keep_cookies_of(a);
+                let b = &*b;
                 // Its listing, which the kernel may cache.
                 if same && a != b {
                     out.push(Inval::Inode(ino));
@@ -148,7 +153,7 @@ impl Fs {
                         out.push(Inval::Entry(ino, name.clone()));
                     }
                 }
-                for name in b.keys().filter(|k| !a.contains_key(*k)) {
+                for name in b.keys().filter(|k| !a.contains_key(k)) {
                     out.push(Inval::Entry(ino, name.clone()));
                 }
             }
@@ -156,9 +161,6 @@ impl Fs {
         for &ino in old.inodes.keys().filter(|i| !new.inodes.contains_key(i)) {
             out.push(Inval::Inode(ino));
         }
-        // Open directory listings stay as they were read.
-        new.dir_handles = std::mem::take(&mut old.dir_handles);
-        new.next_fh = old.next_fh;
         *st = new;
         drop(st);
         self.stale.lock().extend(out);
@@ -185,8 +187,6 @@ impl State {
             next_ino: ROOT_INO.0 + 1,
             free_slots: Vec::new(),
             next_slot: 0,
-            dir_handles: HashMap::new(),
-            next_fh: 1,
             linkable: HashSet::new(),
         }
     }

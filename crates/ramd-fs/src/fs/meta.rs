@@ -394,7 +394,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                 }
             }
             SavedData::Dir { parent, entries } => {
-                let mut map = BTreeMap::new();
+                let mut map = Entries::new();
                 for (name, child) in entries {
                     let name = os(&name);
                     if check_name(&name).is_err() {
@@ -459,8 +459,6 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
         next_ino: saved.next_ino,
         free_slots,
         next_slot,
-        dir_handles: HashMap::new(),
-        next_fh: 1,
         linkable: Default::default(),
     };
     Ok((st, cost))
