@@ -56,6 +56,19 @@ const MOUNT_ATTR_RELATIME: libc::c_uint = 0;
 const MOUNT_ATTR_NOATIME: libc::c_uint = 0x10;
 const MOUNT_ATTR_STRICTATIME: libc::c_uint = 0x20;
 
+/// The result `r` of a call on a name of the tier: `None` if the name
+/// does not exist (a file never opened has no backing file yet).
+fn unless_missing(r: libc::c_int) -> io::Result<Option<()>> {
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(()))
+}
+
 fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
@@ -213,14 +226,7 @@ impl HotTier {
                 libc::AT_SYMLINK_NOFOLLOW,
             )
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(false);
-            }
-            return Err(e);
-        }
-        Ok(true)
+        Ok(unless_missing(r)?.is_some())
     }
 
     /// The backing file's stat; `None` if it does not exist yet (an empty
@@ -239,14 +245,7 @@ impl HotTier {
                 libc::AT_SYMLINK_NOFOLLOW,
             )
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(st))
+        Ok(unless_missing(r)?.map(|()| st))
     }
 
     /// Frees `ino`'s data: the name goes, the tmpfs frees the pages once
