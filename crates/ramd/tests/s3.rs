@@ -2358,8 +2358,10 @@ fn standby_refusals() {
             &url("x"),
             "--mount",
             tmp.path().to_str().unwrap(),
+            "--data-path",
+            "kernel",
         ],
-        "a filesystem disk cannot be a standby",
+        "--standby with --data-path kernel",
     );
     refused(
         &["--standby", "--image", &url("x"), "--replicate", &url("y")],
@@ -2478,4 +2480,367 @@ fn standby_over_iscsi_is_write_protected_until_promoted() {
     promote(&run_s, standby.name(), &["--wait", "0s"], &env).ok();
     qemu_io(&lun, &["write -P 0x22 0 1M".into()]);
     qemu_io(standby.uri(), &["read -P 0x22 0 1M".into()]);
+}
+
+/// One node of a mounted tree as a client sees it: its path, type,
+/// permissions, size, mtime and content (a file's bytes, a link's target).
+#[derive(Debug, PartialEq)]
+struct Node {
+    path: String,
+    kind: &'static str,
+    mode: u32,
+    size: u64,
+    mtime: (i64, i64),
+    content: Vec<u8>,
+}
+
+/// Every node under `root`, sorted by path.
+fn tree_of(root: &Path) -> Vec<Node> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir:?}: {e}")) {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            let (kind, content) = if m.is_dir() {
+                todo.push(p.clone());
+                ("dir", Vec::new())
+            } else if m.file_type().is_symlink() {
+                let t = fs::read_link(&p).unwrap();
+                ("symlink", t.as_os_str().as_bytes().to_vec())
+            } else {
+                (
+                    "file",
+                    fs::read(&p).unwrap_or_else(|e| panic!("{p:?}: {e}")),
+                )
+            };
+            out.push(Node {
+                path: p.strip_prefix(root).unwrap().display().to_string(),
+                kind,
+                mode: m.mode(),
+                size: m.size(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                content,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// What the writer's kernel still caches (write-back data, times) goes to
+/// ramd, so that the next save holds what a client of the writer sees.
+fn sync_mount(dir: &Path) {
+    let f = fs::File::open(dir).unwrap();
+    // SAFETY: syncfs(2) on an fd we hold.
+    let r = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    assert_eq!(r, 0, "syncfs {dir:?}: {}", std::io::Error::last_os_error());
+}
+
+/// Saves the writer's tree (after a syncfs) and waits until the standby
+/// applied that save; runs `check` (before anything lists a directory,
+/// which would refresh what the kernel caches); then both mounts show the
+/// same tree.
+fn save_and_follow(
+    writer: &FsDisk,
+    standby: &FsDisk,
+    env: &[(String, String)],
+    full: bool,
+    check: impl FnOnce(),
+) {
+    sync_mount(writer.path());
+    let mut args = vec!["snapshot", writer.name(), "--json"];
+    if full {
+        args.push("--full");
+    }
+    let out = ramd(writer.run_dir(), &args, env).ok();
+    let s: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["full"], full, "{s}");
+    let seq = field(&s, "seq");
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the standby to apply save {seq}"),
+        || {
+            let sb = standby.status()["standby"].clone();
+            sb["applied_seq"] == seq && sb["saves_behind"] == 0 && sb["error"].is_null()
+        },
+    );
+    check();
+    let (a, b) = (tree_of(writer.path()), tree_of(standby.path()));
+    if a != b {
+        let diff: Vec<_> = a
+            .iter()
+            .zip(b.iter())
+            .filter(|(x, y)| x != y)
+            .take(3)
+            .collect();
+        panic!(
+            "after save {seq} the standby's tree differs from the writer's ({} vs {} nodes): \
+             {diff:#?}",
+            a.len(),
+            b.len()
+        );
+    }
+}
+
+/// `mount(2)` `MS_REMOUNT` of `dir`, read-only or not, as mount(8) does
+/// when no helper is installed.
+fn remount(dir: &Path, ro: bool) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let flags = libc::MS_REMOUNT | if ro { libc::MS_RDONLY } else { 0 };
+    // SAFETY: mount(2) with a NUL-terminated path we own, no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "remount {dir:?}: {}", std::io::Error::last_os_error());
+}
+
+fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
+    r.expect_err("succeeded").raw_os_error().unwrap_or(-1)
+}
+
+/// A filesystem standby (`--standby --mount`), its writer on `data_path`:
+/// mounted read-only, it follows the saves of files created, rewritten,
+/// renamed and deleted (the tree, contents, modes, sizes and mtimes equal
+/// the writer's after each), also through file descriptors and names the
+/// kernel cached before the save: an open file reads its new content, a
+/// name looked up as missing appears, and an open file the writer deleted
+/// answers ENOENT. Promoted, its mount turns read-write: with `--force`
+/// while the writer lives (whose next save is then refused), or once the
+/// lease of a killed writer ran out (a new writer is then refused); the
+/// image loads as the promoted disk.
+fn fs_standby_follows_and_is_promoted(data_path: &str, writer_dies: bool) {
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let img = url(&format!("fs-standby-{data_path}"));
+    let writer = FsDisk::mount_with_env(
+        &["--size", "64M", "--image", &img, "--data-path", data_path],
+        &pairs(&env),
+    );
+    fs::create_dir_all(writer.join("a/b")).unwrap();
+    fs::write(writer.join("a/b/keep.txt"), b"first version\n").unwrap();
+    fs::write(writer.join("doomed.txt"), vec![7u8; 100_000]).unwrap();
+    fs::write(writer.join("moving.txt"), b"moves\n").unwrap();
+    random_file(&writer.join("a/big"), 5 * MIB);
+    std::os::unix::fs::symlink("a/b/keep.txt", writer.join("link")).unwrap();
+    sync_mount(writer.path());
+    let first = snapshot(writer.run_dir(), writer.name(), &env);
+    assert_eq!(first["seq"], 1, "{first}");
+
+    let standby = FsDisk::mount_with_env(
+        &["--image", &img, "--standby", "--standby-poll", "200ms"],
+        &pairs(&env),
+    );
+    let st = standby.status();
+    assert_eq!(st["read_only"], true, "{st}");
+    assert_eq!(st["data_path"], "store", "{st}");
+    assert_eq!(
+        st["id"],
+        writer.status()["id"],
+        "the standby is another disk"
+    );
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
+    // Read-only as a read-only mount is, for every kind of change.
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(standby.join("link"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+
+    // The mount helper's remount asks the disk first: rw is refused.
+    let ctl = standby.run_dir().join(format!("{}.ctl", standby.name()));
+    let err = ramd_daemon::control::request(&ctl, "remount rw", Some(CMD_TIMEOUT))
+        .expect_err("a standby remounted rw");
+    assert!(err.to_string().contains("is a standby"), "{err:#}");
+    ramd_daemon::control::request(&ctl, "remount ro", Some(CMD_TIMEOUT)).unwrap();
+    // Made read-write behind ramd's back (mount(2) as mount(8) without
+    // the helper): ramd still refuses every change.
+    remount(standby.path(), false);
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(standby.join("doomed.txt"))
+        ),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(fs::create_dir(standby.join("nd"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::rename(standby.join("link"), standby.join("l2"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+    remount(standby.path(), true);
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
+
+    // What the kernel caches on the standby before the next save: open
+    // files and their pages, attributes, names and a name's absence.
+    let keep = fs::File::open(standby.join("a/b/keep.txt")).unwrap();
+    let mut buf = [0u8; 64];
+    let n = keep.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"first version\n");
+    let doomed = fs::File::open(standby.join("doomed.txt")).unwrap();
+    assert_eq!(doomed.read_at(&mut buf, 0).unwrap(), 64);
+    assert!(!standby.join("a/fresh.txt").exists());
+    assert!(standby.join("moving.txt").exists());
+    let big_mode = || {
+        fs::metadata(standby.join("a/big"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(big_mode(), 0o644);
+
+    // Rewritten in place, created, renamed, deleted, chmod, a new mtime.
+    fs::write(writer.join("a/b/keep.txt"), b"second version, longer\n").unwrap();
+    fs::write(writer.join("a/fresh.txt"), b"fresh\n").unwrap();
+    fs::hard_link(writer.join("a/fresh.txt"), writer.join("hard.txt")).unwrap();
+    fs::rename(writer.join("moving.txt"), writer.join("a/b/moved.txt")).unwrap();
+    fs::remove_file(writer.join("doomed.txt")).unwrap();
+    fs::set_permissions(writer.join("a/big"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(writer.join("a/big"))
+        .unwrap()
+        .write_all_at(&[0xAB; 8192], MIB)
+        .unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"second version, longer\n",
+            "a file open across the apply reads the new save"
+        );
+        assert_eq!(
+            fs::metadata(standby.join("a/b/keep.txt")).unwrap().len(),
+            23,
+            "the size the kernel cached"
+        );
+        assert_eq!(big_mode(), 0o640, "the mode the kernel cached");
+        assert_eq!(
+            errno_of(doomed.read_at(&mut buf, 0)),
+            libc::ENOENT,
+            "an open file its writer deleted"
+        );
+        assert_eq!(fs::read(standby.join("a/fresh.txt")).unwrap(), b"fresh\n");
+        let (f, h) = (
+            fs::metadata(standby.join("a/fresh.txt")).unwrap(),
+            fs::metadata(standby.join("hard.txt")).unwrap(),
+        );
+        assert!(f.ino() == h.ino() && f.nlink() == 2, "a hard link");
+        assert!(!standby.join("moving.txt").exists());
+        assert!(standby.join("a/b/moved.txt").exists());
+    });
+    drop(doomed);
+
+    // A directory renamed and another removed with its files; then a full
+    // save, which starts a new chain.
+    fs::rename(writer.join("a/b"), writer.join("c")).unwrap();
+    fs::create_dir(writer.join("gone")).unwrap();
+    fs::write(writer.join("gone/x"), b"x").unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        assert!(!standby.join("a/b").exists());
+        assert_eq!(fs::read(standby.join("c/moved.txt")).unwrap(), b"moves\n");
+        assert_eq!(fs::read(standby.join("gone/x")).unwrap(), b"x");
+    });
+    fs::remove_dir_all(writer.join("gone")).unwrap();
+    fs::write(writer.join("c/keep.txt"), b"third\n").unwrap();
+    save_and_follow(&writer, &standby, &env, true, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"third\n",
+            "the open file after a renamed directory"
+        );
+        assert!(!standby.join("gone").exists());
+    });
+    drop(keep);
+
+    // Killed, the writer leaves its lease to run out, which promote waits
+    // for; alive, --force takes its lease over. Either way the mount turns
+    // read-write.
+    let mut writer = writer;
+    let out = if writer_dies {
+        writer.kill();
+        promote(standby.run_dir(), standby.name(), &["--wait", "60s"], &env).ok()
+    } else {
+        promote(standby.run_dir(), standby.name(), &["--force"], &env).ok()
+    };
+    assert!(out.contains("promoted"), "{out}");
+    let st = standby.status();
+    assert_eq!(st["read_only"], false, "{st}");
+    assert!(st["standby"].is_null(), "{st}");
+    fs::write(
+        standby.join("c/after.txt"),
+        b"written after the promotion\n",
+    )
+    .unwrap();
+    fs::remove_file(standby.join("a/fresh.txt")).unwrap();
+    sync_mount(standby.path());
+    let saved = snapshot(standby.run_dir(), standby.name(), &env);
+    assert_eq!(saved["full"], false, "{saved}");
+    if writer_dies {
+        // A new writer of the prefix is refused: the promoted disk holds
+        // the lease.
+        let tmp = scratch();
+        let dir = tmp.path().join("mnt");
+        fs::create_dir(&dir).unwrap();
+        let f = FsDisk::mount_at_env(&dir, &["--image", &img], &pairs(&env))
+            .err()
+            .expect("a second writer started");
+        assert!(f.stderr.contains("is in use"), "{}", f.stderr);
+    } else {
+        fs::write(writer.join("late.txt"), b"too late\n").unwrap();
+        let out = ramd(writer.run_dir(), &["snapshot", writer.name()], &env).failed();
+        assert!(
+            out.stderr.contains("another writer committed")
+                || out.stderr.contains("lost the lease"),
+            "{}",
+            out.stderr
+        );
+        // Its stop would hold its unsaved data; it is given up here.
+        writer.kill();
+    }
+    let promoted = tree_of(standby.path());
+    drop(standby);
+
+    let fresh = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert_eq!(
+        tree_of(fresh.path()),
+        promoted,
+        "the image differs from the promoted disk"
+    );
+}
+
+#[test]
+fn fs_standby_follows_a_store_path_writer() {
+    fs_standby_follows_and_is_promoted("store", false);
+}
+
+#[test]
+fn fs_standby_follows_a_kernel_path_writer() {
+    fs_standby_follows_and_is_promoted("kernel", true);
 }
