@@ -283,8 +283,9 @@ pub struct DiskArgs {
     /// that writes it: no lease is taken, the image's MANIFEST is read
     /// every --standby-poll, and each new save is applied to the disk (a
     /// read sees one whole save, never part of one). `ramd promote NAME`
-    /// makes it the writer. Block disks only (not with --mount), not with
-    /// --replicate or --read-only.
+    /// makes it the writer. With --mount the filesystem is mounted
+    /// read-only (--data-path store) and becomes read-write at the
+    /// promotion. Not with --replicate or --read-only.
     #[arg(long, requires = "image")]
     pub standby: bool,
 
@@ -343,16 +344,19 @@ impl DiskArgs {
         })
     }
 
-    /// Whether a filesystem disk uses the kernel's write-back cache.
+    /// Whether a filesystem disk uses the kernel's write-back cache. Not
+    /// a standby's: with it the kernel keeps regular files' sizes and
+    /// times as its own, and would not take those of an applied save.
     pub fn writeback_cache(&self) -> bool {
-        !self.no_writeback_cache
+        !self.no_writeback_cache && !self.standby
     }
 
     /// A filesystem disk's mount flags.
     pub fn mount_flags(&self) -> ramd_fs::MountFlags {
         ramd_fs::MountFlags {
             source: self.source.clone().unwrap_or_else(|| self.name.clone()),
-            read_only: self.read_only,
+            // A standby's mount is read-only until its promotion.
+            read_only: self.read_only || self.standby,
             nosuid: self.nosuid,
             nodev: self.nodev,
             noexec: self.noexec,

@@ -149,9 +149,13 @@ impl Disk {
                 let m = image.manifest().expect("a standby's image holds a save");
                 if m.kind != kind {
                     bail!(
-                        "--standby --image {}: the image holds a filesystem disk; a standby \
-                         serves block disks only",
-                        url.display()
+                        "--standby --image {}: the image holds a {} disk; {}",
+                        url.display(),
+                        m.kind.name(),
+                        match kind {
+                            DiskKind::Block => "serve it with --mount DIR",
+                            DiskKind::Fs => "leave --mount out",
+                        }
                     );
                 }
                 if let Some(s) = given.filter(|&s| s != m.size) {
@@ -209,6 +213,9 @@ impl Disk {
             }
             DiskKind::Fs => {
                 let (fs, image, tree) = open_fs(&args, &store, size, image)?;
+                if args.standby {
+                    store.set_standby(true);
+                }
                 let fs = Arc::new(fs);
                 start_cold_tier(&args, &fs, size, shared, &placement)?;
                 (Some(fs), image, tree)
@@ -322,11 +329,16 @@ impl Disk {
                 }
             ),
             DiskKind::Fs => format!(
-                "filesystem disk {:?} at {ends}: size {}, max memory {}, {} inodes",
+                "filesystem disk {:?} at {ends}: size {}, max memory {}, {} inodes{}",
                 self.args.name,
                 self.current_size().map_or("unlimited".into(), human),
                 human(self.store.max_memory()),
-                self.fs.as_ref().map_or(0, |f| f.config().nr_inodes)
+                self.fs.as_ref().map_or(0, |f| f.config().nr_inodes),
+                if self.store.standby() {
+                    ", standby (mounted read-only until `ramd promote`)"
+                } else {
+                    ""
+                }
             ),
         };
         format!("{what}; id {}", self.id)
@@ -575,6 +587,14 @@ impl Disk {
         let source = self.args.mount_flags().source;
         let req = crate::mount_opts::parse(&source, dir, options)?;
         let new = &req.disk;
+        if self.store.standby() && !new.read_only {
+            bail!(
+                "disk {:?} is a standby: its mount stays read-only (give `ro`) until `ramd \
+                 promote {}` makes it the writer",
+                self.args.name,
+                self.args.name
+            );
+        }
         let mut size = fs.size();
         let mut max_memory = self.args.max_memory;
         for key in &req.given {
@@ -684,6 +704,17 @@ impl Disk {
             )
         };
         let r = s.persister.promote(force, wait)?;
+        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.mount, self.args.read_only) {
+            ramd_fs::remount_read_write(dir).with_context(|| {
+                format!(
+                    "promoted: disk {:?} is the writer of its image, but its mount {} stays \
+                     read-only; make it read-write with `mount -o remount,rw {}`",
+                    self.args.name,
+                    dir.display(),
+                    dir.display()
+                )
+            })?;
+        }
         log::info!("{}", self.describe());
         Ok(r)
     }
@@ -916,12 +947,11 @@ fn check_args(args: &DiskArgs) -> Result<()> {
             ),
             None => bail!("--standby needs --image s3://BUCKET/PREFIX: the image to follow"),
         }
-        if args.mount.is_some() {
+        if args.mount.is_some() && args.data_path == DataPath::Kernel {
             bail!(
-                "--standby with --mount: a filesystem disk cannot be a standby yet (applying \
-                 a save to a mounted filesystem needs its tree swapped under the kernel's \
-                 cached inodes and dentries, which ramd does not do); serve block disks as \
-                 standbys"
+                "--standby with --data-path kernel: a standby serves file data from the store, \
+                 where each applied save puts it (the kernel path keeps it in backing files the \
+                 kernel reads directly); leave --data-path out or give store"
             );
         }
         if let Some(url) = &args.replicate {
@@ -1192,6 +1222,9 @@ fn start_saving(
     if let Some(fs) = fs {
         if let Some(outer) = fs.outer_pages() {
             p.set_outer(outer);
+        }
+        if args.standby {
+            p.set_follow_tree(Box::new(ramd_fs::fs::StandbyTree(fs.clone())));
         }
         let fs = fs.clone();
         p.set_meta(Box::new(move || fs.save_meta()), loaded_tree.as_deref());

@@ -38,12 +38,16 @@ use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
 mod acl;
 mod cache;
 mod cold;
+mod dir;
+mod follow;
 mod kernel;
 pub(crate) mod meta;
 mod saves;
 
 pub use cache::OpenCache;
 pub use cold::ColdStats;
+use dir::Entries;
+pub use follow::{Inval, StandbyTree, TreeHook};
 
 /// File data of one file spans at most 1 TiB of store address space.
 pub const FILE_SHIFT: u32 = 40;
@@ -63,15 +67,13 @@ impl std::fmt::Display for Ino {
     }
 }
 
-/// An open directory's handle, as the kernel knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fh(pub u64);
 pub const NAME_MAX: usize = 255;
 const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 64 << 10;
-/// Memory charged per inode and per directory entry, beyond their names.
+/// Memory charged per inode and per directory entry, beyond their names
+/// (an entry is held twice, by name and by cookie: see `fs/dir.rs`).
 const INODE_COST: u64 = std::mem::size_of::<Inode>() as u64 + 64;
-const DIRENT_COST: u64 = 48;
+const DIRENT_COST: u64 = 96;
 
 /// The chattr(1) flags tmpfs keeps (FS_IOC_GETFLAGS/SETFLAGS): immutable,
 /// append-only, no dump, no atime. The VFS enforces the first two through
@@ -336,7 +338,7 @@ enum Data {
         alloc_end: u64,
     },
     Dir {
-        entries: BTreeMap<OsString, Ino>,
+        entries: Entries,
         parent: Ino,
     },
     Symlink(OsString),
@@ -373,9 +375,6 @@ struct State {
     next_ino: u64,
     free_slots: Vec<u64>,
     next_slot: u64,
-    /// Open directory handles: the list taken when last read from the start.
-    dir_handles: HashMap<Fh, Arc<Vec<DirEntry>>>,
-    next_fh: u64,
     /// O_TMPFILE files not linked yet, which a link may give a name
     /// (the kernel has checked they were not opened with O_EXCL).
     linkable: HashSet<Ino>,
@@ -443,6 +442,13 @@ pub struct Fs {
     /// With a hot tier and compression: where idle closed files' data
     /// goes (see `fs/cold.rs`).
     cold: std::sync::OnceLock<cold::ColdTier>,
+    /// A standby's (see `fs/follow.rs`): what its loaded or last applied
+    /// tree was charged, which the next apply returns.
+    tree_cost: AtomicU64,
+    /// A standby's: what the applies since the last announcement changed,
+    /// and whom to tell (the FUSE session).
+    stale: parking_lot::Mutex<Vec<Inval>>,
+    on_tree_change: std::sync::OnceLock<TreeHook>,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -453,7 +459,7 @@ const EXTEND_LOCKS: usize = 64;
 pub type AttrHook = Box<dyn Fn(Ino) + Send + Sync>;
 
 fn name_cost(name: &OsStr) -> u64 {
-    DIRENT_COST + name.len() as u64
+    DIRENT_COST + 2 * name.len() as u64
 }
 
 fn check_name(name: &OsStr) -> Result<()> {
@@ -516,14 +522,14 @@ impl Inode {
         }
     }
 
-    fn entries(&self) -> Result<&BTreeMap<OsString, Ino>> {
+    fn entries(&self) -> Result<&Entries> {
         match &self.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
         }
     }
 
-    fn entries_mut(&mut self) -> Result<&mut BTreeMap<OsString, Ino>> {
+    fn entries_mut(&mut self) -> Result<&mut Entries> {
         match &mut self.data {
             Data::Dir { entries, .. } => Ok(entries),
             _ => err(Errno::ENOTDIR),
@@ -661,7 +667,7 @@ impl Fs {
             cfg.uid,
             cfg.gid,
             Data::Dir {
-                entries: BTreeMap::new(),
+                entries: Entries::new(),
                 parent: ROOT_INO,
             },
             now,
@@ -674,8 +680,6 @@ impl Fs {
             next_ino: ROOT_INO.0 + 1,
             free_slots: Vec::new(),
             next_slot: 0,
-            dir_handles: HashMap::new(),
-            next_fh: 1,
             linkable: HashSet::new(),
         };
         Ok(Fs::with_state(store, cfg, st))
@@ -698,6 +702,9 @@ impl Fs {
             hot: std::sync::OnceLock::new(),
             saves: Default::default(),
             cold: std::sync::OnceLock::new(),
+            tree_cost: AtomicU64::new(0),
+            stale: Default::default(),
+            on_tree_change: std::sync::OnceLock::new(),
         }
     }
 
@@ -798,14 +805,16 @@ impl Fs {
     }
 
     /// The kernel dropped `n` references taken by lookups and creations.
-    /// Takes the gate: freeing may punch (unsaved) data and reuse a slot.
+    /// Takes the gate: dropping the inode frees its slot for reuse.
     pub fn forget(&self, ino: Ino, n: u64) {
-        let c = self.store.change();
+        let _gate = self.store.change();
         let mut st = self.state.write();
         if let Some(inode) = st.inodes.get_mut(&ino) {
             inode.lookups = inode.lookups.saturating_sub(n);
         }
-        self.maybe_free(&c, &mut st, ino);
+        // Fewer lookups reach no data: an unreachable inode's went when
+        // its last link or open did (`maybe_free`).
+        self.maybe_drop(&mut st, ino);
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -980,7 +989,9 @@ impl Fs {
     /// says (relatime unless told otherwise).
     fn accessed(&self, ino: Ino) {
         let a = self.atime();
-        if a.mode == AtimeMode::Never {
+        // A standby's mount is read-only: its writer's saves bring the
+        // times, and an apply would undo any moved here.
+        if a.mode == AtimeMode::Never || self.store.standby() {
             return;
         }
         let now = now();
@@ -1144,7 +1155,7 @@ impl Fs {
                 }
             }
             Kind::Dir => Data::Dir {
-                entries: BTreeMap::new(),
+                entries: Entries::new(),
                 parent,
             },
             Kind::Symlink => Data::Symlink(target.expect("symlink target").to_owned()),
@@ -1287,8 +1298,15 @@ impl Fs {
                 inode.size = 0;
             }
         }
-        if inode.lookups > 0 {
-            return;
+        self.maybe_drop(st, ino);
+    }
+
+    /// Drops an inode that nothing names, holds open or remembers (its data
+    /// freed already, see `maybe_free`).
+    fn maybe_drop(&self, st: &mut State, ino: Ino) {
+        match st.inodes.get(&ino) {
+            Some(i) if i.nlink == 0 && i.opens == 0 && i.lookups == 0 => {}
+            _ => return,
         }
         let inode = st.inodes.remove(&ino).expect("present");
         let mut cost = INODE_COST;
@@ -1528,6 +1546,8 @@ impl Fs {
 
     /// Reads up to `buf.len()` bytes at `off`; returns how many (short at EOF).
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        // A standby: the size and the data from one save (an apply waits).
+        let standby = self.store.standby_hold();
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
             let _pin = self.hot_pin(ino)?;
@@ -1537,7 +1557,8 @@ impl Fs {
             return Ok(0);
         }
         let n = (size - off).min(buf.len() as u64) as usize;
-        self.store.read(base + off, &mut buf[..n])?;
+        self.store.read_held(&standby, base + off, &mut buf[..n])?;
+        drop(standby);
         self.accessed(ino);
         Ok(n)
     }
@@ -1739,6 +1760,8 @@ impl Fs {
     /// SEEK_DATA / SEEK_HOLE. Written or allocated pages are data, holes
     /// are holes; the end of the file is a hole.
     pub fn seek(&self, ino: Ino, off: u64, whence: Whence) -> Result<u64> {
+        // A standby: the size and the extents from one save.
+        let standby = self.store.standby_hold();
         let (base, size, _) = self.file(ino)?;
         if self.hot.get().is_some() {
             let _pin = self.hot_pin(ino)?;
@@ -1751,7 +1774,7 @@ impl Fs {
         while pos < size {
             // Extents are asked for in pieces so one call stays bounded.
             let len = (size - pos).min(1 << 30);
-            for e in self.store.extents(base + pos, len, 4096)? {
+            for e in self.store.extents_held(&standby, base + pos, len, 4096)? {
                 let hole = e.kind == ExtentKind::Hole;
                 if hole == (whence == Whence::Hole) {
                     return Ok(pos);
@@ -1816,42 +1839,71 @@ impl Fs {
         Ok(done)
     }
 
-    /// Opens a directory; its entries are listed when it is read from
-    /// the start ([`Fs::dir_entries`]).
-    pub fn opendir(&self, ino: Ino) -> Result<Fh> {
-        let mut st = self.state.write();
-        st.get(ino)?.entries()?;
-        let fh = Fh(st.next_fh);
-        st.next_fh += 1;
-        st.dir_handles.insert(fh, Arc::new(Vec::new()));
-        Ok(fh)
+    /// OPENDIR: `ino` must be a directory. Nothing is kept per open: a
+    /// listing goes on from its offset alone (see `fs/dir.rs`).
+    pub fn opendir(&self, ino: Ino) -> Result<()> {
+        self.state.read().get(ino)?.entries()?;
+        Ok(())
     }
 
-    /// The entries of an open directory: listed afresh when read from the
-    /// start (opendir, rewinddir: POSIX wants names added since then), the
-    /// same list when read on, so offsets stay valid. Reading from the
-    /// start counts as an access of the directory.
-    pub fn dir_entries(&self, ino: Ino, fh: Fh, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
-        if offset != 0 {
-            return self
-                .state
-                .read()
-                .dir_handles
-                .get(&fh)
-                .cloned()
-                .ok_or(Errno::EBADF);
-        }
-        let entries = {
-            let mut st = self.state.write();
-            if !st.dir_handles.contains_key(&fh) {
-                return err(Errno::EBADF);
+    /// Up to `max` entries of directory `ino` after `offset` (0, or the
+    /// cookie of the last entry a listing returned), with their cookies:
+    /// ".", "..", then the names in the order they were added. Reading
+    /// from the start counts as an access of the directory.
+    pub fn read_dir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<(u64, DirEntry)>> {
+        let list = {
+            let st = self.state.read();
+            let d = st.get(ino)?;
+            let Data::Dir { entries, parent } = &d.data else {
+                return err(Errno::ENOTDIR);
+            };
+            if offset == 0 {
+                entries.set_listed();
             }
-            let list = Arc::new(list_dir(&st, ino)?);
-            st.dir_handles.insert(fh, list.clone());
-            list
+            let dots = [(1, ".", ino), (2, "..", *parent)];
+            let dots = dots
+                .into_iter()
+                .filter(|&(c, ..)| c > offset)
+                .map(|(c, n, i)| {
+                    let e = DirEntry {
+                        ino: i,
+                        kind: Kind::Dir,
+                        name: n.into(),
+                    };
+                    (c, e)
+                });
+            let named = entries.after(offset).map(|(c, name, child)| {
+                let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
+                let e = DirEntry {
+                    ino: child,
+                    kind,
+                    name: name.clone(),
+                };
+                (c, e)
+            });
+            dots.chain(named).take(max).collect()
         };
-        self.accessed(ino);
-        Ok(entries)
+        if offset == 0 {
+            self.accessed(ino);
+        }
+        Ok(list)
+    }
+
+    /// Whether directory `ino` was listed from the start since the last
+    /// call said so (false for anything else).
+    pub fn take_listed(&self, ino: Ino) -> bool {
+        self.state
+            .read()
+            .get(ino)
+            .and_then(|i| i.entries())
+            .is_ok_and(|e| e.take_listed())
+    }
+
+    /// Every entry of directory `ino`, "." and ".." first, as
+    /// [`Fs::read_dir`] lists them.
+    pub fn list_dir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        let list = self.read_dir(ino, 0, usize::MAX)?;
+        Ok(list.into_iter().map(|(_, e)| e).collect())
     }
 
     /// The chattr flags (FS_IOC_GETFLAGS).
@@ -1863,6 +1915,10 @@ impl Fs {
     /// as tmpfs). The kernel has checked ownership and CAP_LINUX_IMMUTABLE.
     pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> {
         let _change = self.store.change();
+        // A standby's tree is its writer's (see `fuse.rs`'s `changes`).
+        if self.store.standby() {
+            return err(Errno::EROFS);
+        }
         if flags & !FL_SUPPORTED != 0 {
             return err(Errno::EOPNOTSUPP);
         }
@@ -1885,10 +1941,6 @@ impl Fs {
         let inode = st.get_mut(ino)?;
         inode.lookups += 1;
         Ok(self.hot_attr(inode, ino))
-    }
-
-    pub fn releasedir(&self, fh: Fh) {
-        self.state.write().dir_handles.remove(&fh);
     }
 
     /// (total blocks, free blocks, total inodes, free inodes), 4 KiB blocks.
@@ -2019,34 +2071,6 @@ impl Fs {
             cold: self.cold_stats(),
         }
     }
-}
-
-/// ".", ".." and the entries of directory `ino`, in name order.
-fn list_dir(st: &State, ino: Ino) -> Result<Vec<DirEntry>> {
-    let d = st.get(ino)?;
-    let Data::Dir { entries, parent } = &d.data else {
-        return err(Errno::ENOTDIR);
-    };
-    let mut list = Vec::with_capacity(entries.len() + 2);
-    list.push(DirEntry {
-        ino,
-        kind: Kind::Dir,
-        name: ".".into(),
-    });
-    list.push(DirEntry {
-        ino: *parent,
-        kind: Kind::Dir,
-        name: "..".into(),
-    });
-    for (name, &child) in entries {
-        let kind = st.inodes.get(&child).map_or(Kind::File, |i| i.kind);
-        list.push(DirEntry {
-            ino: child,
-            kind,
-            name: name.clone(),
-        });
-    }
-    Ok(list)
 }
 
 fn base(slot: u64) -> u64 {

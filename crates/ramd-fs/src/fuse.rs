@@ -12,8 +12,8 @@ use std::time::{Instant, SystemTime};
 use ramd_store::metrics::{IoMetrics, Op};
 
 use crate::fs::{
-    split_time, Attr, Caller, Errno, Fh, Fs, Ino, Kind, OpenCache, SetAttr, SetTime, Whence,
-    NAME_MAX,
+    split_time, AtimeMode, Attr, Caller, Errno, Fs, Ino, Inval, Kind, OpenCache, SetAttr, SetTime,
+    Whence, NAME_MAX,
 };
 use crate::ll::abi::{self, fattr, init, op, Rd, Wr};
 use crate::ll::dev::{InitWant, Negotiated};
@@ -83,6 +83,11 @@ pub struct FuseFs {
     unknown_ioctls: Mutex<HashSet<u32>>,
     /// INIT granted FUSE_SETXATTR_EXT: SETXATTR's argument is the longer one.
     setxattr_ext: AtomicBool,
+    /// The kernel offered FUSE_NO_OPENDIR_SUPPORT: OPENDIR is answered
+    /// ENOSYS, after which the kernel sends no OPENDIR or RELEASEDIR.
+    no_opendir: AtomicBool,
+    /// OPENDIR was answered ENOSYS: the kernel keeps directory listings.
+    listings_cached: AtomicBool,
     /// Backing files registered for passthrough opens (FUSE_PASSTHROUGH).
     backings: Backings,
     /// Answers seeks that wait for the kernel's write-back.
@@ -139,12 +144,38 @@ impl FuseFs {
                 }
             }
         }));
+        // A standby's applied saves: names first, then inodes, whose
+        // cached pages go too (offset 0, length 0: to the end).
+        let n = notifier.clone();
+        fs.on_tree_change(Box::new(move |stale| {
+            let Some(n) = n.get() else { return };
+            let mut inodes = Vec::new();
+            for s in stale {
+                match s {
+                    Inval::Entry(parent, name) => {
+                        if let Err(e) = n.inval_entry(parent.0, name.as_bytes()) {
+                            log::warn!(
+                                "invalidating the kernel's entry {name:?} in inode {parent}: {e}"
+                            );
+                        }
+                    }
+                    Inval::Inode(ino) => inodes.push(*ino),
+                }
+            }
+            for ino in inodes {
+                if let Err(e) = n.inval_inode(ino.0, 0, 0) {
+                    log::warn!("invalidating the kernel's copy of inode {ino}: {e}");
+                }
+            }
+        }));
         FuseFs {
             fs,
             opts,
             notifier,
             unknown_ioctls: Mutex::new(HashSet::new()),
             setxattr_ext: AtomicBool::new(false),
+            no_opendir: AtomicBool::new(false),
+            listings_cached: AtomicBool::new(false),
             backings: Backings::default(),
             seeker: Seeker::default(),
             in_place_seeks: Default::default(),
@@ -165,7 +196,13 @@ impl FuseFs {
     /// `Fs`: with passthrough, a regular file's backing file (registered
     /// at its first open, see [`Backings`]); otherwise the page-cache mode
     /// `Fs` says, no backing.
-    fn open_reply(&self, ino: Ino, flags: u32) -> std::result::Result<(u32, i32), i32> {
+    /// `created`: the open of a CREATE, whose inode has no backing file yet.
+    fn open_reply(
+        &self,
+        ino: Ino,
+        flags: u32,
+        created: bool,
+    ) -> std::result::Result<(u32, i32), i32> {
         if !self.passthrough() || self.fs.hot_tier().is_none() {
             return Ok((open_flags(&self.fs, ino), 0));
         }
@@ -177,7 +214,12 @@ impl FuseFs {
             return Ok((abi::FOPEN_PASSTHROUGH, b.id));
         }
         let dev = self.backings.dev.get().ok_or(libc::EIO)?;
-        let file = self.fs.backing_file(ino).map_err(ferr)?;
+        let file = if created {
+            self.fs.new_backing_file(ino)
+        } else {
+            self.fs.backing_file(ino)
+        };
+        let file = file.map_err(ferr)?;
         let id = backing_open(dev, &file).map_err(|e| {
             log::warn!("registering inode {ino}'s backing file: {e}");
             e.raw_os_error().unwrap_or(libc::EIO)
@@ -319,6 +361,8 @@ impl FuseFs {
     pub fn initialized(&self, n: &Negotiated) {
         self.setxattr_ext
             .store(n.flags & init::SETXATTR_EXT != 0, Relaxed);
+        self.no_opendir
+            .store(n.offered & init::NO_OPENDIR_SUPPORT != 0, Relaxed);
         self.backings
             .granted
             .store(n.flags & init::PASSTHROUGH != 0, Relaxed);
@@ -615,8 +659,72 @@ impl Dispatch for FuseFs {
             _ => {}
         }
         let answer = self.serve(req, reply.buf());
+        if answer.is_ok() {
+            self.listing_may_move_atime(h.opcode, Ino(h.nodeid));
+        }
         if let Err(e) = reply.send(answer) {
             log::debug!("answering FUSE opcode {}: {e}", h.opcode);
+        }
+    }
+}
+
+/// Whether `req` would change the tree or a file: refused on a standby
+/// even if its mount was made read-write behind ramd's back (`mount -o
+/// remount,rw` without the mount helper), since the next applied save
+/// would undo it and the promoted disk would differ from its image.
+/// chattr's FS_IOC_SETFLAGS is refused by `Fs::set_flags`.
+fn changes(req: &Request<'_>) -> bool {
+    match req.header.opcode {
+        op::SETATTR
+        | op::SYMLINK
+        | op::MKNOD
+        | op::MKDIR
+        | op::UNLINK
+        | op::RMDIR
+        | op::RENAME
+        | op::RENAME2
+        | op::LINK
+        | op::WRITE
+        | op::SETXATTR
+        | op::REMOVEXATTR
+        | op::CREATE
+        | op::TMPFILE
+        | op::FALLOCATE
+        | op::COPY_FILE_RANGE => true,
+        op::OPEN => Rd(req.arg0).u32().is_some_and(|f| {
+            let f = f as i32;
+            f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0
+        }),
+        _ => false,
+    }
+}
+
+impl FuseFs {
+    /// After a change of a directory's times, mode, owner, xattrs or
+    /// flags (its ctime moved, or its atime was set): the next listing of
+    /// it must come here, where relatime moves its atime (atime <= ctime),
+    /// not from the listing the kernel keeps since OPENDIR went (its cache
+    /// goes only when entries change). Dropping the directory's pages
+    /// drops that listing; they are never dirty, so this waits for nothing.
+    fn listing_may_move_atime(&self, opcode: u32, ino: Ino) {
+        if !matches!(
+            opcode,
+            op::SETATTR | op::SETXATTR | op::REMOVEXATTR | op::IOCTL
+        ) || !self.listings_cached.load(Relaxed)
+        {
+            return;
+        }
+        // Only a directory listed since: one never listed has no kept
+        // listing, and the notification costs a GETATTR (it drops the
+        // attributes too), which tar's setting of every directory's times
+        // would pay.
+        if !self.fs.take_listed(ino) {
+            return;
+        }
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(ino.0, 0, 0) {
+                log::warn!("dropping the kernel's listing of directory {ino}: {e}");
+            }
         }
     }
 }
@@ -781,6 +889,9 @@ impl FuseFs {
         if h.opcode != op::INIT && req.arg0.len() < self.arg0_len(h.opcode) {
             return Err(libc::EINVAL);
         }
+        if fs.store().standby() && changes(req) {
+            return Err(libc::EROFS);
+        }
         match h.opcode {
             op::LOOKUP => lookup_out(self, buf, fs.lookup(ino, last_name(req.rest)?)),
             op::GETATTR => {
@@ -867,7 +978,7 @@ impl FuseFs {
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
                 fs.open(ino, flags as i32).map_err(ferr)?;
-                let (open_flags, backing) = match self.open_reply(ino, flags) {
+                let (open_flags, backing) = match self.open_reply(ino, flags, false) {
                     Ok(r) => r,
                     Err(e) => {
                         fs.release(ino);
@@ -990,10 +1101,26 @@ impl FuseFs {
             op::FLUSH => Err(libc::ENOSYS),
             // Answered once, by the session, before any other request.
             op::INIT => Err(libc::EIO),
+            // A listing keeps nothing per open (fs/dir.rs): when the kernel
+            // can do without, ENOSYS saves this round trip and RELEASEDIR's
+            // for every later open of any directory. The kernel then
+            // caches listings itself (FOPEN_CACHE_DIR, its default for a
+            // directory opened without OPENDIR), dropping the cache when
+            // the directory changes through it, and ramd drops it when the
+            // directory's ctime or atime moves (`listing_may_move_atime`).
+            // So relatime holds (but for its rule of a day), not
+            // strictatime, which keeps OPENDIR (and so every listing)
+            // coming here.
+            op::OPENDIR
+                if self.no_opendir.load(Relaxed) && fs.atime().mode != AtimeMode::Strict =>
+            {
+                self.listings_cached.store(true, Relaxed);
+                Err(libc::ENOSYS)
+            }
             op::OPENDIR => {
-                let fh = fs.opendir(ino).map_err(ferr)?;
+                fs.opendir(ino).map_err(ferr)?;
                 let mut w = Wr::new(buf);
-                abi::encode_open_out(&mut w, fh.0, 0, 0);
+                abi::encode_open_out(&mut w, 0, 0, 0);
                 w.written().ok_or(libc::EIO)
             }
             op::READDIR => {
@@ -1004,11 +1131,7 @@ impl FuseFs {
                 let r = arg(abi::RwIn::parse(req.arg0))?;
                 self.readdirplus(ino, r, buf)
             }
-            op::RELEASEDIR => {
-                let fh = arg(Rd(req.arg0).u64())?;
-                fs.releasedir(Fh(fh));
-                Ok(0)
-            }
+            op::RELEASEDIR => Ok(0),
             // With default_permissions the kernel checks access itself.
             op::ACCESS => Ok(0),
             op::CREATE | op::TMPFILE => {
@@ -1023,7 +1146,7 @@ impl FuseFs {
                     fs.tmpfile(who, ino, mode)
                 };
                 let a = a.map_err(ferr)?;
-                let open = match self.open_reply(a.ino, flags) {
+                let open = match self.open_reply(a.ino, flags, true) {
                     Ok(r) => r,
                     Err(e) => {
                         // Created but not opened: the kernel will not
@@ -1107,13 +1230,14 @@ impl FuseFs {
     }
 
     fn readdir(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
-        let entries = self.fs.dir_entries(ino, Fh(r.fh), r.offset).map_err(ferr)?;
         let size = (r.size as usize).min(buf.len());
+        let most = size / abi::dirent_len(abi::DIRENT_LEN, 1);
+        let entries = self.fs.read_dir(ino, r.offset, most).map_err(ferr)?;
         let mut w = Wr::new(&mut buf[..size]);
-        for (i, e) in entries.iter().enumerate().skip(r.offset as usize) {
+        for (cookie, e) in &entries {
             // The offset handed back is where the next call resumes.
             let typ = type_bits(e.kind) >> 12;
-            if !abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes()) {
+            if !abi::encode_dirent(&mut w, e.ino.0, *cookie, typ, e.name.as_bytes()) {
                 break;
             }
         }
@@ -1121,10 +1245,11 @@ impl FuseFs {
     }
 
     fn readdirplus(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
-        let entries = self.fs.dir_entries(ino, Fh(r.fh), r.offset).map_err(ferr)?;
         let size = (r.size as usize).min(buf.len());
+        let most = size / abi::dirent_len(abi::DIRENTPLUS_LEN, 1);
+        let entries = self.fs.read_dir(ino, r.offset, most).map_err(ferr)?;
         let mut w = Wr::new(&mut buf[..size]);
-        for (i, e) in entries.iter().enumerate().skip(r.offset as usize) {
+        for (cookie, e) in &entries {
             if abi::dirent_len(abi::DIRENTPLUS_LEN, e.name.len()) > w.room() {
                 break;
             }
@@ -1136,13 +1261,13 @@ impl FuseFs {
                 self.fs.lookup_ino(e.ino)
             };
             let Ok(attr) = attr else {
-                // Removed since opendir: leave it out.
+                // Removed since it was listed: leave it out.
                 continue;
             };
             let ttl = self.attr_ttl(&attr);
             abi::encode_entry(&mut w, GENERATION, TTL, ttl, &fattr_of(&attr));
             let typ = type_bits(e.kind) >> 12;
-            abi::encode_dirent(&mut w, e.ino.0, i as u64 + 1, typ, e.name.as_bytes());
+            abi::encode_dirent(&mut w, e.ino.0, *cookie, typ, e.name.as_bytes());
         }
         w.written().ok_or(libc::EIO)
     }
@@ -1267,6 +1392,57 @@ pub fn mount_read_only(path: &Path) -> Option<bool> {
     let super_opts = tail.split(' ').nth(2)?;
     let ro = |opts: &str| opts.split(',').any(|o| o == "ro");
     Some(ro(mount_opts) || ro(super_opts))
+}
+
+/// Makes the topmost mount at `path` read-write (its superblock and the
+/// mount itself, with `mount(2)` `MS_REMOUNT`), keeping its other flags as
+/// /proc/self/mountinfo shows them: a promoted standby's mount.
+pub fn remount_read_write(path: &Path) -> std::io::Result<()> {
+    let line = mountinfo_line(path)
+        .ok_or_else(|| std::io::Error::other(format!("{} is not a mount point", path.display())))?;
+    let field = |n: usize| line.split(' ').nth(n).unwrap_or("").to_string();
+    let super_opts = line
+        .split_once(" - ")
+        .and_then(|(_, t)| t.split(' ').nth(2))
+        .unwrap_or("")
+        .to_string();
+    let mut flags = libc::MS_REMOUNT;
+    let mut atime = false;
+    for o in field(5).split(',').chain(super_opts.split(',')) {
+        flags |= match o {
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "nodiratime" => libc::MS_NODIRATIME,
+            "relatime" => libc::MS_RELATIME,
+            "sync" => libc::MS_SYNCHRONOUS,
+            "dirsync" => libc::MS_DIRSYNC,
+            "lazytime" => libc::MS_LAZYTIME,
+            _ => 0,
+        };
+        atime |= o == "noatime" || o == "relatime";
+    }
+    if !atime {
+        flags |= libc::MS_STRICTATIME;
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: mount(2) with a NUL-terminated path we own; no source, type
+    // or data (FUSE takes none on a remount).
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The /proc/self/mountinfo line of the topmost mount at `path`.

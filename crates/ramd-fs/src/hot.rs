@@ -56,6 +56,19 @@ const MOUNT_ATTR_RELATIME: libc::c_uint = 0;
 const MOUNT_ATTR_NOATIME: libc::c_uint = 0x10;
 const MOUNT_ATTR_STRICTATIME: libc::c_uint = 0x20;
 
+/// The result `r` of a call on a name of the tier: `None` if the name
+/// does not exist (a file never opened has no backing file yet).
+fn unless_missing(r: libc::c_int) -> io::Result<Option<()>> {
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(()))
+}
+
 fn cstring(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
@@ -148,11 +161,23 @@ impl HotTier {
         self.open_c(&cstring(name)?, create)
     }
 
-    fn open_c(&self, name: &CString, create: bool) -> io::Result<Option<File>> {
-        let mut flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_LARGEFILE | libc::O_NOFOLLOW;
-        if create {
-            flags |= libc::O_CREAT;
+    /// A new backing file for `ino`, which has none (a CREATE's): EEXIST
+    /// if it has one after all. One openat where `open` would need two.
+    pub fn create_new(&self, ino: Ino) -> io::Result<File> {
+        let flags = libc::O_CREAT | libc::O_EXCL;
+        match self.open_flags(&Self::name(ino), flags)? {
+            Some(f) => Ok(f),
+            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         }
+    }
+
+    fn open_c(&self, name: &CString, create: bool) -> io::Result<Option<File>> {
+        self.open_flags(name, if create { libc::O_CREAT } else { 0 })
+    }
+
+    fn open_flags(&self, name: &CString, extra: i32) -> io::Result<Option<File>> {
+        let create = extra & libc::O_CREAT != 0;
+        let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_LARGEFILE | libc::O_NOFOLLOW | extra;
         // SAFETY: openat takes a NUL-terminated name we own; it returns a
         // new fd or -1.
         let fd = unsafe { libc::openat(self.mnt.as_raw_fd(), name.as_ptr(), flags, 0o600) };
@@ -186,6 +211,24 @@ impl HotTier {
         }
     }
 
+    /// Sets the backing file's atime and mtime (`UTIME_OMIT`/`UTIME_NOW`
+    /// as utimensat(2) takes them) by name, without opening it: `false`
+    /// if it does not exist yet.
+    pub fn set_times(&self, ino: Ino, ts: &[libc::timespec; 2]) -> io::Result<bool> {
+        let name = Self::name(ino);
+        // SAFETY: utimensat reads a NUL-terminated name we own and two
+        // timespecs from `ts`.
+        let r = unsafe {
+            libc::utimensat(
+                self.mnt.as_raw_fd(),
+                name.as_ptr(),
+                ts.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        Ok(unless_missing(r)?.is_some())
+    }
+
     /// The backing file's stat; `None` if it does not exist yet (an empty
     /// file, never opened).
     pub fn stat(&self, ino: Ino) -> io::Result<Option<libc::stat>> {
@@ -202,14 +245,7 @@ impl HotTier {
                 libc::AT_SYMLINK_NOFOLLOW,
             )
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(st))
+        Ok(unless_missing(r)?.map(|()| st))
     }
 
     /// Frees `ino`'s data: the name goes, the tmpfs frees the pages once

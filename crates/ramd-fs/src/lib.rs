@@ -13,10 +13,10 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use fs::{join_time, split_time, Atime, AtimeMode, Fh, Fs, FsConfig, FsStats, Ino};
+pub use fs::{join_time, split_time, Atime, AtimeMode, Fs, FsConfig, FsStats, Ino};
 pub use fuse::{
-    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at, FuseFs,
-    FuseOptions, SyncFn,
+    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at,
+    remount_read_write, FuseFs, FuseOptions, SyncFn,
 };
 pub use ll::dev::Session;
 

@@ -154,8 +154,7 @@ fn rename_rules() {
     f.rename(ME, ROOT_INO, n("b"), a.ino, n("b"), 0).unwrap();
     assert_eq!(f.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(f.getattr(a.ino).unwrap().nlink, 3);
-    let fh = f.opendir(b.ino).unwrap();
-    assert_eq!(f.dir_entries(b.ino, fh, 0).unwrap()[1].ino, a.ino);
+    assert_eq!(f.list_dir(b.ino).unwrap()[1].ino, a.ino);
     // EXCHANGE swaps a file and a directory across parents.
     f.rename(ME, a.ino, n("f"), ROOT_INO, n("g"), 0).unwrap();
     assert_eq!(f.lookup(ROOT_INO, n("g")).unwrap().ino, file.ino);
@@ -398,8 +397,7 @@ fn readlink_and_readdir_follow_relatime() {
         },
     )
     .unwrap();
-    let fh = f.opendir(d.ino).unwrap();
-    f.dir_entries(d.ino, fh, 0).unwrap();
+    f.list_dir(d.ino).unwrap();
     assert!(
         f.getattr(d.ino).unwrap().atime > past,
         "listing moves a stale atime"
@@ -425,9 +423,7 @@ fn strictatime_noatime_and_nodiratime_change_with_set_atime() {
     };
     let atime = |ino| f.getattr(ino).unwrap().atime;
     let list = |ino| {
-        let fh = f.opendir(ino).unwrap();
-        f.dir_entries(ino, fh, 0).unwrap();
-        f.releasedir(fh);
+        f.list_dir(ino).unwrap();
     };
     let mut buf = [0u8; 8];
     // relatime (the default): a fresh atime stays, and open keeps the cache.
@@ -705,8 +701,11 @@ fn walk(f: &Fs) -> Vec<Seen> {
         };
         match attr.kind {
             Kind::Dir => {
-                let fh = f.opendir(ino).unwrap();
-                for e in f.dir_entries(ino, fh, 0).unwrap().iter() {
+                // By name: a listing goes in the order names were added,
+                // which a load does not keep.
+                let mut list = f.list_dir(ino).unwrap();
+                list.sort_by(|a, b| a.name.cmp(&b.name));
+                for e in list.iter() {
                     seen.entries.push((e.name.clone(), e.ino));
                     assert_eq!(e.kind, f.getattr(e.ino).unwrap().kind);
                     if e.name != "." && e.name != ".." {
@@ -716,7 +715,6 @@ fn walk(f: &Fs) -> Vec<Seen> {
                         todo.push((e.ino, p));
                     }
                 }
-                f.releasedir(fh);
             }
             Kind::Symlink => seen.target = Some(f.readlink(ino).unwrap()),
             Kind::File => {
@@ -1007,9 +1005,7 @@ fn save_and_load_keep_everything_and_its_cost() {
 
 /// Unlinks everything below `dir` (inodes with no lookups go at once).
 fn remove_all(f: &Fs, dir: Ino) {
-    let fh = f.opendir(dir).unwrap();
-    let entries = f.dir_entries(dir, fh, 0).unwrap();
-    f.releasedir(fh);
+    let entries = f.list_dir(dir).unwrap();
     for e in entries.iter().skip(2) {
         if e.kind == Kind::Dir {
             remove_all(f, e.ino);
@@ -1454,12 +1450,7 @@ fn tmpfile_is_unnamed_until_linked_and_freed_if_closed_unlinked() {
     let d = f.mkdir(ME, ROOT_INO, n("d"), 0o2775).unwrap();
     let t = f.tmpfile(ME, d.ino, REG | 0o666).unwrap();
     assert_eq!((t.nlink, t.perm, t.gid), (0, 0o666, d.gid));
-    assert!(
-        f.dir_entries(d.ino, f.opendir(d.ino).unwrap(), 0)
-            .unwrap()
-            .len()
-            == 2
-    );
+    assert!(f.list_dir(d.ino).unwrap().len() == 2);
     f.write(&f.change(), t.ino, 0, b"kept", true, ME, false)
         .unwrap();
     let linked = f.link(t.ino, d.ino, n("named")).unwrap();
@@ -1570,4 +1561,92 @@ fn under_the_write_back_cache_write_backs_leave_times_to_the_kernel() {
     f.set_kernel_times(false);
     f.write(&f.change(), a, 0, b"x", false, ME, false).unwrap();
     assert!(f.getattr(a).unwrap().mtime > then);
+}
+
+/// A standby's apply (`fs/follow.rs`): the tree becomes the writer's new
+/// one whole, what the kernel holds of a kept inode carries over, a
+/// removed inode goes at once (even open), the tree's memory is what a load
+/// of the new tree charges, and the kernel is told exactly the names and
+/// inodes that changed.
+#[test]
+fn a_standby_installs_each_tree_and_says_what_changed() {
+    use ramd_store::persist::FollowTree;
+    use std::collections::HashSet;
+    let a = new_store(DISK);
+    let w = Fs::new(a.clone(), cfg(1000)).unwrap();
+    let d = w.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let x = w.create(ME, ROOT_INO, n("x"), REG).unwrap().ino;
+    w.write(&w.change(), x, 0, &pattern(10_000, 1), true, ME, false)
+        .unwrap();
+    let y = w.create(ME, ROOT_INO, n("y"), REG).unwrap().ino;
+    let l = w.symlink(ME, ROOT_INO, n("l"), n("x")).unwrap().ino;
+    let same = w.create(ME, d, n("same"), REG).unwrap().ino;
+    for ino in [x, y, same] {
+        w.release(ino);
+    }
+    let b = new_store(DISK);
+    copy_store(&a, &b);
+    let s = Arc::new(Fs::load(b.clone(), cfg(1000), &w.save_meta()).unwrap());
+    let told: Arc<parking_lot::Mutex<Vec<Inval>>> = Default::default();
+    let t = told.clone();
+    s.on_tree_change(Box::new(move |v| t.lock().extend_from_slice(v)));
+    // The kernel looks x and l up and opens x, on the standby.
+    s.lookup(ROOT_INO, n("x")).unwrap();
+    s.lookup(ROOT_INO, n("l")).unwrap();
+    s.open(x, libc::O_RDONLY).unwrap();
+
+    // The writer rewrites x, moves y into d, removes l, creates z.
+    w.write(&w.change(), x, 0, &pattern(20_000, 2), true, ME, false)
+        .unwrap();
+    w.rename(ME, ROOT_INO, n("y"), d, n("y2"), 0).unwrap();
+    w.unlink(ROOT_INO, n("l")).unwrap();
+    let z = w.create(ME, ROOT_INO, n("z"), REG).unwrap().ino;
+    w.release(z);
+    copy_store(&a, &b);
+    let tree = StandbyTree(s.clone());
+    let prepared = tree.prepare(&w.save_meta()).unwrap();
+    let chunks: HashSet<u64> = [(x_slot(&s, x) << FILE_SHIFT) / CHUNK_BYTES].into();
+    let y_before = s.getattr(y).unwrap();
+    tree.install(Some(prepared), Some(&chunks)).unwrap();
+    assert!(told.lock().is_empty(), "told before the announcement");
+    tree.announce();
+
+    assert_eq!(walk(&s), walk(&w));
+    let mut got = std::mem::take(&mut *told.lock());
+    got.sort_by_key(|i| format!("{i:?}"));
+    let mut want = vec![
+        Inval::Entry(ROOT_INO, "y".into()),
+        Inval::Entry(ROOT_INO, "l".into()),
+        Inval::Entry(ROOT_INO, "z".into()),
+        Inval::Entry(d, "y2".into()),
+        Inval::Inode(ROOT_INO),
+        Inval::Inode(d),
+        Inval::Inode(x),
+        Inval::Inode(l),
+    ];
+    // A rename changes the moved inode's ctime on tmpfs; if ramd's does,
+    // it is named too.
+    if s.getattr(y).unwrap() != y_before {
+        want.push(Inval::Inode(y));
+    }
+    want.sort_by_key(|i| format!("{i:?}"));
+    assert_eq!(got, want, "`same` and nothing else unchanged is named");
+    assert_eq!(s.getattr(l), Err(Errno::ENOENT), "the removed link");
+    // x's lookup and open carried over: its release and forget find them.
+    let mut buf = vec![0; 20_000];
+    assert_eq!(s.read(x, 0, &mut buf).unwrap(), 20_000);
+    assert_eq!(buf, pattern(20_000, 2));
+    s.release(x);
+    s.forget(x, 1);
+    assert_eq!(s.getattr(x).unwrap().size, 20_000, "linked: kept");
+    // The tree's memory is what loading it charges.
+    let c = new_store(DISK);
+    copy_store(&a, &c);
+    let _loaded = Fs::load(c.clone(), cfg(1000), &w.save_meta()).unwrap();
+    assert_eq!(b.stats().metadata_bytes, c.stats().metadata_bytes);
+    assert_eq!(b.stats().memory_used, c.stats().memory_used);
+}
+
+fn x_slot(f: &Fs, ino: Ino) -> u64 {
+    f.data_offset(ino).unwrap() >> FILE_SHIFT
 }

@@ -157,6 +157,7 @@ impl Errno {
     pub const EOPNOTSUPP: Errno = Errno::known(libc::EOPNOTSUPP);
     pub const EOVERFLOW: Errno = Errno::known(libc::EOVERFLOW);
     pub const EPERM: Errno = Errno::known(libc::EPERM);
+    pub const EROFS: Errno = Errno::known(libc::EROFS);
     pub const ERANGE: Errno = Errno::known(libc::ERANGE);
     pub const ESHUTDOWN: Errno = Errno::known(libc::ESHUTDOWN);
     pub const EXDEV: Errno = Errno::known(libc::EXDEV);

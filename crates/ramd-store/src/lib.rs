@@ -29,8 +29,8 @@ pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,
-    Extent, ExtentKind, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE,
-    PAGE_META_BYTES,
+    Extent, ExtentKind, StandbyHold, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES,
+    MAX_SIZE, PAGE_META_BYTES,
 };
 
 /// `bytes` for people: `4K`, `1.5M`, `1G` (powers of 1024).

@@ -159,12 +159,9 @@ fn walk_dir(
     let xattrs = xattrs_of(fs, ino, &path)?;
     let node = Node { path: &path, attr };
     sink.put(fs, &node, Item::Dir, &xattrs)?;
-    let fh = fs
-        .opendir(ino)
-        .map_err(|e| fs_err(format!("{}: opendir", shown(&path)), e))?;
-    let entries = fs.dir_entries(ino, fh, 0);
-    fs.releasedir(fh);
-    let entries = entries.map_err(|e| fs_err(format!("{}: readdir", shown(&path)), e))?;
+    let entries = fs
+        .list_dir(ino)
+        .map_err(|e| fs_err(format!("{}: readdir", shown(&path)), e))?;
     for e in entries.iter().filter(|e| e.name != "." && e.name != "..") {
         let child = path.join(&e.name);
         if e.kind == Kind::Dir {

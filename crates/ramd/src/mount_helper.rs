@@ -212,7 +212,13 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
             .join(&*img);
     }
     let dir = req.disk.mount.clone().expect("parse sets the mount point");
-    let flags = VfsFlags::of(&req);
+    let mut flags = VfsFlags::of(&req);
+    // A standby's mount is read-only until its promotion (a remount's
+    // `standby` may be a promoted disk's: the daemon refuses `rw` on a
+    // standby itself).
+    if req.disk.standby {
+        flags.0 |= libc::MS_RDONLY;
+    }
     let source = req.disk.mount_flags().source;
     // The checks that need no daemon, before anything starts.
     let dir = check_mount_point(&dir)?;

@@ -32,7 +32,12 @@ fn sh_env(script: &str, args: &[&str], env: (&str, &str)) -> Output {
 /// Runs `script` (arg 1: a fresh directory) on a kernel tmpfs and on
 /// `disk`; asserts the outputs are identical and returns ramd's.
 fn same_as_tmpfs(disk: &FsDisk, what: &str, script: &str) -> String {
-    let tmpfs = KernelTmpfs::mount("size=64M");
+    same_as_tmpfs_mounted(disk, "size=64M", what, script)
+}
+
+/// [`same_as_tmpfs`] on a tmpfs mounted with `options`.
+fn same_as_tmpfs_mounted(disk: &FsDisk, options: &str, what: &str, script: &str) -> String {
+    let tmpfs = KernelTmpfs::mount(options);
     let mut outs = Vec::new();
     for root in [tmpfs.path(), disk.path()] {
         let d = root.join(what);
@@ -1080,4 +1085,109 @@ fn chattr_moves_ctime_as_on_tmpfs() {
             fs::remove_dir_all(disk.join("chattrctime")).unwrap();
         }
     }
+}
+
+/// A directory listed while names come and go (python's os.scandir, which
+/// reads with getdents64 as ls and find do): 3000 names, several READDIRPLUS
+/// replies; after the first 100 entries, 500 names go (some listed, some
+/// not) and 300 new come; after 1000 more, a further 300 come. Every name
+/// that was there throughout must be listed exactly once and no name twice,
+/// as POSIX asks; which of the names that came or went show up may differ,
+/// so only those rules are compared with tmpfs. Then `ls | wc -l`, `find`
+/// and `rm -r` of the directory.
+const LISTING_PY: &str = r#"
+import os, sys
+d = os.path.join(sys.argv[1], "many")
+os.mkdir(d)
+names = ["f%05d" % i for i in range(3000)]
+for n in names:
+    open(os.path.join(d, n), "w").close()
+gone = set(names[::6])
+came = set()
+seen = []
+it = os.scandir(d)
+for i, e in enumerate(it):
+    seen.append(e.name)
+    if i == 100:
+        for n in gone:
+            os.unlink(os.path.join(d, n))
+        for j in range(300):
+            came.add("new%04d" % j)
+            open(os.path.join(d, "new%04d" % j), "w").close()
+    if i == 1100:
+        for j in range(300, 600):
+            came.add("new%04d" % j)
+            open(os.path.join(d, "new%04d" % j), "w").close()
+it.close()
+kept = set(names) - gone
+counts = {}
+for n in seen:
+    counts[n] = counts.get(n, 0) + 1
+print("twice", sorted(n for n, c in counts.items() if c > 1))
+print("kept missing", sorted(kept - set(seen)))
+print("unknown", sorted(set(seen) - set(names) - came))
+now = sorted(os.listdir(d))
+print("listed after", len(now), now == sorted(kept | came))
+"#;
+
+#[test]
+fn a_listing_returns_every_name_that_stays_exactly_once_as_on_tmpfs() {
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let script = format!(
+        "{} -c '{}' \"$1\" && ls \"$1/many\" | wc -l && find \"$1/many\" | wc -l && rm -r \"$1/many\" && ls -A \"$1\" | wc -l",
+        python().display(),
+        LISTING_PY.replace('\'', "'\\''")
+    );
+    let out = same_as_tmpfs(&disk, "listing", &script);
+    assert_eq!(
+        out,
+        "twice []\nkept missing []\nunknown []\nlisted after 3100 True\n3100\n3101\n0\n"
+    );
+}
+
+/// A directory's atime as listings move it, under relatime and under
+/// strictatime: listed twice unchanged; listed after its atime was set
+/// back; listed after chmod, after setfattr and after chattr moved its
+/// ctime (each a moment after the listing before: the clock must have
+/// moved on, and a coarse tick is at most 10 ms). The kernel keeps
+/// listings itself once OPENDIR is answered ENOSYS; ramd must drop a
+/// kept listing whenever the next one should move atime.
+const DIR_ATIME_SCRIPT: &str = r#"
+set -e
+cd "$1"
+mkdir d
+touch d/f
+at() { stat -c %x d; }
+step() {
+  before=$(at)
+  sleep 0.02
+  "$@"
+  ls d >/dev/null
+  if [ "$(at)" = "$before" ]; then echo "$1 kept"; else echo "$1 moved"; fi
+}
+ls d >/dev/null
+step true
+step touch -a -d '2001-01-01 00:00:00' d
+step chmod 700 d
+step setfattr -n user.x -v 1 d
+step chattr +d d
+"#;
+
+#[test]
+fn listings_move_a_directorys_atime_as_on_tmpfs() {
+    require_tool("setfattr");
+    require_tool("chattr");
+    let disk = FsDisk::mount(&["--size", "64M"]);
+    let out = same_as_tmpfs(&disk, "diratime", DIR_ATIME_SCRIPT);
+    assert_eq!(
+        out, "true kept\ntouch moved\nchmod moved\nsetfattr moved\nchattr moved\n",
+        "relatime"
+    );
+    disk.stop();
+    let disk = FsDisk::mount(&["--size", "64M", "--strictatime"]);
+    let out = same_as_tmpfs_mounted(&disk, "size=64M,strictatime", "diratime", DIR_ATIME_SCRIPT);
+    assert_eq!(
+        out, "true moved\ntouch moved\nchmod moved\nsetfattr moved\nchattr moved\n",
+        "strictatime"
+    );
 }

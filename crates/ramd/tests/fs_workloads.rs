@@ -366,15 +366,20 @@ fn tree_listing(dir: &Path) -> String {
 }
 
 /// Every xattr of every entry, all namespaces (`getfattr -d -m -`).
+/// Every file's xattrs under `dir`, by file name: `getfattr -R` goes in
+/// the order a directory lists, which is the order its names were made.
 fn xattr_dump(dir: &Path) -> String {
     require_tool("getfattr");
-    run(
+    let out = run(
         Command::new("getfattr")
             .args(["-R", "-h", "-d", "-m", "-", "-e", "hex", "."])
             .current_dir(dir),
         CMD_TIMEOUT,
     )
-    .ok()
+    .ok();
+    let mut files: Vec<&str> = out.split("\n\n").filter(|b| !b.is_empty()).collect();
+    files.sort();
+    files.join("\n\n")
 }
 
 #[test]

@@ -1710,6 +1710,317 @@ fn manifest_commit_that_timed_out_but_was_applied() {
     );
 }
 
+/// A 64 MiB disk of random data saved to `img` (straight to the server):
+/// the data's file, and the name and size of the one segment object.
+fn saved_random_image(
+    w: &Weed,
+    prefix: &str,
+    env: &[(String, String)],
+    tmp: &Path,
+) -> (PathBuf, String, u64) {
+    let run = tmp.join(format!("{prefix}-writer"));
+    let data = tmp.join(format!("{prefix}-data"));
+    random_file(&data, 64 * MIB);
+    let d = serve(&run, &["--size", "64M", "--image", &url(prefix)], env);
+    qemu_io(d.uri(), &[format!("write -s {} 0 64M", data.display())]);
+    let full = snapshot(&run, d.name(), env);
+    assert_eq!(full["full"], true, "{full}");
+    drop(d);
+    let segs: Vec<(String, u64)> = w
+        .objects(prefix)
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("seg-"))
+        .collect();
+    assert_eq!(segs.len(), 1, "one full save, one segment: {segs:?}");
+    assert!(segs[0].1 > 64 * MIB, "random data stored smaller: {segs:?}");
+    (data, segs[0].0.clone(), segs[0].1)
+}
+
+/// `ramd serve --image IMG` started on a thread (it returns once loaded,
+/// or once it failed): its exit and stderr if it failed.
+fn serve_in_background(
+    run: &Path,
+    img: &str,
+    env: &[(String, String)],
+) -> std::thread::JoinHandle<Result<(), (String, String)>> {
+    let (run, img, env) = (run.to_path_buf(), img.to_string(), env.to_vec());
+    std::thread::spawn(move || try_serve(&run, &["--image", &img], &env).map(drop))
+}
+
+/// A segment of several ranged GETs (64 MiB; a range is 16 MiB) loads as
+/// ranges, fetched several at once and parsed in order: the disk served,
+/// `ramd image export` and `ramd image restore` (to a directory) give the
+/// source's bytes exactly. A proxy in between counts the ranges.
+#[test]
+fn large_segment_loads_as_ranges() {
+    let w = Weed::start();
+    let tmp = scratch();
+    let (data, seg, len) = saved_random_image(&w, "ranges", &w.env(), tmp.path());
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&w.env(), &proxy);
+    let run = tmp.path().join("run");
+    let img = url("ranges");
+    let want = sha256(&data);
+
+    let d = serve(&run, &["--image", &img], &env);
+    let out = tmp.path().join("loaded");
+    export(d.uri(), &out);
+    assert_eq!(sha256(&out), want, "the loaded disk differs from the data");
+    drop(d);
+    let mut starts = proxy.ranged_gets(&format!("/ranges/{seg}"));
+    starts.sort_unstable();
+    starts.dedup();
+    assert!(
+        starts.len() >= 4 && starts[0] == 0 && *starts.last().unwrap() < len,
+        "a {len}-byte segment was not read as ranges: GETs from {starts:?}"
+    );
+
+    let raw = tmp.path().join("exported.raw");
+    ramd(
+        &run,
+        &["image", "export", &img, "--to", raw.to_str().unwrap()],
+        &env,
+    )
+    .ok();
+    assert_eq!(sha256(&raw), want, "the exported image differs");
+    let restored = tmp.path().join("restored");
+    let out = ramd(
+        &run,
+        &[
+            "image",
+            "restore",
+            &img,
+            "--at",
+            "1",
+            "--to",
+            restored.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    assert!(out.contains("restored save 1 "), "{out}");
+    let raw = tmp.path().join("restored.raw");
+    ramd(
+        &run,
+        &[
+            "image",
+            "export",
+            restored.to_str().unwrap(),
+            "--to",
+            raw.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    assert_eq!(sha256(&raw), want, "the restored image differs");
+}
+
+/// A segment rewritten while a load reads it (between its first range and
+/// the next: the proxy holds the later ranges meanwhile) fails the load,
+/// naming the object and the bytes, rather than loading a mix of the two.
+#[test]
+fn segment_rewritten_during_a_load_is_refused() {
+    let w = Weed::start();
+    let tmp = scratch();
+    let (_, seg, len) = saved_random_image(&w, "rewritten", &w.env(), tmp.path());
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&w.env(), &proxy);
+    let img = url("rewritten");
+
+    proxy.hold_ranges();
+    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
+    wait_until(
+        Duration::from_secs(60),
+        "the load to ask for a range past the segment's first",
+        || proxy.held() > 0,
+    );
+    // The same length, one byte of the last page's record changed: were
+    // the two versions mixed, the parser alone would see a bad checksum.
+    let key = Key::from(format!("rewritten/{seg}"));
+    let client = w.client();
+    let mut bytes = block_on(async { client.get(&key).await?.bytes().await })
+        .unwrap()
+        .to_vec();
+    assert_eq!(bytes.len() as u64, len);
+    let at = bytes.len() - 2000;
+    bytes[at] ^= 0xff;
+    block_on(client.put(&key, bytes.into())).unwrap();
+    proxy.release();
+
+    let Err((status, stderr)) = loading.join().unwrap() else {
+        panic!("a load of a segment rewritten half way succeeded");
+    };
+    assert!(status.starts_with("exited"), "{status}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{img}/{seg}: bytes "))
+            && stderr.contains("changed while it was being read"),
+        "the refusal does not name the object, its bytes and why:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("checksum"),
+        "the parser saw mixed data:\n{stderr}"
+    );
+
+    // Emptied: there is no first range to ask for; the load says how
+    // short the object is.
+    block_on(client.put(&key, Vec::new().into())).unwrap();
+    let Err((_, stderr)) = try_serve(&tmp.path().join("run2"), &["--image", &img], &w.env()) else {
+        panic!("a load of an emptied segment succeeded");
+    };
+    assert!(
+        stderr.contains(&format!("{img}/{seg}"))
+            && stderr.contains(&format!("file is 0 bytes, the MANIFEST says {len}")),
+        "the refusal does not say the object is empty:\n{stderr}"
+    );
+}
+
+/// The server stopped (SIGSTOP) while a load has read a segment's first
+/// range and not the rest: the load fails once the client gives up
+/// (retries included), naming the object and the bytes it lacked, and no
+/// disk is served. The image is untouched: once the server runs again it
+/// loads whole.
+#[test]
+fn server_stopped_during_a_load() {
+    let w = Weed::start();
+    let tmp = scratch();
+    // Saved with the default timeout: a busy host may take seconds.
+    let (data, seg, _) = saved_random_image(&w, "stopped-load", &w.env(), tmp.path());
+    let mut direct = w.env();
+    // The loader's requests give up within seconds; its lease (it cannot
+    // release it while the server is stopped) expires soon.
+    direct.push(("RAMD_S3_TIMEOUT".into(), "5".into()));
+    direct.push(("RAMD_LEASE_SECS".into(), "10".into()));
+    let proxy = LossyProxy::start(w.s3_port);
+    let env = via(&direct, &proxy);
+    let img = url("stopped-load");
+
+    proxy.hold_ranges();
+    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
+    wait_until(
+        Duration::from_secs(60),
+        "the load to ask for a range past the segment's first",
+        || proxy.held() > 0,
+    );
+    w.signal(libc::SIGSTOP);
+    proxy.release();
+    let result = loading.join().unwrap();
+    w.signal(libc::SIGCONT);
+    let Err((status, stderr)) = result else {
+        panic!("a load from a stopped server succeeded");
+    };
+    assert!(status.starts_with("exited"), "{status}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("loading image {img}"))
+            && stderr.contains(&format!("{img}/{seg}: bytes "))
+            && stderr.contains("did not answer"),
+        "the failure does not name the object, its bytes and why:\n{stderr}"
+    );
+
+    let d = serve_once_expired(&tmp.path().join("again"), &img, &direct);
+    let out = tmp.path().join("loaded");
+    export(d.uri(), &out);
+    assert_eq!(sha256(&out), sha256(&data), "the image loads otherwise");
+}
+
+/// `--replicate` with `--keep-saves`: the chains the local image keeps
+/// across full saves are kept in the replica too (their MANIFEST-N and
+/// segments), so `ramd image ls` of the URL lists what the directory's
+/// does and, with the directory gone, `ramd image restore URL --at SEQ`
+/// of a save of a replaced chain gives that save's data exactly.
+#[test]
+fn replica_keeps_the_chains_the_local_image_keeps() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let local = tmp.path().join("local");
+    let img = url("kept-replica");
+    let args = [
+        "--size",
+        "16M",
+        "--image",
+        local.to_str().unwrap(),
+        "--replicate",
+        &img,
+        "--keep-saves",
+        "1h",
+    ];
+    let d = serve(&run, &args, &env);
+    let mut model = vec![0u8; (16 * MIB) as usize];
+    // (seq, the disk as that save holds it)
+    let mut saves: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (i, full) in [false, false, true, false].into_iter().enumerate() {
+        write_random(d.uri(), tmp.path(), &mut model, i as u64 * 3 * MIB, MIB);
+        let mut a = vec!["snapshot", d.name(), "--json"];
+        if full {
+            a.push("--full");
+        }
+        let s: Value = serde_json::from_str(&ramd(&run, &a, &env).ok()).unwrap();
+        assert_eq!(s["full"], full || i == 0, "{s}");
+        saves.push((field(&s, "seq"), model.clone()));
+    }
+    // The local image keeps the first chain (saves 1 and 2) as MANIFEST-N;
+    // the replica lists the same saves once it is caught up.
+    let chain = wait_replicated(&run, &local, &img, &env);
+    let seqs: Vec<u64> = chain
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| field(s, "seq"))
+        .collect();
+    assert_eq!(
+        seqs,
+        saves.iter().map(|s| s.0).collect::<Vec<_>>(),
+        "{chain}"
+    );
+    let kept = format!("MANIFEST-{:08}", saves[0].0);
+    assert_eq!(
+        fs::read_to_string(local.join(&kept)).unwrap(),
+        w.read(&format!("kept-replica/{kept}")),
+        "the replica's kept MANIFEST is not the local one"
+    );
+    drop(d);
+
+    // The host lost its directory: the older chain's saves come back
+    // from the replica alone.
+    fs::remove_dir_all(&local).unwrap();
+    for (seq, want) in &saves[..2] {
+        let to = tmp.path().join(format!("restored-{seq}"));
+        let seq = seq.to_string();
+        let out = ramd(
+            &run,
+            &[
+                "image",
+                "restore",
+                &img,
+                "--at",
+                &seq,
+                "--to",
+                to.to_str().unwrap(),
+            ],
+            &env,
+        )
+        .ok();
+        assert!(out.contains(&format!("restored save {seq} ")), "{out}");
+        let raw = tmp.path().join(format!("restored-{seq}.raw"));
+        ramd(
+            &run,
+            &[
+                "image",
+                "export",
+                to.to_str().unwrap(),
+                "--to",
+                raw.to_str().unwrap(),
+            ],
+            &env,
+        )
+        .ok();
+        if fs::read(&raw).unwrap() != *want {
+            panic!("save {seq}, restored from the replica, is not the disk as it was saved");
+        }
+    }
+}
+
 /// `ramd image restore` of an image in object storage: every save of
 /// three chains (two kept by --keep-saves across full saves), a time
 /// between two, a prune by retention, bad input (restore_common.rs); the
@@ -2047,8 +2358,10 @@ fn standby_refusals() {
             &url("x"),
             "--mount",
             tmp.path().to_str().unwrap(),
+            "--data-path",
+            "kernel",
         ],
-        "a filesystem disk cannot be a standby",
+        "--standby with --data-path kernel",
     );
     refused(
         &["--standby", "--image", &url("x"), "--replicate", &url("y")],
@@ -2363,4 +2676,367 @@ fn failover_under_fio_once_the_lease_expires() {
 #[test]
 fn failover_under_fio_with_force() {
     failover_under_fio(true, "10m");
+}
+
+/// One node of a mounted tree as a client sees it: its path, type,
+/// permissions, size, mtime and content (a file's bytes, a link's target).
+#[derive(Debug, PartialEq)]
+struct Node {
+    path: String,
+    kind: &'static str,
+    mode: u32,
+    size: u64,
+    mtime: (i64, i64),
+    content: Vec<u8>,
+}
+
+/// Every node under `root`, sorted by path.
+fn tree_of(root: &Path) -> Vec<Node> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir:?}: {e}")) {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            let (kind, content) = if m.is_dir() {
+                todo.push(p.clone());
+                ("dir", Vec::new())
+            } else if m.file_type().is_symlink() {
+                let t = fs::read_link(&p).unwrap();
+                ("symlink", t.as_os_str().as_bytes().to_vec())
+            } else {
+                (
+                    "file",
+                    fs::read(&p).unwrap_or_else(|e| panic!("{p:?}: {e}")),
+                )
+            };
+            out.push(Node {
+                path: p.strip_prefix(root).unwrap().display().to_string(),
+                kind,
+                mode: m.mode(),
+                size: m.size(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                content,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// What the writer's kernel still caches (write-back data, times) goes to
+/// ramd, so that the next save holds what a client of the writer sees.
+fn sync_mount(dir: &Path) {
+    let f = fs::File::open(dir).unwrap();
+    // SAFETY: syncfs(2) on an fd we hold.
+    let r = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    assert_eq!(r, 0, "syncfs {dir:?}: {}", std::io::Error::last_os_error());
+}
+
+/// Saves the writer's tree (after a syncfs) and waits until the standby
+/// applied that save; runs `check` (before anything lists a directory,
+/// which would refresh what the kernel caches); then both mounts show the
+/// same tree.
+fn save_and_follow(
+    writer: &FsDisk,
+    standby: &FsDisk,
+    env: &[(String, String)],
+    full: bool,
+    check: impl FnOnce(),
+) {
+    sync_mount(writer.path());
+    let mut args = vec!["snapshot", writer.name(), "--json"];
+    if full {
+        args.push("--full");
+    }
+    let out = ramd(writer.run_dir(), &args, env).ok();
+    let s: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["full"], full, "{s}");
+    let seq = field(&s, "seq");
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the standby to apply save {seq}"),
+        || {
+            let sb = standby.status()["standby"].clone();
+            sb["applied_seq"] == seq && sb["saves_behind"] == 0 && sb["error"].is_null()
+        },
+    );
+    check();
+    let (a, b) = (tree_of(writer.path()), tree_of(standby.path()));
+    if a != b {
+        let diff: Vec<_> = a
+            .iter()
+            .zip(b.iter())
+            .filter(|(x, y)| x != y)
+            .take(3)
+            .collect();
+        panic!(
+            "after save {seq} the standby's tree differs from the writer's ({} vs {} nodes): \
+             {diff:#?}",
+            a.len(),
+            b.len()
+        );
+    }
+}
+
+/// `mount(2)` `MS_REMOUNT` of `dir`, read-only or not, as mount(8) does
+/// when no helper is installed.
+fn remount(dir: &Path, ro: bool) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let flags = libc::MS_REMOUNT | if ro { libc::MS_RDONLY } else { 0 };
+    // SAFETY: mount(2) with a NUL-terminated path we own, no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "remount {dir:?}: {}", std::io::Error::last_os_error());
+}
+
+fn errno_of(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
+    r.expect_err("succeeded").raw_os_error().unwrap_or(-1)
+}
+
+/// A filesystem standby (`--standby --mount`), its writer on `data_path`:
+/// mounted read-only, it follows the saves of files created, rewritten,
+/// renamed and deleted (the tree, contents, modes, sizes and mtimes equal
+/// the writer's after each), also through file descriptors and names the
+/// kernel cached before the save: an open file reads its new content, a
+/// name looked up as missing appears, and an open file the writer deleted
+/// answers ENOENT. Promoted, its mount turns read-write: with `--force`
+/// while the writer lives (whose next save is then refused), or once the
+/// lease of a killed writer ran out (a new writer is then refused); the
+/// image loads as the promoted disk.
+fn fs_standby_follows_and_is_promoted(data_path: &str, writer_dies: bool) {
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+    let w = Weed::start();
+    let mut env = w.env();
+    env.push(("RAMD_LEASE_SECS".into(), "3".into()));
+    let img = url(&format!("fs-standby-{data_path}"));
+    let writer = FsDisk::mount_with_env(
+        &["--size", "64M", "--image", &img, "--data-path", data_path],
+        &pairs(&env),
+    );
+    fs::create_dir_all(writer.join("a/b")).unwrap();
+    fs::write(writer.join("a/b/keep.txt"), b"first version\n").unwrap();
+    fs::write(writer.join("doomed.txt"), vec![7u8; 100_000]).unwrap();
+    fs::write(writer.join("moving.txt"), b"moves\n").unwrap();
+    random_file(&writer.join("a/big"), 5 * MIB);
+    std::os::unix::fs::symlink("a/b/keep.txt", writer.join("link")).unwrap();
+    sync_mount(writer.path());
+    let first = snapshot(writer.run_dir(), writer.name(), &env);
+    assert_eq!(first["seq"], 1, "{first}");
+
+    let standby = FsDisk::mount_with_env(
+        &["--image", &img, "--standby", "--standby-poll", "200ms"],
+        &pairs(&env),
+    );
+    let st = standby.status();
+    assert_eq!(st["read_only"], true, "{st}");
+    assert_eq!(st["data_path"], "store", "{st}");
+    assert_eq!(
+        st["id"],
+        writer.status()["id"],
+        "the standby is another disk"
+    );
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
+    // Read-only as a read-only mount is, for every kind of change.
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(standby.join("link"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+
+    // The mount helper's remount asks the disk first: rw is refused.
+    let ctl = standby.run_dir().join(format!("{}.ctl", standby.name()));
+    let err = ramd_daemon::control::request(&ctl, "remount rw", Some(CMD_TIMEOUT))
+        .expect_err("a standby remounted rw");
+    assert!(err.to_string().contains("is a standby"), "{err:#}");
+    ramd_daemon::control::request(&ctl, "remount ro", Some(CMD_TIMEOUT)).unwrap();
+    // Made read-write behind ramd's back (mount(2) as mount(8) without
+    // the helper): ramd still refuses every change.
+    remount(standby.path(), false);
+    assert_eq!(errno_of(fs::write(standby.join("new"), b"x")), libc::EROFS);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(standby.join("doomed.txt"))
+        ),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(fs::create_dir(standby.join("nd"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::rename(standby.join("link"), standby.join("l2"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            standby.join("doomed.txt"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        libc::EROFS
+    );
+    remount(standby.path(), true);
+    assert_eq!(tree_of(writer.path()), tree_of(standby.path()));
+
+    // What the kernel caches on the standby before the next save: open
+    // files and their pages, attributes, names and a name's absence.
+    let keep = fs::File::open(standby.join("a/b/keep.txt")).unwrap();
+    let mut buf = [0u8; 64];
+    let n = keep.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"first version\n");
+    let doomed = fs::File::open(standby.join("doomed.txt")).unwrap();
+    assert_eq!(doomed.read_at(&mut buf, 0).unwrap(), 64);
+    assert!(!standby.join("a/fresh.txt").exists());
+    assert!(standby.join("moving.txt").exists());
+    let big_mode = || {
+        fs::metadata(standby.join("a/big"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(big_mode(), 0o644);
+
+    // Rewritten in place, created, renamed, deleted, chmod, a new mtime.
+    fs::write(writer.join("a/b/keep.txt"), b"second version, longer\n").unwrap();
+    fs::write(writer.join("a/fresh.txt"), b"fresh\n").unwrap();
+    fs::hard_link(writer.join("a/fresh.txt"), writer.join("hard.txt")).unwrap();
+    fs::rename(writer.join("moving.txt"), writer.join("a/b/moved.txt")).unwrap();
+    fs::remove_file(writer.join("doomed.txt")).unwrap();
+    fs::set_permissions(writer.join("a/big"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(writer.join("a/big"))
+        .unwrap()
+        .write_all_at(&[0xAB; 8192], MIB)
+        .unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"second version, longer\n",
+            "a file open across the apply reads the new save"
+        );
+        assert_eq!(
+            fs::metadata(standby.join("a/b/keep.txt")).unwrap().len(),
+            23,
+            "the size the kernel cached"
+        );
+        assert_eq!(big_mode(), 0o640, "the mode the kernel cached");
+        assert_eq!(
+            errno_of(doomed.read_at(&mut buf, 0)),
+            libc::ENOENT,
+            "an open file its writer deleted"
+        );
+        assert_eq!(fs::read(standby.join("a/fresh.txt")).unwrap(), b"fresh\n");
+        let (f, h) = (
+            fs::metadata(standby.join("a/fresh.txt")).unwrap(),
+            fs::metadata(standby.join("hard.txt")).unwrap(),
+        );
+        assert!(f.ino() == h.ino() && f.nlink() == 2, "a hard link");
+        assert!(!standby.join("moving.txt").exists());
+        assert!(standby.join("a/b/moved.txt").exists());
+    });
+    drop(doomed);
+
+    // A directory renamed and another removed with its files; then a full
+    // save, which starts a new chain.
+    fs::rename(writer.join("a/b"), writer.join("c")).unwrap();
+    fs::create_dir(writer.join("gone")).unwrap();
+    fs::write(writer.join("gone/x"), b"x").unwrap();
+    save_and_follow(&writer, &standby, &env, false, || {
+        assert!(!standby.join("a/b").exists());
+        assert_eq!(fs::read(standby.join("c/moved.txt")).unwrap(), b"moves\n");
+        assert_eq!(fs::read(standby.join("gone/x")).unwrap(), b"x");
+    });
+    fs::remove_dir_all(writer.join("gone")).unwrap();
+    fs::write(writer.join("c/keep.txt"), b"third\n").unwrap();
+    save_and_follow(&writer, &standby, &env, true, || {
+        let n = keep.read_at(&mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"third\n",
+            "the open file after a renamed directory"
+        );
+        assert!(!standby.join("gone").exists());
+    });
+    drop(keep);
+
+    // Killed, the writer leaves its lease to run out, which promote waits
+    // for; alive, --force takes its lease over. Either way the mount turns
+    // read-write.
+    let mut writer = writer;
+    let out = if writer_dies {
+        writer.kill();
+        promote(standby.run_dir(), standby.name(), &["--wait", "60s"], &env).ok()
+    } else {
+        promote(standby.run_dir(), standby.name(), &["--force"], &env).ok()
+    };
+    assert!(out.contains("promoted"), "{out}");
+    let st = standby.status();
+    assert_eq!(st["read_only"], false, "{st}");
+    assert!(st["standby"].is_null(), "{st}");
+    fs::write(
+        standby.join("c/after.txt"),
+        b"written after the promotion\n",
+    )
+    .unwrap();
+    fs::remove_file(standby.join("a/fresh.txt")).unwrap();
+    sync_mount(standby.path());
+    let saved = snapshot(standby.run_dir(), standby.name(), &env);
+    assert_eq!(saved["full"], false, "{saved}");
+    if writer_dies {
+        // A new writer of the prefix is refused: the promoted disk holds
+        // the lease.
+        let tmp = scratch();
+        let dir = tmp.path().join("mnt");
+        fs::create_dir(&dir).unwrap();
+        let f = FsDisk::mount_at_env(&dir, &["--image", &img], &pairs(&env))
+            .err()
+            .expect("a second writer started");
+        assert!(f.stderr.contains("is in use"), "{}", f.stderr);
+    } else {
+        fs::write(writer.join("late.txt"), b"too late\n").unwrap();
+        let out = ramd(writer.run_dir(), &["snapshot", writer.name()], &env).failed();
+        assert!(
+            out.stderr.contains("another writer committed")
+                || out.stderr.contains("lost the lease"),
+            "{}",
+            out.stderr
+        );
+        // Its stop would hold its unsaved data; it is given up here.
+        writer.kill();
+    }
+    let promoted = tree_of(standby.path());
+    drop(standby);
+
+    let fresh = FsDisk::mount_with_env(&["--image", &img], &pairs(&env));
+    assert_eq!(
+        tree_of(fresh.path()),
+        promoted,
+        "the image differs from the promoted disk"
+    );
+}
+
+#[test]
+fn fs_standby_follows_a_store_path_writer() {
+    fs_standby_follows_and_is_promoted("store", false);
+}
+
+#[test]
+fn fs_standby_follows_a_kernel_path_writer() {
+    fs_standby_follows_and_is_promoted("kernel", true);
 }

@@ -239,6 +239,13 @@ pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
 /// refuses the disk before anything is allocated; under auto, the disk
 /// takes the store path.
 fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
+    if args.standby {
+        return Some(
+            "a standby (--standby) serves file data from the store, where each applied save \
+             puts it; --data-path kernel keeps it in backing files the kernel reads directly"
+                .into(),
+        );
+    }
     if args.compress.is_none() && args.compress_after.is_some() {
         return Some(
             "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \

@@ -235,6 +235,43 @@ impl Fs {
         meta: &[u8],
         data_in_store: bool,
     ) -> std::result::Result<Fs, String> {
+        let (mut st, cost) = parse(meta)?;
+        if let Err(e) = store.charge(cost) {
+            return bad(format!(
+                "the tree needs {cost} bytes of memory, more than the disk's max_memory leaves: {e}"
+            ));
+        }
+        if data_in_store {
+            if let Err(e) = settle_data(&store, &mut st) {
+                store.uncharge(cost);
+                return Err(e);
+            }
+        }
+        let inodes = st.inodes.len() as u64;
+        if inodes > cfg.nr_inodes {
+            log::warn!(
+                "the loaded filesystem has {inodes} inodes, more than nr_inodes ({}): \
+                 creating more gives ENOSPC",
+                cfg.nr_inodes
+            );
+        }
+        let (used, limit) = store.pages_used();
+        if data_in_store && used > limit {
+            log::warn!(
+                "the loaded filesystem holds {used} pages, more than its size allows ({limit}): \
+                 writes that need pages give ENOSPC"
+            );
+        }
+        let fs = Fs::with_state(store, cfg, st);
+        fs.tree_cost.store(cost, Relaxed);
+        Ok(fs)
+    }
+}
+
+/// The live state [`Fs::save_meta`]'s bytes describe and the memory it
+/// costs, checked whole; nothing is charged.
+pub(super) fn parse(meta: &[u8]) -> std::result::Result<(State, u64), String> {
+    {
         // The version alone first, so that a newer format is named as such.
         let version = match postcard::take_from_bytes::<u32>(meta) {
             Ok((v @ (1 | META_VERSION), _)) => v,
@@ -271,33 +308,7 @@ impl Fs {
             }
             inode.flags = f;
         }
-        if let Err(e) = store.charge(cost) {
-            return bad(format!(
-                "the tree needs {cost} bytes of memory, more than the disk's max_memory leaves: {e}"
-            ));
-        }
-        if data_in_store {
-            if let Err(e) = settle_data(&store, &mut st) {
-                store.uncharge(cost);
-                return Err(e);
-            }
-        }
-        let inodes = st.inodes.len() as u64;
-        if inodes > cfg.nr_inodes {
-            log::warn!(
-                "the loaded filesystem has {inodes} inodes, more than nr_inodes ({}): \
-                 creating more gives ENOSPC",
-                cfg.nr_inodes
-            );
-        }
-        let (used, limit) = store.pages_used();
-        if data_in_store && used > limit {
-            log::warn!(
-                "the loaded filesystem holds {used} pages, more than its size allows ({limit}): \
-                 writes that need pages give ENOSPC"
-            );
-        }
-        Ok(Fs::with_state(store, cfg, st))
+        Ok((st, cost))
     }
 }
 
@@ -383,7 +394,7 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
                 }
             }
             SavedData::Dir { parent, entries } => {
-                let mut map = BTreeMap::new();
+                let mut map = Entries::new();
                 for (name, child) in entries {
                     let name = os(&name);
                     if check_name(&name).is_err() {
@@ -448,8 +459,6 @@ fn rebuild(saved: SavedMeta) -> std::result::Result<(State, u64), String> {
         next_ino: saved.next_ino,
         free_slots,
         next_slot,
-        dir_handles: HashMap::new(),
-        next_fh: 1,
         linkable: Default::default(),
     };
     Ok((st, cost))

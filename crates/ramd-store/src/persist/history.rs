@@ -105,16 +105,9 @@ impl ImageDir {
     /// removing the kept MANIFESTs whose newest save is older than the
     /// retention (with one set). Removed MANIFESTs are added to `removed`.
     pub(super) fn kept_segments(&self, removed: &mut Vec<(String, u64)>) -> Result<Vec<String>> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         let mut names = Vec::new();
         for (name, m) in self.kept()? {
-            let newest = m.chain.last().map_or(0, |s| s.time_ns);
-            let expired = self
-                .keep
-                .is_some_and(|k| newest.saturating_add(k.as_nanos() as u64) < now);
-            if expired {
+            if expired(self.keep, &m) {
                 let size = m.encode().len() as u64;
                 match &self.remote {
                     Some(r) => r.delete(&name)?,
@@ -234,7 +227,7 @@ impl ImageDir {
             };
             match &src.remote {
                 Some(remote) => {
-                    let (mut r, len) = remote.reader(&src_name)?;
+                    let (mut r, len) = remote.reader(&src_name, s.bytes)?;
                     tee(&mut r, len, &mut sink)
                 }
                 None => {
@@ -254,6 +247,42 @@ impl ImageDir {
         }
         Ok(())
     }
+}
+
+/// Whether kept chain `m` is past the retention `keep`: its newest save
+/// is older (`None`: none expire).
+pub(super) fn expired(keep: Option<Duration>, m: &Manifest) -> bool {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let newest = m.chain.last().map_or(0, |s| s.time_ns);
+    keep.is_some_and(|k| newest.saturating_add(k.as_nanos() as u64) < now)
+}
+
+/// The chains image directory `dir` keeps (`MANIFEST-N`), oldest first,
+/// each checked as a MANIFEST is: what its replica is to keep too.
+pub(super) fn kept_in_dir(dir: &Path) -> Result<Vec<(String, Manifest)>> {
+    let mut names = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| Error::file(dir, e))? {
+        let e = e.map_err(|e| Error::file(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if kept_file(&name) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    let mut kept = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            // Expired since the listing.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::file(path, e)),
+        };
+        kept.push((name, Manifest::decode(&path, &text)?));
+    }
+    Ok(kept)
 }
 
 /// Where a copied segment's bytes go: a `.tmp` file (renamed once whole

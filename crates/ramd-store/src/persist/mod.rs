@@ -69,7 +69,7 @@ pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
-pub use standby::StandbyStatus;
+pub use standby::{FollowTree, StandbyStatus};
 pub use writer::SegWriter;
 
 /// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use super::standby::Follow;
+use super::standby::{Follow, FollowTree};
 use super::{
     DiskKind, ImageDir, LeaseWatch, OuterPages, Record, Replica, ReplicaStatus, SaveSession,
     SegEntry, StandbyStatus,
@@ -92,6 +92,8 @@ pub struct Persister {
     /// `--standby`: how it follows its image; `following` until promoted.
     follow: Option<Mutex<Follow>>,
     following: std::sync::atomic::AtomicBool,
+    /// A filesystem standby's tree, replaced with each save's.
+    tree: Option<Box<dyn FollowTree>>,
 }
 
 impl Persister {
@@ -126,6 +128,7 @@ impl Persister {
             replica: None,
             follow: None,
             following: std::sync::atomic::AtomicBool::new(false),
+            tree: None,
         }
     }
 
@@ -136,6 +139,12 @@ impl Persister {
     pub fn set_standby(&mut self, poll: Duration) {
         self.follow = Some(Mutex::new(Follow::new(poll)));
         *self.following.get_mut() = true;
+    }
+
+    /// A filesystem standby: each save's tree goes to `tree` (see
+    /// `FollowTree`), and the promotion's save holds it.
+    pub fn set_follow_tree(&mut self, tree: Box<dyn FollowTree>) {
+        self.tree = Some(tree);
     }
 
     /// Whether it is a standby not yet promoted.
@@ -150,7 +159,7 @@ impl Persister {
         if !self.is_standby() {
             return;
         }
-        let r = image.follow(&self.store, follow);
+        let r = image.follow(&self.store, follow, self.tree.as_deref());
         let last = image.manifest().and_then(|m| m.chain.last()).cloned();
         drop(image);
         let mut f = follow.lock();
@@ -260,7 +269,7 @@ impl Persister {
                 return Err(Error::Unusable("ramd is stopping: not promoted".into()));
             }
         };
-        let fenced = image.fence(&self.store, follow);
+        let fenced = image.fence(&self.store, follow, self.tree.as_deref());
         let entry = match fenced {
             Ok(e) => e,
             Err(e) => {
@@ -273,6 +282,11 @@ impl Persister {
             }
         };
         *self.lease.lock() = image.lease_watch();
+        if let Some(t) = &self.tree {
+            // The fencing save holds the tree: the next save writes its
+            // own only if it changed.
+            *self.meta_sum.lock() = Some(crc32c::crc32c(&t.save()));
+        }
         self.following.store(false, Ordering::SeqCst);
         self.store.set_standby(false);
         drop(image);

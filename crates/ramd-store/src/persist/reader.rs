@@ -20,7 +20,7 @@ impl ImageDir {
             match &self.remote {
                 Some(remote) => {
                     let name = object_name(seg.seq, seg.time_ns);
-                    let (r, len) = remote.reader(&name)?;
+                    let (r, len) = remote.reader(&name, seg.bytes)?;
                     let path = remote.named(&name);
                     parse_segment(&path, r, len, m, seg, &mut apply, &mut progress)?
                 }

@@ -11,6 +11,13 @@
 //! lease), then the remote debris goes. Saves never wait for it: the
 //! thread ships the newest committed chain when it gets to it, skipping
 //! saves that came and went meanwhile.
+//!
+//! Chains the local image keeps (`--keep-saves`, `MANIFEST-N`) are kept
+//! in the replica too: before each commit, every kept MANIFEST of the
+//! local image that the prefix lacks (and that has not expired) goes up
+//! after the segments it names, so that `ramd image restore URL --at`
+//! reaches the same saves; the replica expires them by the same
+//! retention.
 
 use std::collections::VecDeque;
 use std::thread::JoinHandle;
@@ -18,6 +25,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+use super::history::{expired, kept_in_dir};
 use super::*;
 
 /// How long the first retry of a failed shipment waits; it doubles up to
@@ -72,6 +80,8 @@ struct Shared {
     /// The local image, for messages (a save to another directory,
     /// `snapshot --to`, hands over its own with its MANIFEST).
     dir: PathBuf,
+    /// The local image's retention of kept chains: the replica's too.
+    keep: Option<Duration>,
     st: Mutex<State>,
     cv: Condvar,
 }
@@ -101,6 +111,7 @@ impl Replica {
             // As `Remote::connect` writes it, for status before it answers.
             url: url.display().to_string().trim_end_matches('/').to_string(),
             dir: local.path().to_path_buf(),
+            keep: local.keep,
             st: Mutex::new(st),
             cv: Condvar::new(),
         });
@@ -233,7 +244,8 @@ impl Drop for Replica {
 /// Opens the replica (lease first), checks it is this disk's (`id`, the
 /// newest local MANIFEST), removes its debris.
 fn open(sh: &Shared, id: DiskId) -> Result<ImageDir> {
-    let remote = ImageDir::open_remote(Path::new(&sh.url), Open::Replica)?;
+    let mut remote = ImageDir::open_remote(Path::new(&sh.url), Open::Replica)?;
+    remote.set_keep_saves(sh.keep);
     let wanted = sh.st.lock().wanted.clone();
     let (dir, local) = match &wanted {
         Some((dir, m)) => (dir.display().to_string(), Some(m)),
@@ -486,12 +498,15 @@ fn ship(sh: &Shared, remote: &mut ImageDir, dir: &Path, m: &Manifest) -> Result<
         todo.push((name, path, f, len));
     }
     let mut bytes = 0;
-    let segments = todo.len();
+    let mut segments = todo.len();
     for (name, path, f, len) in todo {
         upload_file(sh, store, &name, &path, f, len)?;
         bytes += len;
         sh.st.lock().bytes += len;
     }
+    let (n, b) = ship_kept(sh, remote, dir, m, &listed)?;
+    segments += n;
+    bytes += b;
     remote.check_lease()?;
     if let Err(e) = remote.replace_manifest(m.clone()) {
         // Its answer lost, the put may have been done; or it was not, and
@@ -508,6 +523,72 @@ fn ship(sh: &Shared, remote: &mut ImageDir, dir: &Path, m: &Manifest) -> Result<
         segments,
         bytes: bytes + text,
     })
+}
+
+/// Puts every chain the local image `dir` keeps (`MANIFEST-N`, not
+/// expired, not the chain `m` being shipped) that the replica lacks
+/// (`listed`: its objects), each after the segments of it that the
+/// replica lacks: a kept MANIFEST in the prefix names only whole objects.
+/// A kept chain whose files went meanwhile (the local image expired it)
+/// is skipped. Returns the segments uploaded and the bytes.
+fn ship_kept(
+    sh: &Shared,
+    remote: &ImageDir,
+    dir: &Path,
+    m: &Manifest,
+    listed: &[(String, u64)],
+) -> Result<(usize, u64)> {
+    let store = remote.remote.as_ref().expect("a replica is remote");
+    let has = |name: &str, size: Option<u64>| {
+        listed
+            .iter()
+            .any(|(n, b)| n == name && size.is_none_or(|s| s == *b))
+    };
+    let (mut segments, mut bytes) = (0, 0);
+    'chains: for (kept, km) in kept_in_dir(dir)? {
+        if has(&kept, None)
+            || expired(sh.keep, &km)
+            || km.chain.first().map(|s| s.seq) == m.chain.first().map(|s| s.seq)
+        {
+            continue;
+        }
+        // Every file opened first: the local image may expire the chain
+        // meanwhile, and an open file survives that.
+        let mut todo = Vec::new();
+        for s in &km.chain {
+            let name = object_name(s.seq, s.time_ns);
+            if has(&name, Some(s.bytes)) {
+                continue;
+            }
+            let path = dir.join(seg_name(s.seq));
+            let f = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    log::info!(
+                        "not replicating kept chain {kept} of image {}: {} is gone (expired)",
+                        dir.display(),
+                        path.display()
+                    );
+                    continue 'chains;
+                }
+                Err(e) => return Err(Error::file(&path, e)),
+            };
+            todo.push((name, path, f, s.bytes));
+        }
+        for (name, path, f, len) in todo {
+            upload_file(sh, store, &name, &path, f, len)?;
+            segments += 1;
+            bytes += len;
+            sh.st.lock().bytes += len;
+        }
+        remote.check_lease()?;
+        let text = km.encode();
+        let len = text.len() as u64;
+        store.put_plain(&kept, text)?;
+        bytes += len;
+        sh.st.lock().bytes += len;
+    }
+    Ok((segments, bytes))
 }
 
 /// Whether a newer local commit than `m` is waiting. A full save removes

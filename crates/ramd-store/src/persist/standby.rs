@@ -13,6 +13,12 @@
 //! hold, then its incremental saves one by one. `ImageDir::manifest` is
 //! what the store holds: it changes only once a save is applied.
 //!
+//! A filesystem disk (`FollowTree`): the store holds its file data, and
+//! each save's META is its whole tree. The tree is decoded and checked
+//! before anything is applied; in the same exclusive hold as the save's
+//! pages, the filesystem swaps it in; after the hold, it tells the kernel
+//! what changed (which may wait on requests that wait for the gate).
+//!
 //! Promotion: the lease is taken (waiting for the old writer's to run out,
 //! or taken over with `force`); the MANIFEST is read again and whatever the
 //! old writer committed meanwhile is applied; then the standby commits an
@@ -55,6 +61,28 @@ pub struct StandbyStatus {
     pub last_poll_unix: Option<u64>,
     /// Why the last poll failed, until one succeeds.
     pub error: Option<String>,
+}
+
+/// A filesystem disk's tree, which a standby replaces with each save's
+/// (see the module); implemented by the filesystem.
+pub trait FollowTree: Send + Sync {
+    /// Decodes and checks the tree of a save (its META): what `install`
+    /// takes. Called before any of the save is applied.
+    fn prepare(&self, meta: &[u8]) -> Result<Box<dyn std::any::Any + Send>>;
+    /// Swaps in a prepared tree (`None`: the save had no META, the tree
+    /// stays), with the store's gate held exclusively, after the save's
+    /// pages. `chunks`: the store chunks whose data the save set (`None`:
+    /// all of them, a new chain).
+    fn install(
+        &self,
+        tree: Option<Box<dyn std::any::Any + Send>>,
+        chunks: Option<&std::collections::HashSet<u64>>,
+    ) -> Result<()>;
+    /// After the hold: tells whoever caches the tree (the kernel) what the
+    /// installs since the last call changed.
+    fn announce(&self);
+    /// The tree as it is now, for the META of a promotion's save.
+    fn save(&self) -> Vec<u8>;
 }
 
 /// A standby's state between polls.
@@ -137,6 +165,7 @@ impl ImageDir {
         &mut self,
         store: &Store,
         follow: &parking_lot::Mutex<Follow>,
+        tree: Option<&dyn FollowTree>,
     ) -> Result<()> {
         let remote = self.remote.as_mut().expect("a standby's image is remote");
         let holder = Lease::holder(remote)?;
@@ -151,7 +180,12 @@ impl ImageDir {
             f.holder = holder;
             f.last_poll = Some(now_ns() / 1_000_000_000);
         }
-        self.catch_up(store, &new, follow)
+        let r = self.catch_up(store, &new, follow, tree);
+        // What was applied is announced even if a later save failed.
+        if let Some(t) = tree {
+            t.announce();
+        }
+        r
     }
 
     /// Applies to `store`, which holds `self.manifest`, the saves of `new`
@@ -161,6 +195,7 @@ impl ImageDir {
         store: &Store,
         new: &Manifest,
         follow: &parking_lot::Mutex<Follow>,
+        tree: Option<&dyn FollowTree>,
     ) -> Result<()> {
         let old = self.manifest.clone().expect("a standby holds a save");
         let url = self.path.display().to_string();
@@ -195,17 +230,31 @@ impl ImageDir {
             let fetched = t0.elapsed().as_secs_f64();
             follow.lock().bytes += data.len() as u64;
             let len = data.len() as u64;
-            // Every checksum first: a damaged segment changes nothing.
+            // Every checksum first, and the tree decoded and checked: a
+            // damaged segment changes nothing.
+            let mut meta = None;
             parse_segment(
                 &path,
                 &data[..],
                 len,
                 new,
                 seg,
-                &mut |_| Ok(()),
+                &mut |r| {
+                    if let Record::Meta(m) = r {
+                        meta = Some(m.to_vec());
+                    }
+                    Ok(())
+                },
                 &mut |_| {},
             )?;
+            let prepared = match (tree, meta) {
+                (Some(t), Some(m)) => Some(t.prepare(&m).map_err(|e| {
+                    Error::context(format!("save {} of image {url}: its tree", seg.seq), e, "")
+                })?),
+                _ => None,
+            };
             let t1 = std::time::Instant::now();
+            let mut chunks = std::collections::HashSet::new();
             store
                 .apply_exclusive(seg.full, || {
                     parse_segment(
@@ -214,9 +263,24 @@ impl ImageDir {
                         len,
                         new,
                         seg,
-                        &mut |r| apply(store, r),
+                        &mut |r| {
+                            match &r {
+                                Record::Page(page, _) => {
+                                    chunks.insert(page * PAGE_SIZE as u64 / crate::CHUNK_BYTES)
+                                }
+                                Record::Frame { key, .. } | Record::Gone(key) => {
+                                    chunks.insert(*key)
+                                }
+                                Record::Meta(_) => false,
+                            };
+                            apply(store, r)
+                        },
                         &mut |_| {},
-                    )
+                    )?;
+                    match tree {
+                        Some(t) => t.install(prepared, (!seg.full).then_some(&chunks)),
+                        None => Ok(()),
+                    }
                 })
                 .map_err(|e| {
                     Error::context(
@@ -256,7 +320,7 @@ impl ImageDir {
         let remote = self.remote.as_ref().expect("a standby's image is remote");
         let name = object_name(seg.seq, seg.time_ns);
         let path = remote.named(&name);
-        let (mut r, len) = remote.reader(&name)?;
+        let (mut r, len) = remote.reader(&name, seg.bytes)?;
         let mut data = Vec::with_capacity(len as usize);
         r.read_to_end(&mut data)
             .map_err(|e| Error::file(&path, e))?;
@@ -288,12 +352,21 @@ impl ImageDir {
         &mut self,
         store: &Store,
         follow: &parking_lot::Mutex<Follow>,
+        tree: Option<&dyn FollowTree>,
     ) -> Result<SegEntry> {
         let mut tries = 0;
         loop {
-            self.follow(store, follow)?;
+            self.follow(store, follow, tree)?;
             let m = self.manifest.clone().expect("a standby holds a save");
-            let w = self.begin_segment(self.next_seq(), false, m.kind, m.size)?;
+            let mut w = self.begin_segment(self.next_seq(), false, m.kind, m.size)?;
+            // Every save of an fs disk holds its tree (FORMAT.md): the
+            // one just applied, unchanged.
+            if let Some(t) = tree {
+                if let Err(e) = w.meta(&t.save()).and_then(|()| w.write_out()) {
+                    w.discard();
+                    return Err(e);
+                }
+            }
             let entry = w.finish()?;
             match self.commit(m.kind, m.size, entry.clone()) {
                 Ok(()) => return Ok(entry),
@@ -308,8 +381,8 @@ impl ImageDir {
     }
 }
 
-/// One record of a save, applied as a load applies it (a block disk's
-/// image has no tree: `Meta` is refused at the start for fs disks).
+/// One record of a save, applied as a load applies it (a filesystem's
+/// tree, `Meta`, is the `FollowTree`'s).
 fn apply(store: &Store, rec: Record<'_>) -> Result<()> {
     match rec {
         Record::Page(page, p) => store.restore_page(page, p),

@@ -33,6 +33,12 @@ pub struct Extent {
 /// save waiting for the gate would deadlock them), and never call
 /// [`Store::flush`] while holding one: a flush may wait for a save, which
 /// waits for the gate.
+/// See [`Store::standby_hold`].
+#[must_use = "a StandbyHold holds a standby's gate until it is dropped"]
+pub struct StandbyHold<'a>(
+    #[allow(dead_code)] pub(crate) Option<parking_lot::RwLockReadGuard<'a, ()>>,
+);
+
 #[must_use = "a Change holds the gate until it is dropped"]
 pub struct Change<'a> {
     store: &'a Store,
@@ -103,8 +109,13 @@ impl Store {
 impl Store {
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let hold = self.standby_hold();
+        self.read_held(&hold, offset, buf)
+    }
+
+    /// [`Store::read`] under a [`Store::standby_hold`] of this store.
+    pub fn read_held(&self, _hold: &StandbyHold<'_>, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        let _standby = self.standby_read();
         let promote = self.compress_after > 0;
         for span in chunk_spans(offset, buf.len() as u64) {
             let out = &mut buf[span.buf_range()];
@@ -313,8 +324,19 @@ impl Store {
     /// (the last one may be cut short). Returns at least one extent when
     /// `length > 0`.
     pub fn extents(&self, offset: u64, length: u64, max_extents: usize) -> Result<Vec<Extent>> {
+        let hold = self.standby_hold();
+        self.extents_held(&hold, offset, length, max_extents)
+    }
+
+    /// [`Store::extents`] under a [`Store::standby_hold`] of this store.
+    pub fn extents_held(
+        &self,
+        _hold: &StandbyHold<'_>,
+        offset: u64,
+        length: u64,
+        max_extents: usize,
+    ) -> Result<Vec<Extent>> {
         self.check_range(offset, length)?;
-        let _standby = self.standby_read();
         let mut out: Vec<Extent> = Vec::new();
         let mut push = |len: u64, kind: ExtentKind| -> bool {
             if let Some(last) = out.last_mut().filter(|l| l.kind == kind) {

@@ -77,7 +77,7 @@ pub(crate) use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
 pub(crate) use compress::*;
-pub use io::{Change, Extent, ExtentKind};
+pub use io::{Change, Extent, ExtentKind, StandbyHold};
 pub(crate) use table::*;
 
 /// How a store is sized, guarded and compressed.
@@ -384,6 +384,18 @@ impl Store {
     /// any other store, whose reads need no gate.
     pub(crate) fn standby_read(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
         self.standby().then(|| self.gate.read())
+    }
+
+    /// Holds a standby's gate shared over a request that reads more than
+    /// once (a filesystem's tree, then the file's data), so that a save
+    /// being applied is all in or all out of the whole request; holds
+    /// nothing for any other store. Its reads go through
+    /// [`Store::read_held`] and [`Store::extents_held`], which do not take
+    /// the gate again: a second shared hold would wait behind an apply
+    /// waiting for the first (the lock is fair, so that steady reads
+    /// cannot keep an apply out).
+    pub fn standby_hold(&self) -> StandbyHold<'_> {
+        StandbyHold(self.standby_read())
     }
 
     /// Runs `f` (restore calls) with the gate held exclusively: no client

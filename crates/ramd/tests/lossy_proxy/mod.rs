@@ -2,13 +2,17 @@
 //! names it) that relays every byte both ways, except that once armed it
 //! loses the answer to the next `PUT` of an object whose key ends in
 //! `/MANIFEST`: the request reaches the server, which applies it and
-//! answers, and the client never sees that answer. Plain std::net, one
-//! thread per direction of each connection; stopped on drop.
+//! answers, and the client never sees that answer. It also counts ranged
+//! GETs, and can hold those that start past an object's first byte
+//! (`hold_ranges`) until `release`: a load is then stopped half way, for
+//! as long as the test needs to change the object or stop the server.
+//! Plain std::net, one thread per direction of each connection; stopped
+//! on drop.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// What becomes of the answer the proxy loses.
@@ -30,6 +34,13 @@ struct Shared {
     lost: AtomicUsize,
     /// Requests the proxy could not follow (it would relay them wrong).
     faults: Mutex<Vec<String>>,
+    /// Ranged GETs relayed or held so far: the path and the first byte.
+    ranged: Mutex<Vec<(String, u64)>>,
+    /// While true, ranged GETs that start past byte 0 wait (`released`).
+    hold: Mutex<bool>,
+    released: Condvar,
+    /// Requests held so far.
+    held: AtomicUsize,
     stop: AtomicBool,
 }
 
@@ -75,6 +86,34 @@ impl LossyProxy {
         *self.shared.armed.lock().unwrap() = Some(how);
     }
 
+    /// From now on, GETs with a range that starts past byte 0 wait before
+    /// they are forwarded, until `release`.
+    pub fn hold_ranges(&self) {
+        *self.shared.hold.lock().unwrap() = true;
+    }
+
+    /// Forwards the held requests, and holds no more.
+    pub fn release(&self) {
+        *self.shared.hold.lock().unwrap() = false;
+        self.shared.released.notify_all();
+    }
+
+    /// How many requests were held so far.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// The ranged GETs so far whose path ends with `suffix`: the first
+    /// byte of each.
+    pub fn ranged_gets(&self, suffix: &str) -> Vec<u64> {
+        let ranged = self.shared.ranged.lock().unwrap();
+        ranged
+            .iter()
+            .filter(|(p, _)| p.ends_with(suffix))
+            .map(|&(_, at)| at)
+            .collect()
+    }
+
     /// How many answers were lost so far; fails the test if the proxy met
     /// a request it could not follow.
     pub fn lost(&self) -> usize {
@@ -87,6 +126,7 @@ impl LossyProxy {
 impl Drop for LossyProxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.release();
         // Wakes the accept loop so that it sees `stop`.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
         if let Some(a) = self.accept.take() {
@@ -144,6 +184,7 @@ fn requests(
         let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
         let path = target.split('?').next().unwrap_or("");
         let mut length = 0u64;
+        let mut range_from = None;
         for line in text.lines().skip(1) {
             let Some((k, v)) = line.split_once(':') else {
                 continue;
@@ -156,12 +197,33 @@ fn requests(
                         .map_err(|_| format!("bad length: {line}"))?
                 }
                 "transfer-encoding" => return Err(format!("a chunked request: {text}")),
+                // bytes=FIRST-LAST
+                "range" => {
+                    range_from = v
+                        .trim()
+                        .strip_prefix("bytes=")
+                        .and_then(|r| r.split('-').next())
+                        .and_then(|f| f.parse::<u64>().ok());
+                    if range_from.is_none() {
+                        return Err(format!("a range it cannot read: {line}"));
+                    }
+                }
                 _ => {}
             }
         }
         if method == "PUT" && path.ends_with("/MANIFEST") {
             if let Some(how) = sh.armed.lock().unwrap().take() {
                 *lose.lock().unwrap() = Some(how);
+            }
+        }
+        if let (Some(from), "GET") = (range_from, method) {
+            sh.ranged.lock().unwrap().push((path.to_string(), from));
+            let mut hold = sh.hold.lock().unwrap();
+            if from > 0 && *hold {
+                sh.held.fetch_add(1, Ordering::SeqCst);
+                while *hold && !sh.stop.load(Ordering::SeqCst) {
+                    hold = sh.released.wait(hold).unwrap();
+                }
             }
         }
         server
