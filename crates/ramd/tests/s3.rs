@@ -1783,36 +1783,49 @@ fn large_segment_loads_as_ranges() {
     )
     .ok();
     assert_eq!(sha256(&raw), want, "the exported image differs");
-    let restored = tmp.path().join("restored");
+    let raw = restore_and_export(&run, &env, &img, "1", tmp.path());
+    assert_eq!(sha256(&raw), want, "the restored image differs");
+}
+
+/// `ramd image restore IMG --at SEQ` into a new directory under `tmp`, then
+/// `ramd image export` of it: the raw file, the disk as save SEQ held it.
+fn restore_and_export(
+    run: &Path,
+    env: &[(String, String)],
+    img: &str,
+    seq: &str,
+    tmp: &Path,
+) -> std::path::PathBuf {
+    let to = tmp.join(format!("restored-{seq}"));
     let out = ramd(
-        &run,
+        run,
         &[
             "image",
             "restore",
-            &img,
+            img,
             "--at",
-            "1",
+            seq,
             "--to",
-            restored.to_str().unwrap(),
+            to.to_str().unwrap(),
         ],
-        &env,
+        env,
     )
     .ok();
-    assert!(out.contains("restored save 1 "), "{out}");
-    let raw = tmp.path().join("restored.raw");
+    assert!(out.contains(&format!("restored save {seq} ")), "{out}");
+    let raw = tmp.join(format!("restored-{seq}.raw"));
     ramd(
-        &run,
+        run,
         &[
             "image",
             "export",
-            restored.to_str().unwrap(),
+            to.to_str().unwrap(),
             "--to",
             raw.to_str().unwrap(),
         ],
-        &env,
+        env,
     )
     .ok();
-    assert_eq!(sha256(&raw), want, "the restored image differs");
+    raw
 }
 
 /// A segment rewritten while a load reads it (between its first range and
@@ -1985,36 +1998,7 @@ fn replica_keeps_the_chains_the_local_image_keeps() {
     // from the replica alone.
     fs::remove_dir_all(&local).unwrap();
     for (seq, want) in &saves[..2] {
-        let to = tmp.path().join(format!("restored-{seq}"));
-        let seq = seq.to_string();
-        let out = ramd(
-            &run,
-            &[
-                "image",
-                "restore",
-                &img,
-                "--at",
-                &seq,
-                "--to",
-                to.to_str().unwrap(),
-            ],
-            &env,
-        )
-        .ok();
-        assert!(out.contains(&format!("restored save {seq} ")), "{out}");
-        let raw = tmp.path().join(format!("restored-{seq}.raw"));
-        ramd(
-            &run,
-            &[
-                "image",
-                "export",
-                to.to_str().unwrap(),
-                "--to",
-                raw.to_str().unwrap(),
-            ],
-            &env,
-        )
-        .ok();
+        let raw = restore_and_export(&run, &env, &img, &seq.to_string(), tmp.path());
         if fs::read(&raw).unwrap() != *want {
             panic!("save {seq}, restored from the replica, is not the disk as it was saved");
         }
