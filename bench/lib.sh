@@ -207,3 +207,24 @@ print("\n".join(str(x.getsockname()[1]) for x in s))')
     export AWS_ACCESS_KEY_ID=$key_id AWS_SECRET_ACCESS_KEY=$secret AWS_REGION=us-east-1
     export AWS_ENDPOINT_URL=$endpoint AWS_ALLOW_HTTP=true
 }
+
+# finish_run RC OK WORK OUT: the end of a script's EXIT trap. WORK is the
+# script's scratch directory (holding raw/), OUT where raw/ is kept ("":
+# nowhere). On failure (RC non-zero) the last lines of each log in raw/ go
+# to stderr; WORK goes (--one-file-system: never into a mount that refused
+# to go). Exits RC, or 1 if the run succeeded but the clean-up did not
+# (OK non-zero).
+finish_run() {
+    local rc=$1 ok=$2 work=$3 out=$4 log
+    if ((rc != 0)); then
+        for log in "$work"/raw/*.log; do
+            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
+        done
+    fi
+    if [[ -n $out && -d $work/raw ]]; then
+        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && note "raw figures kept in $out"
+    fi
+    rm -rf --one-file-system "$work" || ok=1
+    ((rc == 0 && ok != 0)) && rc=1
+    exit "$rc"
+}

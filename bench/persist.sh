@@ -155,18 +155,7 @@ cleanup() {
     if mounted "$tmpfs"; then
         umount "$tmpfs" 2>/dev/null || umount -l "$tmpfs" || { note "could not unmount $tmpfs"; ok=1; }
     fi
-    if ((rc != 0)); then
-        for log in "$work"/raw/*.log; do
-            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
-    if [[ -n $out && -d $work/raw ]]; then
-        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && note "raw figures kept in $out"
-    fi
-    # --one-file-system: never reach into a tmpfs that refused to go.
-    rm -rf --one-file-system "$work" || ok=1
-    ((rc == 0 && ok != 0)) && rc=1
-    exit "$rc"
+    finish_run "$rc" "$ok" "$work" "$out"
 }
 trap cleanup EXIT
 trap 'exit 130' INT

@@ -129,17 +129,7 @@ cleanup() {
     # A slow stop of SeaweedFS (it takes over 10 s now and then on a busy
     # host) does not spoil the figures: stop_pid says so and kills it.
     [[ -z $weed_pid ]] || stop_pid "$weed_pid" "weed mini" || true
-    if ((rc != 0)); then
-        for log in "$work"/raw/*.log; do
-            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
-    if [[ -n $out && -d $work/raw ]]; then
-        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && note "raw figures kept in $out"
-    fi
-    rm -rf --one-file-system "$work" || ok=1
-    ((rc == 0 && ok != 0)) && rc=1
-    exit "$rc"
+    finish_run "$rc" "$ok" "$work" "$out"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
