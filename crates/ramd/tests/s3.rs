@@ -1828,6 +1828,25 @@ fn restore_and_export(
     raw
 }
 
+/// Starts `ramd serve --image IMG` through `proxy`, which holds every
+/// ranged GET after a segment's first, and returns once the load waits
+/// on one.
+fn load_held_past_the_first_range(
+    run: &Path,
+    img: &str,
+    env: &[(String, String)],
+    proxy: &LossyProxy,
+) -> std::thread::JoinHandle<Result<(), (String, String)>> {
+    proxy.hold_ranges();
+    let loading = serve_in_background(run, img, env);
+    wait_until(
+        Duration::from_secs(60),
+        "the load to ask for a range past the segment's first",
+        || proxy.held() > 0,
+    );
+    loading
+}
+
 /// A segment rewritten while a load reads it (between its first range and
 /// the next: the proxy holds the later ranges meanwhile) fails the load,
 /// naming the object and the bytes, rather than loading a mix of the two.
@@ -1840,13 +1859,7 @@ fn segment_rewritten_during_a_load_is_refused() {
     let env = via(&w.env(), &proxy);
     let img = url("rewritten");
 
-    proxy.hold_ranges();
-    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
-    wait_until(
-        Duration::from_secs(60),
-        "the load to ask for a range past the segment's first",
-        || proxy.held() > 0,
-    );
+    let loading = load_held_past_the_first_range(&tmp.path().join("run"), &img, &env, &proxy);
     // The same length, one byte of the last page's record changed: were
     // the two versions mixed, the parser alone would see a bad checksum.
     let key = Key::from(format!("rewritten/{seg}"));
@@ -1907,13 +1920,7 @@ fn server_stopped_during_a_load() {
     let env = via(&direct, &proxy);
     let img = url("stopped-load");
 
-    proxy.hold_ranges();
-    let loading = serve_in_background(&tmp.path().join("run"), &img, &env);
-    wait_until(
-        Duration::from_secs(60),
-        "the load to ask for a range past the segment's first",
-        || proxy.held() > 0,
-    );
+    let loading = load_held_past_the_first_range(&tmp.path().join("run"), &img, &env, &proxy);
     w.signal(libc::SIGSTOP);
     proxy.release();
     let result = loading.join().unwrap();
