@@ -1775,57 +1775,25 @@ fn large_segment_loads_as_ranges() {
         "a {len}-byte segment was not read as ranges: GETs from {starts:?}"
     );
 
-    let raw = tmp.path().join("exported.raw");
-    ramd(
-        &run,
-        &["image", "export", &img, "--to", raw.to_str().unwrap()],
-        &env,
-    )
-    .ok();
-    assert_eq!(sha256(&raw), want, "the exported image differs");
-    let raw = restore_and_export(&run, &env, &img, "1", tmp.path());
-    assert_eq!(sha256(&raw), want, "the restored image differs");
+    let (tmp, env, data) = (tmp.path(), &env, fs::read(&data).unwrap());
+    restore_common::assert_image_is(&run, &img, env, &data, tmp, "the exported image");
+    let to = restore_to(&run, env, &img, "1", tmp);
+    restore_common::assert_image_is(&run, &to, env, &data, tmp, "the restored image");
 }
 
-/// `ramd image restore IMG --at SEQ` into a new directory under `tmp`, then
-/// `ramd image export` of it: the raw file, the disk as save SEQ held it.
-fn restore_and_export(
-    run: &Path,
-    env: &[(String, String)],
-    img: &str,
-    seq: &str,
-    tmp: &Path,
-) -> std::path::PathBuf {
+/// `ramd image restore IMG --at SEQ` into a new directory under `tmp`,
+/// which must say it restored save SEQ; the directory.
+fn restore_to(run: &Path, env: &[(String, String)], img: &str, seq: &str, tmp: &Path) -> String {
     let to = tmp.join(format!("restored-{seq}"));
+    let to = to.to_str().unwrap();
     let out = ramd(
         run,
-        &[
-            "image",
-            "restore",
-            img,
-            "--at",
-            seq,
-            "--to",
-            to.to_str().unwrap(),
-        ],
+        &["image", "restore", img, "--at", seq, "--to", to],
         env,
     )
     .ok();
     assert!(out.contains(&format!("restored save {seq} ")), "{out}");
-    let raw = tmp.join(format!("restored-{seq}.raw"));
-    ramd(
-        run,
-        &[
-            "image",
-            "export",
-            to.to_str().unwrap(),
-            "--to",
-            raw.to_str().unwrap(),
-        ],
-        env,
-    )
-    .ok();
-    raw
+    to.to_string()
 }
 
 /// Starts `ramd serve --image IMG` through `proxy`, which holds every
@@ -2005,10 +1973,9 @@ fn replica_keeps_the_chains_the_local_image_keeps() {
     // from the replica alone.
     fs::remove_dir_all(&local).unwrap();
     for (seq, want) in &saves[..2] {
-        let raw = restore_and_export(&run, &env, &img, &seq.to_string(), tmp.path());
-        if fs::read(&raw).unwrap() != *want {
-            panic!("save {seq}, restored from the replica, is not the disk as it was saved");
-        }
+        let to = restore_to(&run, &env, &img, &seq.to_string(), tmp.path());
+        let what = format!("save {seq}, restored from the replica");
+        restore_common::assert_image_is(&run, &to, &env, want, tmp.path(), &what);
     }
 }
 

@@ -44,7 +44,7 @@ fn write_random(uri: &str, dir: &Path, model: &mut [u8], at: u64, len: u64) {
 }
 
 /// Asserts the image at `img` holds `model`, exported to a raw file.
-fn assert_image_is(
+pub fn assert_image_is(
     run: &Path,
     img: &str,
     env: &[(String, String)],
