@@ -3,7 +3,7 @@
 //! real tools against the real daemon: data I/O never reaches ramd (its
 //! own request counters), ENOSPC at write(2) as on kernel tmpfs, writes
 //! through mmap show in stat, truncate/fallocate/SEEK_HOLE as on tmpfs,
-//! and what status and df count. POSIX corners: fs_pjdfstest.rs; random
+//! files past 1 TiB without an image, and what status and df count. POSIX corners: fs_pjdfstest.rs; random
 //! I/O: fs_fsx.rs.
 
 mod common;
@@ -431,5 +431,42 @@ fn auto_takes_the_kernel_path_unless_a_setting_asks_for_the_store() {
     }
     let disk = FsDisk::mount(&["--size", "16M", "--writeback-cache"]);
     assert_eq!(disk.status()["data_path"], "store", "{}", disk.status());
+    disk.stop();
+}
+
+/// Files past the store's 1 TiB: a 2 TiB truncate, a byte written at
+/// 1.5 TiB (passed through) and read back, and the size a stat shows,
+/// as on kernel tmpfs. With an image the 1 TiB of the image format stays
+/// (EFBIG), as README says.
+const HUGE_PY: &str = r#"
+import os, sys
+p = os.path.join(sys.argv[1], "huge")
+with open(p, "wb") as f:
+    try:
+        f.truncate(2 << 40)
+    except OSError as e:
+        print("truncate", e.errno)
+        sys.exit(0)
+    f.seek(3 << 39)
+    f.write(b"x")
+with open(p, "rb") as f:
+    f.seek(3 << 39)
+    print("size", os.stat(p).st_size, "byte", f.read(1))
+os.unlink(p)
+"#;
+
+#[test]
+fn files_past_one_tib_without_an_image_as_on_tmpfs() {
+    let tmpfs = KernelTmpfs::mount("size=64M");
+    let want = py_ok(HUGE_PY, &[s(tmpfs.path())]);
+    assert_eq!(want, "size 2199023255552 byte b'x'\n");
+    let disk = kernel_disk("64M");
+    assert_eq!(py_ok(HUGE_PY, &[s(disk.path())]), want);
+    disk.stop();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let img = tmp.path().join("img");
+    let disk = FsDisk::mount(&["--size", "64M", "--data-path", "kernel", "--image", s(&img)]);
+    let efbig = format!("truncate {}\n", libc::EFBIG);
+    assert_eq!(py_ok(HUGE_PY, &[s(disk.path())]), efbig);
     disk.stop();
 }
