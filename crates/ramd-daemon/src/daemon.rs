@@ -23,38 +23,11 @@ use crate::args::DiskArgs;
 use crate::config::{self, DaemonSettings, Plan};
 use crate::control::{self, ControlServer, Request};
 use crate::disk::{self, Disk, Shared};
+pub use crate::event::Event;
 use crate::frontend::{Claim, Registry};
 use crate::metrics::MetricsServer;
 use crate::notify;
 use crate::status::{DaemonStatus, DiskStatus};
-
-/// What the daemon's loop acts on.
-pub enum Event {
-    /// A stopping signal (SIGINT, SIGTERM, SIGQUIT, and SIGHUP where it
-    /// stops), by number.
-    Signal(i32),
-    /// SIGHUP: `ramd up` reloads its config file.
-    Hangup,
-    /// A disk asked to stop could not save first: it serves on.
-    StopRefused { disk: String, error: String },
-    /// A frontend's `serve` returned.
-    FrontendEnded { disk: String },
-    /// A disk's save at stop failed: it holds its data and tries again.
-    StillHeld { disk: String, error: String },
-    /// A disk's finisher is done: the disk is gone.
-    Finished { disk: String, result: Result<()> },
-    /// `stop` (`stop force`: even if its save fails) on a disk's control
-    /// socket.
-    StopDisk {
-        disk: String,
-        req: Request,
-        force: bool,
-    },
-    /// `wait` on a disk's control socket: answered once it is gone.
-    WaitDisk { disk: String, req: Request },
-    /// A request on the daemon's control socket.
-    Daemon(Request),
-}
 
 struct Running {
     disk: Arc<Disk>,

@@ -38,7 +38,8 @@ use ramd_store::{Codec, ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
 use crate::args::{DataPath, DiskArgs, DiskSize};
 use crate::control::{ControlServer, Request};
-use crate::daemon::Event;
+use crate::event::Event;
+pub use crate::event::Events;
 use crate::frontend::{Claim, DiskContext, Frontend, Registry};
 use crate::status::DiskStatus;
 use ramd_store::human;
@@ -60,8 +61,6 @@ pub struct Shared {
     /// The daemon's Prometheus endpoint, for `status`.
     pub metrics_url: Option<String>,
 }
-
-pub type Events = std::sync::mpsc::Sender<Event>;
 
 /// A disk's saving: its persister and the thread of --autosave and
 /// --flush persist.

@@ -99,13 +99,6 @@ impl Registry {
         self
     }
 
-    /// NBD for block disks and FUSE for filesystem disks.
-    pub fn builtin() -> Registry {
-        Registry::new()
-            .with(crate::frontends::nbd::Nbd)
-            .with(crate::frontends::fuse::Fuse)
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn FrontendFactory>> {
         self.0.iter()
     }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod disk;
+pub mod event;
 pub mod frontend;
 pub mod frontends;
 pub mod metrics;

@@ -97,7 +97,7 @@ fn init_logging() {
 
 /// The frontends this build knows. A new protocol is one more `.with(...)`.
 fn registry() -> Registry {
-    Registry::builtin().with(ramd_daemon::Iscsi::new())
+    ramd_daemon::frontends::builtin().with(ramd_daemon::Iscsi::new())
 }
 
 /// /run/ramd for root; otherwise the user's runtime dir.

@@ -5,3 +5,10 @@ pub(crate) mod bdi;
 pub mod fuse;
 pub mod iscsi;
 pub mod nbd;
+
+use crate::frontend::Registry;
+
+/// NBD for block disks and FUSE for filesystem disks.
+pub fn builtin() -> Registry {
+    Registry::new().with(nbd::Nbd).with(fuse::Fuse)
+}
