@@ -17,24 +17,9 @@ use ramd_fs::Fs;
 use ramd_store::metrics::DiskMetrics;
 use ramd_store::persist::DiskKind;
 use ramd_store::{DiskId, Store};
-use serde::{Deserialize, Serialize};
 
 use crate::args::DiskArgs;
-
-/// What a frontend reports for `ramd status`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FrontendStatus {
-    /// The protocol: `nbd`, `fuse`...
-    pub protocol: String,
-    /// Where clients reach it: an NBD URI, a mount point...
-    pub endpoint: String,
-    /// Clients connected now, where the protocol has connections.
-    pub connections: Option<u64>,
-    /// How requests travel, where the protocol has a choice: FUSE's
-    /// `io-uring` or `dev` (/dev/fuse).
-    #[serde(default)]
-    pub transport: Option<String>,
-}
+pub use ramd_frontend::{bind_unix_socket, Claim, Frontend, FrontendStatus, SocketFile};
 
 /// A disk's content as a frontend sees it.
 pub struct DiskContext<'a> {
@@ -53,24 +38,6 @@ pub struct DiskContext<'a> {
     /// report them.
     pub metrics: &'a DiskMetrics,
 }
-
-/// One serving instance: a listening socket, a mount.
-pub trait Frontend: Send + Sync {
-    /// Serves until [`Frontend::stop`] or until it ends by itself (a FUSE
-    /// mount unmounted by the user); returns once its clients are gone.
-    fn serve(&self) -> anyhow::Result<()>;
-
-    /// Asks `serve` to return; `force` (a second stop signal) may fail the
-    /// I/O of clients still there rather than wait for them.
-    fn stop(&self, force: bool);
-
-    fn status(&self) -> FrontendStatus;
-}
-
-/// Something a disk's frontends take for themselves; two disks of one daemon
-/// claiming the same thing is refused before either starts.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Claim(pub String);
 
 /// Makes a protocol's frontends for the disks that use it.
 pub trait FrontendFactory: Send + Sync {
