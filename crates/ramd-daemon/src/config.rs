@@ -114,8 +114,8 @@ pub fn load(path: &Path) -> Result<Plan> {
     }
     if let Some(iqn) = &daemon.iscsi_target {
         for (a, _) in disks.iter_mut() {
-            if a.iscsi.is_some() && a.iscsi_target.is_none() {
-                a.iscsi_target = Some(iqn.clone());
+            if a.iscsi.portal.is_some() && a.iscsi.iscsi_target.is_none() {
+                a.iscsi.iscsi_target = Some(iqn.clone());
             }
         }
     }
@@ -221,7 +221,7 @@ fn daemon_settings(found: &mut Mistakes, t: &Table) -> DaemonSettings {
             }
             .map(|a| d.metrics = Some(a)),
             "iscsi_target" => match v.as_str() {
-                Some(s) => crate::args::parse_iqn(s).map(|n| d.iscsi_target = Some(n)),
+                Some(s) => ramd_iscsi::settings::parse_iqn(s).map(|n| d.iscsi_target = Some(n)),
                 None => Err("expected an iSCSI name like \"iqn.2026-11.org.example:disks\"".into()),
             },
             _ => {
@@ -778,12 +778,12 @@ mod tests {
         let a = &plan.disks.iter().find(|(d, _)| d.name == "a").unwrap().0;
         let b = &plan.disks.iter().find(|(d, _)| d.name == "b").unwrap().0;
         assert_eq!(
-            a.iscsi_target.as_deref(),
+            a.iscsi.iscsi_target.as_deref(),
             Some("iqn.2026-11.org.example:lab")
         );
-        assert_eq!(a.iscsi_lun, Some(3));
-        assert_eq!(a.iscsi, Some("127.0.0.1:3260".parse().unwrap()));
-        assert_eq!(b.iscsi_target, None, "no iscsi, no target name");
+        assert_eq!(a.iscsi.iscsi_lun, Some(3));
+        assert_eq!(a.iscsi.portal, Some("127.0.0.1:3260".parse().unwrap()));
+        assert_eq!(b.iscsi.iscsi_target, None, "no iscsi, no target name");
         std::fs::write(
             &path,
             "[daemon]\niscsi_target = \"Bad Name\"\n[disk.a]\nsize = \"1M\"\n",

@@ -577,7 +577,7 @@ impl Disk {
     /// (an fstab line's) but must equal the running ones. Nothing changes
     /// unless everything can.
     pub fn remount(&self, options: &str) -> Result<serde_json::Value> {
-        let (Some(fs), Some(dir)) = (&self.fs, &self.args.mount) else {
+        let (Some(fs), Some(dir)) = (&self.fs, &self.args.fuse.mount) else {
             bail!(
                 "disk {:?} is not a filesystem disk: nothing to remount",
                 self.args.name
@@ -653,7 +653,7 @@ impl Disk {
         }
         // Without an atime word the rule stays (`MountRequest::atime_given`).
         let atime = if req.atime_given {
-            new.atime()
+            new.fuse.atime()
         } else {
             fs.atime()
         };
@@ -703,7 +703,8 @@ impl Disk {
             )
         };
         let r = s.persister.promote(force, wait)?;
-        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.mount, self.args.read_only) {
+        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.fuse.mount, self.args.read_only)
+        {
             ramd_fs::remount_read_write(dir).with_context(|| {
                 format!(
                     "promoted: disk {:?} is the writer of its image, but its mount {} stays \
@@ -761,13 +762,13 @@ impl Disk {
                 .map_or(String::new(), |f| f.endpoint.clone()),
             connections,
             // A filesystem disk's may change with `mount -o remount,ro`.
-            read_only: match (&self.fs, &self.args.mount) {
+            read_only: match (&self.fs, &self.args.fuse.mount) {
                 (Some(_), Some(dir)) => {
                     ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
                 }
                 _ => self.args.read_only || self.store.standby(),
             },
-            mount: self.args.mount.as_ref().and(
+            mount: self.args.fuse.mount.as_ref().and(
                 frontends
                     .iter()
                     .find(|f| f.protocol == "fuse")
@@ -946,7 +947,7 @@ fn check_args(args: &DiskArgs) -> Result<()> {
             ),
             None => bail!("--standby needs --image s3://BUCKET/PREFIX: the image to follow"),
         }
-        if args.mount.is_some() && args.data_path == DataPath::Kernel {
+        if args.fuse.mount.is_some() && args.fuse.data_path == DataPath::Kernel {
             bail!(
                 "--standby with --data-path kernel: a standby serves file data from the store, \
                  where each applied save puts it (the kernel path keeps it in backing files the \
@@ -1146,11 +1147,14 @@ fn open_fs(
 ) -> Result<(Fs, Option<ImageDir>, Option<Vec<u8>>)> {
     let cfg = FsConfig {
         size,
-        nr_inodes: args.nr_inodes.unwrap_or(mem_total() / PAGE_SIZE as u64 / 2),
-        mode: args.mode,
-        uid: args.uid,
-        gid: args.gid,
-        atime: args.atime(),
+        nr_inodes: args
+            .fuse
+            .nr_inodes
+            .unwrap_or(mem_total() / PAGE_SIZE as u64 / 2),
+        mode: args.fuse.mode,
+        uid: args.fuse.uid,
+        gid: args.fuse.gid,
+        atime: args.fuse.atime(),
     };
     // `--data-path kernel`: file data in a private kernel tmpfs, made
     // before a load, which writes into it.

@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod params;
 pub mod pdu;
 pub mod scsi;
+pub mod settings;
 pub mod target;
 
 pub use conn::decode_lun;

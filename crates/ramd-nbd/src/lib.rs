@@ -11,6 +11,7 @@ pub mod client;
 pub mod fuzz;
 mod handshake;
 pub mod proto;
+pub mod settings;
 mod tls;
 mod transmission;
 

@@ -101,18 +101,18 @@ fn lazy_umount(dir: &Path) -> std::io::Result<()> {
 
 impl FrontendFactory for Fuse {
     fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        match &args.mount {
+        match &args.fuse.mount {
             None => Ok(Vec::new()),
             Some(dir) => {
                 let claim = Claim(format!("mount point {}", check_mount_point(dir)?.display()));
                 // Asked for by name, io_uring that cannot be had stops the
                 // disk before anything is allocated.
-                if args.fuse_transport == FuseTransport::IoUring {
+                if args.fuse.fuse_transport == FuseTransport::IoUring {
                     if let Err(e) = uring::availability() {
                         bail!("FUSE transport io-uring: {e}");
                     }
                 }
-                if args.data_path == DataPath::Kernel {
+                if args.fuse.data_path == DataPath::Kernel {
                     if let Some(why) = kernel_data_path_refusal(args) {
                         bail!("{why}");
                     }
@@ -123,7 +123,8 @@ impl FrontendFactory for Fuse {
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        let (DiskKind::Fs, Some(fs), Some(dir)) = (disk.kind, disk.fs, &disk.args.mount) else {
+        let (DiskKind::Fs, Some(fs), Some(dir)) = (disk.kind, disk.fs, &disk.args.fuse.mount)
+        else {
             return Ok(Vec::new());
         };
         let dir = check_mount_point(dir)?;
@@ -134,7 +135,7 @@ impl FrontendFactory for Fuse {
                     Arc::new(move || store.flush().map_err(|e| e.errno()));
                 f
             });
-        let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
+        let io_uring = want_io_uring(disk.args.fuse.fuse_transport, &dir)?;
         let (path, why) = data_path(disk.args);
         let kernel_data = path == DataPath::Kernel;
         match why {
@@ -175,7 +176,7 @@ impl FrontendFactory for Fuse {
         let ring = Arc::new(AtomicBool::new(false));
         if session.init().io_uring {
             session.set_extra_transport(uring::session_transport(ring.clone()));
-        } else if disk.args.fuse_transport == FuseTransport::IoUring {
+        } else if disk.args.fuse.fuse_transport == FuseTransport::IoUring {
             // Dropping the session unmounts.
             bail!("FUSE transport io-uring: the kernel did not grant it at INIT");
         }
@@ -209,7 +210,7 @@ impl FrontendFactory for Fuse {
 /// (kernel unless a setting asks for the store or this host cannot give
 /// passthrough), and, when auto chose the store, why.
 pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
-    match args.data_path {
+    match args.fuse.data_path {
         DataPath::Auto => {
             // Compression under auto keeps its meaning from before auto:
             // every page compressed. The kernel path's cold tier (hot
@@ -261,7 +262,7 @@ fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
                 .into(),
         );
     }
-    if args.writeback_cache {
+    if args.fuse.writeback_cache {
         return Some(
             "--data-path kernel cannot use the write-back cache (--writeback-cache): the \
              kernel refuses FUSE passthrough with it; leave the flag out"

@@ -72,23 +72,24 @@ fn target_config(args: &DiskArgs) -> TargetConfig {
         })
     };
     TargetConfig {
-        name: args.iscsi_target.clone().unwrap_or_else(default_iqn),
+        name: args.iscsi.iscsi_target.clone().unwrap_or_else(default_iqn),
         alias: "ramd".into(),
-        chap: chap(&args.iscsi_chap),
-        mutual_chap: chap(&args.iscsi_mutual_chap),
+        chap: chap(&args.iscsi.iscsi_chap),
+        mutual_chap: chap(&args.iscsi.iscsi_mutual_chap),
         max_connections: args.max_connections as usize,
     }
 }
 
 impl FrontendFactory for Iscsi {
     fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        let Some(addr) = args.iscsi else {
+        let Some(addr) = args.iscsi.portal else {
             return Ok(Vec::new());
         };
         if args.kind() != DiskKind::Block {
             bail!("--iscsi: disk {} is not a block disk", args.name);
         }
-        if !addr.ip().is_loopback() && args.iscsi_chap.is_none() && !args.iscsi_no_auth {
+        if !addr.ip().is_loopback() && args.iscsi.iscsi_chap.is_none() && !args.iscsi.iscsi_no_auth
+        {
             bail!(
                 "--iscsi {addr}: disk {} would serve beyond loopback without authentication: \
                  give --iscsi-chap USER:SECRET, or --iscsi-no-auth to allow it",
@@ -98,6 +99,7 @@ impl FrontendFactory for Iscsi {
         // Portals are shared between disks by design, so they claim
         // nothing; a LUN number does.
         Ok(args
+            .iscsi
             .iscsi_lun
             .map(|l| Claim(format!("iscsi lun {l}")))
             .into_iter()
@@ -106,17 +108,17 @@ impl FrontendFactory for Iscsi {
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
         let args = disk.args;
-        let Some(addr) = args.iscsi else {
+        let Some(addr) = args.iscsi.portal else {
             return Ok(Vec::new());
         };
         if disk.kind != DiskKind::Block {
             return Ok(Vec::new());
         }
         let size = disk.store.size();
-        if !size.is_multiple_of(args.block_size as u64) {
+        if !size.is_multiple_of(args.iscsi.block_size as u64) {
             bail!(
                 "--block-size {}: disk {}'s size, {size} bytes, is not a whole number of blocks",
-                args.block_size,
+                args.iscsi.block_size,
                 args.name
             );
         }
@@ -140,7 +142,7 @@ impl FrontendFactory for Iscsi {
             }
             None => Target::new(cfg),
         };
-        let lun_no = match args.iscsi_lun {
+        let lun_no = match args.iscsi.iscsi_lun {
             Some(n) => n as u64,
             None => {
                 let used = target.lun_ids();
@@ -153,7 +155,7 @@ impl FrontendFactory for Iscsi {
             Lun::new(
                 disk.store.clone(),
                 LunConfig {
-                    block_size: args.block_size,
+                    block_size: args.iscsi.block_size,
                     read_only: args.read_only,
                     // From the disk's identity, not its name: two hosts'
                     // disks of one name are two devices to a multipath

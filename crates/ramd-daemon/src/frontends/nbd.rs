@@ -15,10 +15,10 @@ pub struct Nbd;
 
 /// The disk's sockets: `--listen`, or `RUN_DIR/NAME.sock` by default.
 fn listens(args: &DiskArgs, run_dir: &Path) -> Vec<Listen> {
-    if args.listen.is_empty() {
+    if args.nbd.listen.is_empty() {
         vec![Listen::Unix(run_dir.join(format!("{}.sock", args.name)))]
     } else {
-        args.listen.clone()
+        args.nbd.listen.clone()
     }
 }
 
@@ -37,13 +37,13 @@ impl FrontendFactory for Nbd {
         if args.kind() != DiskKind::Block {
             return Ok(Vec::new());
         }
-        let tls = args.tls_mode();
-        if tls != TlsMode::Off && args.tls_certificates.is_none() {
+        let tls = args.nbd.tls_mode();
+        if tls != TlsMode::Off && args.nbd.tls_certificates.is_none() {
             bail!("--tls {tls}: needs --tls-certificates DIR (server-cert.pem, server-key.pem)");
         }
         let listens = listens(args, run_dir);
         if let Some(l) = listens.iter().find(|l| l.beyond_loopback()) {
-            if tls != TlsMode::Require && !args.insecure {
+            if tls != TlsMode::Require && !args.nbd.insecure {
                 bail!(
                     "--listen {l}: would serve NBD beyond loopback to clients without TLS \
                      (--tls {tls}): give --tls require with --tls-certificates DIR, or \
@@ -69,11 +69,11 @@ impl FrontendFactory for Nbd {
         let args = disk.args;
         // One set of counters for all of the disk's NBD sockets.
         let metrics = disk.metrics.frontend("nbd");
-        let mode = args.tls_mode();
-        let tls = match (mode, &args.tls_certificates) {
+        let mode = args.nbd.tls_mode();
+        let tls = match (mode, &args.nbd.tls_certificates) {
             (TlsMode::Off, _) | (_, None) => None,
             (_, Some(dir)) => Some(Arc::new(
-                Tls::load(dir, mode == TlsMode::Require, args.tls_verify_peer)
+                Tls::load(dir, mode == TlsMode::Require, args.nbd.tls_verify_peer)
                     .map_err(|e| anyhow::anyhow!("--tls-certificates {}: {e}", dir.display()))?,
             )),
         };
