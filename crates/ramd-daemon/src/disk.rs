@@ -248,11 +248,11 @@ impl Disk {
         )?;
         let io = DiskMetrics::default();
         let ctx = DiskContext {
-            args: &args,
+            settings: &args,
             kind,
             id,
             store: &store,
-            fs: fs.as_ref(),
+            content: fs.as_ref().map(|f| f as &(dyn std::any::Any + Send + Sync)),
             run_dir: &shared.run_dir,
             metrics: &io,
         };
@@ -744,7 +744,7 @@ mod tests {
     //! one factory, one registration, no lifecycle code of its own.
 
     use super::*;
-    use crate::frontend::{Frontend, FrontendFactory, FrontendStatus};
+    use crate::frontend::{DiskSettings, Frontend, FrontendFactory, FrontendStatus};
     use clap::{Args, FromArgMatches};
     use parking_lot::Condvar;
 
@@ -767,7 +767,7 @@ mod tests {
     }
 
     impl FrontendFactory for Probe {
-        fn claims(&self, _: &DiskArgs, _: &Path) -> Result<Vec<Claim>> {
+        fn claims(&self, _: &dyn DiskSettings, _: &Path) -> Result<Vec<Claim>> {
             Ok(vec![Claim("probe".into())])
         }
 

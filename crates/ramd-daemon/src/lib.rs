@@ -29,7 +29,7 @@ pub mod metrics;
 pub mod mount_opts;
 /// The iSCSI target, registered by the binary (one factory per daemon: it
 /// holds the target its disks share).
-pub use frontends::iscsi::Iscsi;
+pub use ramd_iscsi::frontend::Iscsi;
 pub mod notify;
 pub mod status;
 pub mod units;

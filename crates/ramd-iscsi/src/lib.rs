@@ -8,6 +8,7 @@
 //!   `conn` (one connection's login and full feature phase).
 
 mod conn;
+pub mod frontend;
 pub mod fuzz;
 pub mod params;
 pub mod pdu;

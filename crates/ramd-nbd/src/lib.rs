@@ -7,6 +7,7 @@
 //! holds all storage logic.
 
 pub mod client;
+pub mod frontend;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 mod handshake;

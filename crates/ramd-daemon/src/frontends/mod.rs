@@ -3,12 +3,12 @@
 
 pub(crate) mod bdi;
 pub mod fuse;
-pub mod iscsi;
-pub mod nbd;
 
 use crate::frontend::Registry;
 
 /// NBD for block disks and FUSE for filesystem disks.
 pub fn builtin() -> Registry {
-    Registry::new().with(nbd::Nbd).with(fuse::Fuse)
+    Registry::new()
+        .with(ramd_nbd::frontend::Nbd)
+        .with(fuse::Fuse)
 }

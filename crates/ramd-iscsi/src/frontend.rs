@@ -14,12 +14,12 @@ use std::thread;
 
 use anyhow::{bail, Context};
 use parking_lot::{Condvar, Mutex};
-use ramd_iscsi::scsi::{Lun, LunConfig};
-use ramd_iscsi::{Chap, Portal, Target, TargetConfig};
+use ramd_frontend::{Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus};
 use ramd_store::persist::DiskKind;
 
-use crate::args::DiskArgs;
-use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use crate::scsi::{Lun, LunConfig};
+use crate::settings::IscsiArgs;
+use crate::{Chap, Portal, Target, TargetConfig};
 
 #[derive(Default)]
 pub struct Iscsi {
@@ -64,7 +64,7 @@ pub fn default_iqn() -> String {
     format!("iqn.2026-11.org.ramd:{host}")
 }
 
-fn target_config(args: &DiskArgs) -> TargetConfig {
+fn target_config(args: &IscsiArgs, max_connections: u16) -> TargetConfig {
     let chap = |c: &Option<(String, String)>| {
         c.as_ref().map(|(u, s)| Chap {
             user: u.clone(),
@@ -72,34 +72,35 @@ fn target_config(args: &DiskArgs) -> TargetConfig {
         })
     };
     TargetConfig {
-        name: args.iscsi.iscsi_target.clone().unwrap_or_else(default_iqn),
+        name: args.iscsi_target.clone().unwrap_or_else(default_iqn),
         alias: "ramd".into(),
-        chap: chap(&args.iscsi.iscsi_chap),
-        mutual_chap: chap(&args.iscsi.iscsi_mutual_chap),
-        max_connections: args.max_connections as usize,
+        chap: chap(&args.iscsi_chap),
+        mutual_chap: chap(&args.iscsi_mutual_chap),
+        max_connections: max_connections as usize,
     }
 }
 
 impl FrontendFactory for Iscsi {
-    fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        let Some(addr) = args.iscsi.portal else {
+    fn claims(&self, disk: &dyn DiskSettings, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
+        let Some(args) = disk.get::<IscsiArgs>() else {
             return Ok(Vec::new());
         };
-        if args.kind() != DiskKind::Block {
-            bail!("--iscsi: disk {} is not a block disk", args.name);
+        let Some(addr) = args.portal else {
+            return Ok(Vec::new());
+        };
+        if disk.kind() != DiskKind::Block {
+            bail!("--iscsi: disk {} is not a block disk", disk.name());
         }
-        if !addr.ip().is_loopback() && args.iscsi.iscsi_chap.is_none() && !args.iscsi.iscsi_no_auth
-        {
+        if !addr.ip().is_loopback() && args.iscsi_chap.is_none() && !args.iscsi_no_auth {
             bail!(
                 "--iscsi {addr}: disk {} would serve beyond loopback without authentication: \
                  give --iscsi-chap USER:SECRET, or --iscsi-no-auth to allow it",
-                args.name
+                disk.name()
             );
         }
         // Portals are shared between disks by design, so they claim
         // nothing; a LUN number does.
         Ok(args
-            .iscsi
             .iscsi_lun
             .map(|l| Claim(format!("iscsi lun {l}")))
             .into_iter()
@@ -107,22 +108,26 @@ impl FrontendFactory for Iscsi {
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        let args = disk.args;
-        let Some(addr) = args.iscsi.portal else {
+        let s = disk.settings;
+        let Some(args) = s.get::<IscsiArgs>() else {
+            return Ok(Vec::new());
+        };
+        let name = s.name();
+        let Some(addr) = args.portal else {
             return Ok(Vec::new());
         };
         if disk.kind != DiskKind::Block {
             return Ok(Vec::new());
         }
         let size = disk.store.size();
-        if !size.is_multiple_of(args.iscsi.block_size as u64) {
+        if !size.is_multiple_of(args.block_size as u64) {
             bail!(
                 "--block-size {}: disk {}'s size, {size} bytes, is not a whole number of blocks",
-                args.iscsi.block_size,
-                args.name
+                args.block_size,
+                name
             );
         }
-        let cfg = target_config(args);
+        let cfg = target_config(args, s.max_connections());
         let mut sh = self.shared.lock();
         let target = match &sh.target {
             Some(t) => {
@@ -134,7 +139,7 @@ impl FrontendFactory for Iscsi {
                         "disk {}: its iSCSI target settings (--iscsi-target, --iscsi-chap, \
                          --iscsi-mutual-chap) differ from those of the disks already on the \
                          daemon's one target {}",
-                        args.name,
+                        name,
                         t.config().name
                     );
                 }
@@ -142,7 +147,7 @@ impl FrontendFactory for Iscsi {
             }
             None => Target::new(cfg),
         };
-        let lun_no = match args.iscsi.iscsi_lun {
+        let lun_no = match args.iscsi_lun {
             Some(n) => n as u64,
             None => {
                 let used = target.lun_ids();
@@ -155,8 +160,8 @@ impl FrontendFactory for Iscsi {
             Lun::new(
                 disk.store.clone(),
                 LunConfig {
-                    block_size: args.iscsi.block_size,
-                    read_only: args.read_only,
+                    block_size: args.block_size,
+                    read_only: s.read_only(),
                     // From the disk's identity, not its name: two hosts'
                     // disks of one name are two devices to a multipath
                     // initiator, and an image's disk is the same device
@@ -166,7 +171,7 @@ impl FrontendFactory for Iscsi {
                     product: "ramd disk".into(),
                     // Saved to an image: written data is durable only after a
                     // flush, so initiators are told to send SYNCHRONIZE CACHE.
-                    write_cache: args.image.is_some(),
+                    write_cache: s.has_image(),
                 },
             )
             .with_metrics(disk.metrics.frontend("iscsi")),
@@ -174,7 +179,7 @@ impl FrontendFactory for Iscsi {
         if !target.add_lun(lun_no, lun) {
             bail!(
                 "--iscsi-lun {lun_no}: disk {} asks for a LUN another disk has",
-                args.name
+                name
             );
         }
         if let Entry::Vacant(slot) = sh.portals.entry(addr) {
