@@ -173,6 +173,11 @@ pub struct DiskArgs {
     /// --image for persist.
     #[arg(long, default_value = "ignore", value_parser = parse_flush, value_name = "MODE")]
     pub flush: FlushMode,
+
+    /// The settings groups of protocols registered beyond the built-in
+    /// ones (`ramd_frontend::groups`): their flags follow these.
+    #[command(flatten)]
+    pub more: ramd_frontend::Groups,
 }
 
 impl DiskArgs {
@@ -247,6 +252,7 @@ impl DiskArgs {
                     .setting(key)
                     .or_else(|| self.iscsi.setting(key))
                     .or_else(|| self.fuse.setting(key))
+                    .or_else(|| self.more.setting(key))
             }
         };
         Some(v)

@@ -51,7 +51,7 @@ impl DiskSettings for DiskArgs {
         } else if t == TypeId::of::<DiskArgs>() {
             Some(self)
         } else {
-            None
+            self.more.get(t)
         }
     }
 }

@@ -15,8 +15,10 @@
 //! sockets bind ([`bind_unix_socket`]). The protocol crates and the daemon
 //! both depend on this crate; it depends on no protocol.
 
+pub mod groups;
 mod socket;
 
+pub use groups::{Group, GroupDef, Groups};
 pub use socket::{bind_unix_socket, SocketFile};
 
 use std::any::{Any, TypeId};
@@ -117,6 +119,13 @@ pub trait FrontendFactory: Send + Sync {
     /// The disk's frontends of this protocol (none if it does not use it),
     /// bound or mounted and ready to serve.
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>>;
+
+    /// This protocol's own settings group, added to every disk's flags
+    /// when it is registered ([`GroupDef::of`]); `None` for a protocol
+    /// whose settings are among the disk's own (the built-in ones).
+    fn settings(&self) -> Option<GroupDef> {
+        None
+    }
 }
 
 /// The protocols a daemon knows, in the order their frontends are built.
@@ -128,8 +137,12 @@ impl Registry {
         Registry(Vec::new())
     }
 
-    /// Registers a protocol.
+    /// Registers a protocol, and its settings group if it has one (see
+    /// [`groups`]): register before parsing any disk's settings.
     pub fn with(mut self, f: impl FrontendFactory + 'static) -> Registry {
+        if let Some(g) = f.settings() {
+            groups::register(g);
+        }
         self.0.push(Arc::new(f));
         self
     }
