@@ -23,6 +23,9 @@ use ramd_daemon::daemon::{Daemon, Hangup, Setup};
 use ramd_daemon::frontend::Registry;
 
 fn main() {
+    // Before any disk's settings are parsed: registering a protocol adds
+    // its settings group, if it has one, to a disk's flags.
+    let registry = registry();
     // Run as /sbin/mount.fuse.ramd or umount.fuse.ramd by mount(8).
     if let Some(code) = mount_helper::run_if_helper() {
         std::process::exit(code);
@@ -52,7 +55,7 @@ fn main() {
             .clone()
             .or(from_file)
             .unwrap_or_else(default_run_dir),
-        registry: registry(),
+        registry: registry.clone(),
         on_ready: None,
         metrics,
         // A closed terminal or a lost ssh session: save and stop.
