@@ -2,7 +2,7 @@
 //! registered with a [`crate::Registry`] whose factory names a
 //! [`GroupDef`] gets its `clap::Args` group added to every disk's flags
 //! (and so to its config table's keys and mount options) and receives it
-//! parsed, by type, through [`crate::DiskSettings::get`]. The built-in
+//! parsed, by type, through `get` on a `dyn DiskSettings`. The built-in
 //! protocols' groups are flattened into the daemon's settings instead, so
 //! that `--help` lists them where they always stood.
 //!

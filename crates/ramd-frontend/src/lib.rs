@@ -78,7 +78,7 @@ pub trait DiskSettings {
     /// Whether the disk keeps an image, so that a flush means something.
     fn has_image(&self) -> bool;
     /// The settings group of type `t` (a protocol's `clap::Args` group),
-    /// if the disk's settings hold one; see [`DiskSettings::get`].
+    /// if the disk's settings hold one; see `get` on a `dyn DiskSettings`.
     fn group(&self, t: TypeId) -> Option<&dyn Any>;
 }
 
