@@ -185,6 +185,85 @@ mod tests {
         assert_eq!((be(16), be(40), be(44)), (7, 1024, 3072));
     }
 
+    /// A SCSI Command PDU for ITT `itt` with CmdSN `cmdsn` (EDTL `edtl`).
+    fn command(flags: u8, itt: u32, cmdsn: u32, edtl: u32, cdb: &[u8]) -> [u8; 48] {
+        let mut c = [0u8; 48];
+        c[0] = 0x01;
+        c[1] = flags;
+        c[16..20].copy_from_slice(&itt.to_be_bytes());
+        c[20..24].copy_from_slice(&edtl.to_be_bytes());
+        c[24..28].copy_from_slice(&cmdsn.to_be_bytes());
+        c[32..32 + cdb.len()].copy_from_slice(cdb);
+        c
+    }
+
+    /// Unsolicited Data-Out for ITT `itt`: `data` at `offset`.
+    fn data_out(fin: bool, itt: u32, data_sn: u32, offset: u32, data: &[u8]) -> Vec<u8> {
+        let mut d = [0u8; 48];
+        d[0] = 0x05;
+        d[1] = if fin { 0x80 } else { 0 };
+        d[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+        d[16..20].copy_from_slice(&itt.to_be_bytes());
+        d[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        d[36..40].copy_from_slice(&data_sn.to_be_bytes());
+        d[40..44].copy_from_slice(&offset.to_be_bytes());
+        let mut v = d.to_vec();
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// Data-Out lands in its command at its offset, whatever the order of
+    /// the PDUs' offsets: what a READ gives back is what was sent where.
+    #[test]
+    fn data_out_lands_at_its_offset() {
+        // WRITE(10) of 8 blocks at LBA 1000, all of it unsolicited.
+        let write = [0x2a, 0, 0, 0, 0x03, 0xe8, 0, 0, 8, 0];
+        let read = [0x28, 0, 0, 0, 0x03, 0xe8, 0, 0, 8, 0];
+        let mut input = vec![1u8];
+        input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));
+        input.extend(data_out(false, 7, 0, 2048, &[0xcd; 2048]));
+        input.extend(data_out(true, 7, 1, 0, &[0xab; 2048]));
+        input.extend_from_slice(&command(0xc1, 8, 1, 4096, &read));
+        let got = pdus(&exchange(&input));
+        assert_eq!(got[0].0[36..38], [0, 0], "login status");
+        // SCSI Response GOOD for the write.
+        assert_eq!((got[1].0[0], got[1].0[3]), (0x21, 0), "{:02x?}", got[1].0);
+        let data: Vec<u8> = got[2..]
+            .iter()
+            .filter(|(h, _)| h[0] == 0x25)
+            .flat_map(|(_, d)| d.clone())
+            .collect();
+        assert_eq!(data.len(), 4096);
+        assert!(data[..2048].iter().all(|b| *b == 0xab));
+        assert!(data[2048..].iter().all(|b| *b == 0xcd));
+    }
+
+    /// Data-Out that does not fit its command (past the expected length,
+    /// or a DataSN out of order) ends the connection, writing nothing:
+    /// the command never runs and the NOP-Out after it gets no answer.
+    #[test]
+    fn misfit_data_out_ends_the_connection() {
+        let write = [0x2a, 0, 0, 0, 0x03, 0xf0, 0, 0, 8, 0];
+        let mut nop = [0u8; 48];
+        nop[0] = 0x40;
+        nop[1] = 0x80;
+        nop[16..20].copy_from_slice(&9u32.to_be_bytes());
+        nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        for bad in [
+            data_out(true, 7, 0, 4000, &[0xee; 512]),
+            data_out(true, 7, 0, u32::MAX - 3, &[0xee; 512]),
+            data_out(true, 7, 1, 0, &[0xee; 512]),
+        ] {
+            let mut input = vec![1u8];
+            input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));
+            input.extend(bad);
+            input.extend_from_slice(&nop);
+            let got = pdus(&exchange(&input));
+            assert_eq!(got.len(), 1, "only the login response: {got:02x?}");
+            assert_eq!(got[0].0[0], 0x23);
+        }
+    }
+
     /// Replays the kept corpus (and checks that the canned login works).
     #[test]
     fn corpus_replays() {
