@@ -1,7 +1,9 @@
 //! iSCSI PDUs on the wire (RFC 7143 §11): the 48-byte basic header segment,
 //! additional header segments, the data segment padded to 4 bytes, and the
 //! optional CRC32C header and data digests. Everything a peer sends is
-//! checked here, once: past [`read_pdu`] a PDU's lengths are sound.
+//! checked here, once: past [`read_header`] (which [`read_pdu`] starts
+//! with) a PDU's lengths are sound, and its data segment is read into a
+//! buffer of its own or, for Data-Out, straight into the caller's.
 
 use std::io::{self, Read};
 
