@@ -92,6 +92,19 @@ pub fn canned_login() -> Vec<u8> {
     v
 }
 
+/// [`canned_login`] with `extra` (`key=value\0` pairs) added to its text.
+#[cfg(test)]
+fn login_with(extra: &str) -> Vec<u8> {
+    let mut v = canned_login();
+    let n = u32::from_be_bytes([0, v[5], v[6], v[7]]) as usize;
+    v.truncate(48 + n);
+    v.extend_from_slice(extra.as_bytes());
+    let n = (n + extra.len()) as u32;
+    v[5..8].copy_from_slice(&n.to_be_bytes()[1..]);
+    v.resize(v.len() + (4 - n as usize % 4) % 4, 0);
+    v
+}
+
 /// Byte 0: bit 0 sends [`canned_login`] first, bit 1 talks to the CHAP
 /// target. The rest is what the initiator sends, then it half-closes.
 /// Returns how many bytes the target answered with.
@@ -262,6 +275,60 @@ mod tests {
             assert_eq!(got.len(), 1, "only the login response: {got:02x?}");
             assert_eq!(got[0].0[0], 0x23);
         }
+    }
+
+    /// With DataDigest=CRC32C: Data-Out whose digest is wrong is rejected
+    /// (reason 02h) and its command is lost (later Data-Out for it is
+    /// dropped), while the connection goes on; with the right digest the
+    /// data lands where it was sent.
+    #[test]
+    fn data_out_digests() {
+        // The data digest covers the data and its padding, little-endian.
+        let with_digest = |mut pdu: Vec<u8>, wrong: bool| {
+            let crc = crc32c::crc32c(&pdu[48..]) ^ u32::from(wrong);
+            pdu.extend_from_slice(&crc.to_le_bytes());
+            pdu
+        };
+        let write = [0x2a, 0, 0, 0, 0x03, 0xf2, 0, 0, 1, 0];
+        let read = [0x28, 0, 0, 0, 0x03, 0xf2, 0, 0, 1, 0];
+        let mut input = vec![0u8];
+        input.extend(login_with("DataDigest=CRC32C\0"));
+        input.extend_from_slice(&command(0x21, 7, 0, 512, &write));
+        input.extend(with_digest(data_out(true, 7, 0, 0, &[0x11; 512]), true));
+        let mut nop = [0u8; 48];
+        nop[0] = 0x00;
+        nop[1] = 0x80;
+        nop[16..20].copy_from_slice(&9u32.to_be_bytes());
+        nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        nop[24..28].copy_from_slice(&1u32.to_be_bytes());
+        input.extend_from_slice(&nop);
+        // Sound this time, but for a command that is gone: dropped.
+        input.extend(with_digest(data_out(true, 7, 0, 0, &[0x11; 512]), false));
+        input.extend_from_slice(&command(0x21, 10, 2, 512, &write));
+        input.extend(with_digest(data_out(true, 10, 0, 0, &[0x22; 512]), false));
+        input.extend_from_slice(&command(0xc1, 11, 3, 512, &read));
+        let out = exchange(&input);
+        // The login response has no digest; every data segment after it has.
+        let n = u32::from_be_bytes([0, out[5], out[6], out[7]]) as usize;
+        let (login, mut rest) = out.split_at(48 + n + (4 - n % 4) % 4);
+        let mut got = pdus(login);
+        while rest.len() >= 48 {
+            let bhs: [u8; 48] = rest[..48].try_into().unwrap();
+            let n = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+            let digest = if n > 0 { 4 } else { 0 };
+            got.push((bhs, rest[48..48 + n].to_vec()));
+            rest = &rest[48 + n + (4 - n % 4) % 4 + digest..];
+        }
+        assert_eq!(got[0].0[0], 0x23, "login response");
+        assert_eq!(got[0].0[36..38], [0, 0], "login status");
+        let ops: Vec<u8> = got[1..].iter().map(|(h, _)| h[0]).collect();
+        // Reject, NOP-In, the second write's response, the read's Data-In.
+        assert_eq!(ops, [0x3f, 0x20, 0x21, 0x25], "{got:02x?}");
+        assert_eq!(got[1].0[2], 0x02, "reject reason: data digest error");
+        // A Reject carries the header it refuses.
+        assert_eq!(got[1].1, data_out(true, 7, 0, 0, &[0x11; 512])[..48]);
+        assert_eq!(got[3].0[3], 0, "second write GOOD");
+        assert_eq!(got[4].1, vec![0x22; 512]);
     }
 
     /// Replays the kept corpus (and checks that the canned login works).
