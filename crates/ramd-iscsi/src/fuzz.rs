@@ -225,8 +225,8 @@ mod tests {
         v
     }
 
-    /// Data-Out lands in its command at its offset, whatever the order of
-    /// the PDUs' offsets: what a READ gives back is what was sent where.
+    /// Data-Out lands in its command at its offset: what a READ gives
+    /// back is what was sent where.
     #[test]
     fn data_out_lands_at_its_offset() {
         // WRITE(10) of 8 blocks at LBA 1000, all of it unsolicited.
@@ -234,8 +234,8 @@ mod tests {
         let read = [0x28, 0, 0, 0, 0x03, 0xe8, 0, 0, 8, 0];
         let mut input = vec![1u8];
         input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));
-        input.extend(data_out(false, 7, 0, 2048, &[0xcd; 2048]));
-        input.extend(data_out(true, 7, 1, 0, &[0xab; 2048]));
+        input.extend(data_out(false, 7, 0, 0, &[0xab; 2048]));
+        input.extend(data_out(true, 7, 1, 2048, &[0xcd; 2048]));
         input.extend_from_slice(&command(0xc1, 8, 1, 4096, &read));
         let got = pdus(&exchange(&input));
         assert_eq!(got[0].0[36..38], [0, 0], "login status");
@@ -251,9 +251,11 @@ mod tests {
         assert!(data[2048..].iter().all(|b| *b == 0xcd));
     }
 
-    /// Data-Out that does not fit its command (past the expected length,
-    /// or a DataSN out of order) ends the connection, writing nothing:
-    /// the command never runs and the NOP-Out after it gets no answer.
+    /// Data-Out that does not fit its command (past the expected length, a
+    /// DataSN out of order, or, DataPDUInOrder being Yes, an offset out of
+    /// order: a gap, or an overlay that would leave a gap elsewhere) ends
+    /// the connection, writing nothing: the command never runs and the
+    /// NOP-Out after it gets no answer.
     #[test]
     fn misfit_data_out_ends_the_connection() {
         let write = [0x2a, 0, 0, 0, 0x03, 0xf0, 0, 0, 8, 0];
@@ -262,10 +264,14 @@ mod tests {
         nop[1] = 0x80;
         nop[16..20].copy_from_slice(&9u32.to_be_bytes());
         nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        let first = || data_out(false, 7, 0, 0, &[0xdd; 2048]);
         for bad in [
             data_out(true, 7, 0, 4000, &[0xee; 512]),
             data_out(true, 7, 0, u32::MAX - 3, &[0xee; 512]),
             data_out(true, 7, 1, 0, &[0xee; 512]),
+            data_out(true, 7, 0, 2048, &[0xee; 2048]),
+            [first(), data_out(true, 7, 1, 0, &[0xee; 2048])].concat(),
+            [first(), data_out(true, 7, 1, 1024, &[0xee; 2048])].concat(),
         ] {
             let mut input = vec![1u8];
             input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));

@@ -31,10 +31,25 @@ struct Pending {
     next_r2t: u32,
     outstanding: u32,
     r2tsn: u32,
-    /// The R2Ts in flight: target transfer tag, next DataSN expected.
-    ttts: Vec<(u32, u32)>,
-    /// The next DataSN of unsolicited Data-Out.
-    unsolicited_sn: u32,
+    /// The R2Ts in flight.
+    ttts: Vec<Sequence>,
+    /// Where unsolicited Data-Out is at (its `ttt` is NO_TAG).
+    unsolicited: Sequence,
+}
+
+/// One sequence of Data-Out: the unsolicited burst, or the answer to one
+/// R2T. ramd negotiates DataPDUInOrder=Yes (§13.19): a sequence's PDUs come
+/// at increasing offsets with no gap and no overlay, so `received` counts
+/// each byte of the command once, and a command runs with all of its data.
+#[derive(Clone, Copy)]
+struct Sequence {
+    ttt: u32,
+    /// The DataSN and offset the next PDU must have.
+    data_sn: u32,
+    next: u32,
+    /// Where the sequence ends: the R2T's offset + length, or the end of
+    /// unsolicited data.
+    end: u32,
 }
 
 impl Pending {
@@ -53,19 +68,36 @@ impl Pending {
         // DataSN counts a sequence's PDUs from 0 (§11.7.5): at ERL 0 a
         // gap or repeat is a lost PDU, which only a new connection fixes.
         let data_sn = p.u32(36);
-        let want = if ttt == NO_TAG {
-            if !self.unsolicited_open || end > self.unsolicited_end as u64 {
+        let seq = if ttt == NO_TAG {
+            if !self.unsolicited_open {
                 return proto("unsolicited Data-Out beyond FirstBurstLength");
             }
-            self.unsolicited_sn
+            &self.unsolicited
         } else {
-            match self.ttts.iter().find(|(t, _)| *t == ttt) {
-                Some((_, sn)) => *sn,
+            match self.ttts.iter().find(|s| s.ttt == ttt) {
+                Some(s) => s,
                 None => return proto(format!("Data-Out for unknown transfer tag {ttt:#x}")),
             }
         };
-        if data_sn != want {
-            return proto(format!("Data-Out DataSN {data_sn}, expected {want}"));
+        if data_sn != seq.data_sn {
+            return proto(format!(
+                "Data-Out DataSN {data_sn}, expected {}",
+                seq.data_sn
+            ));
+        }
+        if off != seq.next || end > seq.end as u64 {
+            return proto(format!(
+                "Data-Out at {off}+{len}: its sequence takes offset {} up to {} in order",
+                seq.next, seq.end
+            ));
+        }
+        // The last PDU of an R2T's sequence ends it (the unsolicited burst
+        // may end short of FirstBurstLength; R2Ts then ask for the rest).
+        if ttt != NO_TAG && p.final_bit() && end != seq.end as u64 {
+            return proto(format!(
+                "Data-Out at {off}+{len} ends its R2T's sequence short of {}",
+                seq.end
+            ));
         }
         Ok(())
     }
@@ -73,10 +105,14 @@ impl Pending {
     /// Counts accepted Data-Out `p` of `len` bytes, now in `buf`.
     fn took(&mut self, p: &Pdu, len: u32) {
         let ttt = p.u32(20);
-        if ttt == NO_TAG {
-            self.unsolicited_sn += 1;
-        } else if let Some((_, sn)) = self.ttts.iter_mut().find(|(t, _)| *t == ttt) {
-            *sn += 1;
+        let seq = if ttt == NO_TAG {
+            Some(&mut self.unsolicited)
+        } else {
+            self.ttts.iter_mut().find(|s| s.ttt == ttt)
+        };
+        if let Some(seq) = seq {
+            seq.data_sn += 1;
+            seq.next += len;
         }
         self.received += len;
         if p.final_bit() {
@@ -86,7 +122,7 @@ impl Pending {
                 // end short of FirstBurstLength (Data-Out is in order).
                 self.next_r2t = self.received;
             } else {
-                self.ttts.retain(|(t, _)| *t != ttt);
+                self.ttts.retain(|s| s.ttt != ttt);
                 self.outstanding = self.outstanding.saturating_sub(1);
             }
         } else if ttt == NO_TAG && self.received >= self.unsolicited_end {
@@ -164,7 +200,12 @@ impl Pendings {
             outstanding: 0,
             r2tsn: 0,
             ttts: Vec::new(),
-            unsolicited_sn: 0,
+            unsolicited: Sequence {
+                ttt: NO_TAG,
+                data_sn: 0,
+                next: received,
+                end: unsolicited_end,
+            },
         };
         self.by_itt.insert(itt, pend);
         self.progress(link, sess, itt);
@@ -205,7 +246,12 @@ impl Pendings {
             r.set_u32(40, pd.next_r2t);
             r.set_u32(44, len);
             link.send(&r);
-            pd.ttts.push((ttt, 0));
+            pd.ttts.push(Sequence {
+                ttt,
+                data_sn: 0,
+                next: pd.next_r2t,
+                end: pd.next_r2t + len,
+            });
             pd.next_r2t += len;
             pd.r2tsn += 1;
             pd.outstanding += 1;
