@@ -465,25 +465,19 @@ struct VfsFlags(libc::c_ulong);
 impl VfsFlags {
     fn of(req: &MountRequest) -> VfsFlags {
         let d = &req.disk;
-        let mut f = 0;
-        for (on, bit) in [
-            (d.read_only, libc::MS_RDONLY),
-            (d.nosuid, libc::MS_NOSUID),
-            (d.nodev, libc::MS_NODEV),
-            (d.noexec, libc::MS_NOEXEC),
-            (d.noatime, libc::MS_NOATIME),
-            (d.strictatime, libc::MS_STRICTATIME),
-            (!d.noatime && !d.strictatime, libc::MS_RELATIME),
-            (d.nodiratime, libc::MS_NODIRATIME),
-            (req.sync, libc::MS_SYNCHRONOUS),
-            (req.dirsync, libc::MS_DIRSYNC),
-            (req.lazytime, libc::MS_LAZYTIME),
-        ] {
-            if on {
-                f |= bit;
-            }
-        }
-        VfsFlags(f)
+        VfsFlags(ramd_fs::ll::mount::ms_flags([
+            (d.read_only, "ro"),
+            (d.nosuid, "nosuid"),
+            (d.nodev, "nodev"),
+            (d.noexec, "noexec"),
+            (d.noatime, "noatime"),
+            (d.strictatime, "strictatime"),
+            (!d.noatime && !d.strictatime, "relatime"),
+            (d.nodiratime, "nodiratime"),
+            (req.sync, "sync"),
+            (req.dirsync, "dirsync"),
+            (req.lazytime, "lazytime"),
+        ]))
     }
 }
 
