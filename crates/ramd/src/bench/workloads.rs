@@ -428,7 +428,7 @@ fn io_next(rng: &mut Rng, last: u64, blocks: u64) -> u64 {
     }
 }
 
-/// IOMeter's access specification from article 001: 4 KiB transfers,
+/// The IOMeter access specification RAM-disk reviews use: 4 KiB transfers,
 /// 80% random, 80% read, `--qd` outstanding I/Os.
 fn iometer(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
     let span = plan.io_span();
@@ -559,7 +559,7 @@ fn iometer_nbd(
     Ok((start.elapsed(), lat))
 }
 
-/// RedHawk's program (article 004): lseek(0) and write(8 MiB), then
+/// RedHawk's NUMA test program: lseek(0) and write(8 MiB), then
 /// lseek(0) and read(8 MiB), each call timed with CLOCK_MONOTONIC (std's
 /// Instant); pwrite/pread at offset 0 is the same pair in one call.
 fn redhawk(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
