@@ -56,54 +56,27 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" quick=0 dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --quick)
-        quick=1
-        shift
-        ;;
-    --dir)
-        dir=${2:?--dir needs a directory}
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --quick --dir= --out= -- "$@"
 if ((quick)); then
     size=${size:-512M} runtime=8 ramp=1
 else
     size=${size:-4G} runtime=20 ramp=2
 fi
 autosave=2s
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ ${BENCH_QUIET_WAIT:-0} =~ ^[0-9]+$ ]] || die "BENCH_QUIET_WAIT must be a number of seconds"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
+want_size --size "$size"
+want_quiet_wait
+want_dir --dir "$dir"
 
 # --- tools and host -----------------------------------------------------------
-((EUID == 0)) || die "run as root: it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
-need cargo "cargo (or rustup)"
+want_root "it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
 need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
-need fio fio
 need jq jq
 need python3 python3
 need numfmt coreutils
 need sha256sum coreutils
 need findmnt util-linux
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
+want_fio_nbd
 
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
@@ -129,43 +102,19 @@ free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
     die "--dir $dir: needs 4 x $size of free space; it has $((free_bytes >> 20)) MiB"
 
 # --- build --------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $CARGO_TARGET_DIR/release/ramd ]] || die "$CARGO_TARGET_DIR/release/ramd was not built"
-"$CARGO_TARGET_DIR/release/ramd" serve --help | grep -q -- '--image' ||
+build_ramd
+"$built" serve --help | grep -q -- '--image' ||
     die "this ramd has no 'serve --image': persistence is not built in yet"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
 
-# --- work directory and teardown ----------------------------------------------
+# --- work directory -----------------------------------------------------------
 work=$(mktemp -d "$dir/ramd-persist.XXXXXX")
+# On a failure ramd may be killed during its stop save; the image goes anyway.
+bench_trap "$work" "$out"
 tmpfs=$work/tmpfs
 image=$work/image
 ramd_pid="" ramd_what="" ramd_tag=""
-
-mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
-
-cleanup() {
-    local rc=$? ok=0
-    trap - EXIT INT TERM
-    cd /
-    # On a failure ramd may be killed during its stop save; the image goes anyway.
-    [[ -n $ramd_pid ]] && { stop_pid "$ramd_pid" "$ramd_what" || ok=1; }
-    if mounted "$tmpfs"; then
-        umount "$tmpfs" 2>/dev/null || umount -l "$tmpfs" || { note "could not unmount $tmpfs"; ok=1; }
-    fi
-    finish_run "$rc" "$ok" "$work" "$out"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/raw" "$work/run" "$tmpfs"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+mkdir -p "$work/raw" "$work/run"
+copy_ramd
 export RAMD_RUN_DIR=$work/run
 results=$work/raw/results.tsv
 : >"$results"
@@ -174,7 +123,7 @@ record() { printf '%s\t%s\n' "$1" "$2" >>"$results"; }
 record size_bytes "$size_bytes"
 record changed_pages "$changed"
 
-mount -t tmpfs -o "size=$((size_bytes + (64 << 20)))" tmpfs "$tmpfs"
+mount_tmpfs "$((size_bytes + (64 << 20)))" "$tmpfs"
 note "writing $size of /dev/urandom to $tmpfs/data"
 head -c "$size_bytes" /dev/urandom >"$tmpfs/data"
 
@@ -228,9 +177,9 @@ start_ramd() {
     rm -f "$work/ramd.out"
     mkfifo "$work/ramd.out"
     exec {ramd_out}<>"$work/ramd.out"
-    "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>"$work/raw/$what.log" \
-        {bench_lock_fd}>&- {ramd_out}>&- &
-    ramd_pid=$! ramd_tag=$what ramd_what="ramd ($what)"
+    spawn "ramd ($what)" "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>"$work/raw/$what.log" \
+        {ramd_out}>&-
+    ramd_pid=$spawned ramd_tag=$what ramd_what="ramd ($what)"
     uri=""
     until read -r -t 1 -u "$ramd_out" uri; do
         alive "$ramd_pid" "$ramd_what"
@@ -242,7 +191,7 @@ start_ramd() {
 stop_ramd() {
     "$ramd" snapshot bench --json >"$work/raw/$ramd_tag.stop-snapshot.json" ||
         die "$ramd_what: ramd snapshot before the stop failed"
-    stop_pid "$ramd_pid" "$ramd_what" || die "$ramd_what did not stop cleanly"
+    stop_server "$ramd_pid" || die "$ramd_what did not stop cleanly"
     ramd_pid=""
     exec {ramd_out}>&-
 }

@@ -71,55 +71,24 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" reps=3 quick=0 dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --reps)
-        reps=${2:?--reps needs a number}
-        shift 2
-        ;;
-    --quick)
-        quick=1
-        shift
-        ;;
-    --dir)
-        dir=${2:?--dir needs a directory}
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --reps= --quick --dir= --out= -- "$@"
 ((quick)) && size=${size:-256M}
 size=${size:-1G}
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ $reps =~ ^[1-9][0-9]*$ ]] || die "--reps '$reps': use a positive number"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
+want_size --size "$size"
+want_count --reps "$reps"
+want_dir --dir "$dir"
 
 # --- tools and host -----------------------------------------------------------
-((EUID == 0)) || die "run as root: it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
-need cargo "cargo (or rustup)"
+want_root "it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
 need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
-need fio fio
 need jq jq
 need python3 python3
 need numfmt coreutils
 need sha256sum coreutils
 need findmnt util-linux
 need mountpoint util-linux
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
+want_fio_nbd
 
 weed=$(find_go_tool weed) ||
     die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
@@ -157,44 +126,17 @@ free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
     die "--dir $dir: needs $(((3 * reps + 4) * size_bytes >> 20)) MiB of free space; it has $((free_bytes >> 20)) MiB"
 
 # --- build --------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $CARGO_TARGET_DIR/release/ramd ]] || die "$CARGO_TARGET_DIR/release/ramd was not built"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+build_ramd
 
-# --- work directory and teardown ----------------------------------------------
+# --- work directory -------------------------------------------------------------
 work=$(mktemp -d "$dir/ramd-s3.XXXXXX")
+bench_trap "$work" "$out"
 tmpfs=$work/tmpfs
 mnt=$work/mnt
-ramd_pid="" ramd_what="" ramd_out="" weed_pid=""
-
-mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
-
-cleanup() {
-    local rc=$? ok=0
-    trap - EXIT INT TERM
-    cd /
-    [[ -n $ramd_pid ]] && { stop_pid "$ramd_pid" "$ramd_what" || ok=1; }
-    mounted "$mnt" && { umount "$mnt" 2>/dev/null || umount -l "$mnt" || ok=1; }
-    # A slow stop of SeaweedFS (over 10 s now and then on a busy host)
-    # does not spoil the figures: stop_pid says so and kills it.
-    [[ -z $weed_pid ]] || stop_pid "$weed_pid" "weed mini" || true
-    if mounted "$tmpfs"; then
-        umount "$tmpfs" 2>/dev/null || umount -l "$tmpfs" || { note "could not unmount $tmpfs"; ok=1; }
-    fi
-    finish_run "$rc" "$ok" "$work" "$out"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/raw" "$work/run" "$work/weed" "$tmpfs" "$mnt"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+ramd_pid="" ramd_what="" ramd_out=""
+mkdir -p "$work/raw" "$work/run" "$work/weed" "$mnt"
+at_exit unmount "$mnt"
+copy_ramd
 export RAMD_RUN_DIR=$work/run
 results=$work/raw/results.tsv
 : >"$results"
@@ -205,7 +147,7 @@ record changed_pages "$changed"
 record reps "$reps"
 record loadavg_start "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-mount -t tmpfs -o "size=$((2 * size_bytes + (64 << 20)))" tmpfs "$tmpfs"
+mount_tmpfs "$((2 * size_bytes + (64 << 20)))" "$tmpfs"
 note "writing $size of data (3 MiB random, 1 MiB zeros, repeated) to $tmpfs/data"
 python3 - "$tmpfs/data" "$size_bytes" <<'EOF'
 import os, sys
@@ -219,6 +161,7 @@ EOF
 bucket=ramdbench
 key_id=ramdbench secret=ramdbenchsecret0123456789
 start_weed "$weed" "$work/weed" "$work/raw/weed.log" "$bucket" "$key_id" "$secret"
+lenient "$weed_pid"
 
 # rclone's remote "peer", from the environment only (no config file).
 export RCLONE_CONFIG=$work/rclone.conf
@@ -290,9 +233,9 @@ start_ramd() {
     rm -f "$work/ramd.out"
     mkfifo "$work/ramd.out"
     exec {ramd_out}<>"$work/ramd.out"
-    "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>>"$work/raw/$what.log" \
-        {bench_lock_fd}>&- {ramd_out}>&- &
-    ramd_pid=$! ramd_what="ramd ($what)"
+    spawn "ramd ($what)" "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>>"$work/raw/$what.log" \
+        {ramd_out}>&-
+    ramd_pid=$spawned ramd_what="ramd ($what)"
     uri=""
     until read -r -t 1 -u "$ramd_out" uri; do
         alive "$ramd_pid" "$ramd_what"
@@ -308,7 +251,7 @@ stop_ramd() {
         ((SECONDS < deadline)) || die "$ramd_what still running 120 s after ramd down"
         sleep 0.05
     done
-    wait "$ramd_pid" || die "$ramd_what exited with status $?"
+    reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
     ramd_pid=""
     [[ -z $ramd_out ]] || exec {ramd_out}>&-
     ramd_out=""
@@ -448,11 +391,10 @@ fi
 
 # --- 4. filesystem disk -------------------------------------------------------------
 note "filesystem disk: ramd serve --mount (default data path) --image s3://$bucket/fs"
-"$ramd" serve --name bench --mount "$mnt" --size "$((2 * size_bytes))" --image "s3://$bucket/fs" \
-    >"$work/raw/F.out" 2>"$work/raw/F.log" {bench_lock_fd}>&- &
-ramd_pid=$! ramd_what="ramd (filesystem disk)"
-fs_mounted() { alive "$ramd_pid" "$ramd_what" && mountpoint -q "$mnt"; }
-wait_until 120 "$ramd_what (mounted)" fs_mounted
+ramd_what="ramd (filesystem disk)"
+serve_mount "$ramd_what" "$mnt" 120 "$ramd" serve --name bench --mount "$mnt" --size "$((2 * size_bytes))" \
+    --image "s3://$bucket/fs" >"$work/raw/F.out" 2>"$work/raw/F.log"
+ramd_pid=$spawned
 record fs_data_path "$("$ramd" status --json bench | jq -r '.disks[0].data_path // "?"')"
 fs_files=8
 per_file=$((size_bytes / fs_files))
@@ -481,7 +423,7 @@ EOF
 done
 "$ramd" down bench >/dev/null || die "ramd down bench ($ramd_what) failed"
 wait_until 120 "$ramd_what to stop" bash -c "! kill -0 $ramd_pid"
-wait "$ramd_pid" || die "$ramd_what exited with status $?"
+reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
 ramd_pid=""
 record loadavg_end "$(cut -d' ' -f1-3 /proc/loadavg)"
 
