@@ -86,7 +86,6 @@ EOF
 (cd "$work/src" && sha256sum ./*) >"$work/sums"
 printf 'target\tmemory_bytes\tdata_bytes\tfirst_read_s\n' >"$work/raw/results.tsv"
 
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 shmem() { awk '$1 == "Shmem:" { print $2 * 1024 }' /proc/meminfo; }
 status_field() {
     "$ramd" --run-dir "$work/run" status bench --json |
@@ -95,7 +94,7 @@ status_field() {
 all_cold() { [[ $(status_field "d['cold']['files']") == "$files" ]]; }
 timed_read() {
     local t0 t1
-    drop
+    drop_caches
     t0=$(date +%s.%N)
     cat "$1"/log*.txt >/dev/null
     t1=$(date +%s.%N)
@@ -105,7 +104,7 @@ timed_read() {
 record() { printf '%s\t%s\t%s\t%.3f\n' "$1" "$2" "$data" "$3" | tee -a "$work/raw/results.tsv" >&2; }
 
 for codec in zstd lz4; do
-    drop
+    drop_caches
     serve_mount ramd "$work/mnt" 30 "$ramd" --run-dir "$work/run" serve --name bench --size "$disk" \
         --mount "$work/mnt" --data-path kernel --compress "$codec" --compress-after 2s \
         >"$work/raw/logs/ramd-$codec.out" 2>"$work/raw/logs/ramd-$codec.log"
@@ -123,19 +122,19 @@ for codec in zstd lz4; do
     reap_server "$srv_pid" || die "ramd exited with an error"
 done
 
-drop
+drop_caches
 zram_setup lz4 "$disk"
 mkfs.ext4 -q -F /dev/zram0
 mount /dev/zram0 "$work/mnt"
 cp "$work/src"/* "$work/mnt"/
-drop
+drop_caches
 used=$(awk '{ print $3 }' "$zram/mm_stat")
 secs=$(timed_read "$work/mnt" zram-lz4)
 record zram-lz4 "$used" "$secs"
 umount "$work/mnt"
 zram_reset
 
-drop
+drop_caches
 before=$(shmem)
 mount -t tmpfs -o size="$disk" tmpfs "$work/mnt"
 cp "$work/src"/* "$work/mnt"/

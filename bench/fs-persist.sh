@@ -83,7 +83,6 @@ results=$work/raw/results.tsv
 printf 'path\tmeasure\tvalue\tunit\n' >"$results"
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
 now() { date +%s.%N; }
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$2"; }
 
 serve() { # serve PATH
@@ -99,7 +98,7 @@ for path in store kernel; do
     cp -a "$work/src/." "$work/mnt/"
     sync -f "$work/mnt"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
     "$ramd" snapshot bench --full --json --run-dir "$work/run" >"$work/raw/full-$path.json"
     t1=$(now)
@@ -119,7 +118,7 @@ for p in rng.sample(range(pages), pages // 100):
 EOF
     (cd "$work/mnt" && sha256sum f*) >"$work/sums-$path"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
     "$ramd" snapshot bench --json --run-dir "$work/run" >"$work/raw/incr-$path.json"
     t1=$(now)
@@ -128,7 +127,7 @@ EOF
     "$ramd" down bench --run-dir "$work/run" >/dev/null
     reap_server "$pid" || die "ramd --data-path $path exited with an error: $(tail -n 3 "$work/raw/ramd-$path.log")"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
     serve "$path"
     t1=$(now)
@@ -145,7 +144,7 @@ done
 
 note "baseline: cp -a"
 wait_quiet
-drop
+drop_caches
 t0=$(now)
 cp -a "$work/src" "$disk_dir/copy"
 sync -f "$disk_dir/copy"
@@ -153,7 +152,7 @@ t1=$(now)
 record cp save_s "$(elapsed "$t0" "$t1")" s
 mount_tmpfs "$((size_bytes + (64 << 20)))" "$work/back"
 wait_quiet
-drop
+drop_caches
 t0=$(now)
 cp -a "$disk_dir/copy/." "$work/back/"
 t1=$(now)

@@ -213,10 +213,6 @@ results=$work/raw/results.tsv
 # record KEY LABEL UNIT GOAL TARGET RUN VALUE: one measured figure.
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
 
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
 
 # dd_mibs FILE: MiB/s from dd's last stderr line ("N bytes (...) copied, S s, ...").
 dd_mibs() {

@@ -437,6 +437,30 @@ serve_nbd() {
     }
 }
 
+# drop_caches: writes back dirty pages, then empties the page cache (needs
+# root): a read after it comes from the disk under test, not from memory.
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+# pretouch BYTES: allocates, touches and frees BYTES of memory, and prints
+# how fast (GiB/s). On a VM the first touch of guest memory since boot is
+# much slower than a touch of memory the guest has used before (the
+# hypervisor backs it then); touching what a run will need first gives
+# every server the same kind of (recycled) pages, and the speed shows what
+# the VM did.
+pretouch() {
+    python3 -c '
+import sys, time
+n = int(sys.argv[1])
+t = time.perf_counter()
+b = b"\1" * n
+dt = time.perf_counter() - t
+del b
+print(f"{n / dt / 2**30:.2f}")' "$1"
+}
+
 # bench_lock: one benchmark at a time on this host. Two benchmarks on a
 # 2-core machine measure each other; every bench/ script calls this first
 # and holds the lock until it exits. Waits up to BENCH_LOCK_WAIT seconds

@@ -118,14 +118,7 @@ fi
 # the "cold" pass below measures each server's own first touch (page fault
 # and zeroing). The speed of this pass is printed to show what the VM did.
 note "pre-touching $((2 * size_bytes / 1048576 + 256)) MiB so both servers get the same kind of fresh memory"
-pretouch=$(python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' $((2 * size_bytes + (256 << 20))))
+pretouch=$(pretouch $((2 * size_bytes + (256 << 20))))
 
 # --- servers ------------------------------------------------------------------
 work=$(mktemp -d -t ramd-bench.XXXXXX)

@@ -128,11 +128,6 @@ note "writing $size of /dev/urandom to $tmpfs/data"
 head -c "$size_bytes" /dev/urandom >"$tmpfs/data"
 
 # --- helpers ------------------------------------------------------------------
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
-
 # step_begin PID: before a timed step, waits for a quiet host, drops the
 # page cache, then notes the clocks. PID is the ramd whose CPU counts as the
 # server's ("" if none runs yet or none is involved).
@@ -222,20 +217,6 @@ snapshot() {
     record "${key}_full" "$(jq .full "$file")"
 }
 disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
-# pretouch BYTES: touches and frees BYTES of memory, printing GiB/s. Memory
-# the VM has never backed faults in much slower than memory it handed out
-# before, and page cache counts too: both sides of a comparison get this.
-pretouch() {
-    python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' "$1"
-}
-
 # --- 1. full save ---------------------------------------------------------------
 start_ramd A --size "$size" --image "$image"
 check_size

@@ -177,10 +177,6 @@ note "starting SeaweedFS (weed mini) on $endpoint"
 wait_until 120 "weed mini's S3 at $endpoint (rclone lsf peer:$bucket)" weed_up
 
 # --- helpers ------------------------------------------------------------------
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
 now_ns() { date +%s%N; }
 
 # step_begin: before a timed step, waits for a quiet host, drops the page
@@ -282,10 +278,6 @@ snapshot() {
 newest_segment_bytes() {
     peer lsjson "peer:$bucket/$1" | jq -e '[.[] | select(.Name | test("^seg-[0-9]+-[0-9a-f]+$"))] | sort_by(.Name) | last | .Size'
 }
-# pretouch BYTES: touches and frees BYTES of memory, so that a load fills
-# memory the VM has backed before (fresh memory faults in much slower).
-pretouch() { python3 -c 'b = b"\1" * int(__import__("sys").argv[1]); del b' "$1"; }
-
 # --- 0. the peer's local copy of the image ---------------------------------------
 note "making the local image the peer copies (disk L, --image $work/local)"
 start_ramd L --size "$size" --image "$work/local"
@@ -341,7 +333,7 @@ record prefix_objects "$(peer size --json "peer:$bucket/ramd" | jq -e .count)"
 
 # --- 3. load --------------------------------------------------------------------
 ramd_load() {
-    pretouch $((size_bytes + (256 << 20)))
+    pretouch $((size_bytes + (256 << 20))) >/dev/null # a load fills memory the VM has backed before
     step_begin
     start_ramd "B$1" --image "s3://$bucket/ramd"
     step_end "load_ramd_$1"
@@ -358,7 +350,7 @@ ramd_load() {
 peer_load() {
     local key=$1
     shift
-    pretouch $((size_bytes + (256 << 20)))
+    pretouch $((size_bytes + (256 << 20))) >/dev/null # a load fills memory the VM has backed before
     step_begin
     peer copy "$@" "peer:$bucket/ramd" "$tmpfs/copy" 2>>"$work/raw/rclone.log" || die "rclone copy $* peer:$bucket/ramd $tmpfs/copy failed"
     step_end "$key"
