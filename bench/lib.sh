@@ -224,6 +224,44 @@ bench_exit() {
     finish_run "$rc" "$ok" "$bench_work" "$bench_out"
 }
 
+# serve_loaded WHAT OPTS...: starts `$ramd serve --name bench OPTS` (log
+# WORK/raw/WHAT.log, appended) and returns once it has printed its URI line;
+# sets ramd_pid, ramd_what, ramd_tag (WHAT) and uri. Its stdout is a FIFO
+# that this shell reads, so the moment the line comes (after a load) is seen
+# without polling; the shell keeps the FIFO open (ramd_out) until the caller
+# closes it once ramd has stopped. Needs ramd and work.
+serve_loaded() {
+    local what=$1 deadline=$((SECONDS + 600))
+    shift
+    rm -f "$work/ramd.out"
+    mkfifo "$work/ramd.out"
+    exec {ramd_out}<>"$work/ramd.out"
+    spawn "ramd ($what)" "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>>"$work/raw/$what.log" \
+        {ramd_out}>&-
+    # shellcheck disable=SC2034 # read by the caller
+    ramd_pid=$spawned ramd_tag=$what ramd_what="ramd ($what)"
+    uri=""
+    until read -r -t 1 -u "$ramd_out" uri; do
+        alive "$ramd_pid" "$ramd_what"
+        ((SECONDS < deadline)) || die "$ramd_what: no URI line after 600 s"
+    done
+}
+
+# check_size: the disk serve_loaded started answers at uri with size_bytes
+# (set by the caller).
+# shellcheck disable=SC2154
+check_size() {
+    local got
+    wait_until 30 "$ramd_what at $uri" nbdinfo --size "$uri"
+    got=$(nbdinfo --size "$uri")
+    [[ $got == "$size_bytes" ]] || die "$ramd_what exports $got bytes, expected $size_bytes"
+}
+
+# disk_sha: the sha256 of everything the disk at uri holds.
+disk_sha() {
+    nbdcopy "$uri" - | sha256sum | cut -d' ' -f1
+}
+
 # serve_mount WHAT MNT LIMIT CMD...: starts CMD (a `ramd serve --mount MNT`)
 # as a server and waits up to LIMIT seconds until MNT is mounted; sets
 # spawned. Redirect the call.

@@ -161,26 +161,6 @@ step_end() {
     record "${key}_other_cores" "$(awk -v o="$other" -v t="$tck" -v ns="$ns" 'BEGIN { printf "%.3f", o / t / (ns / 1e9) }')"
 }
 
-# start_ramd WHAT OPTS...: starts `ramd serve --name bench OPTS` in the
-# background and returns once it has printed its URI line; sets ramd_pid and
-# uri. stdout is a FIFO that this shell reads, so the moment the line comes
-# is seen without polling (the load is timed up to it); the shell keeps the
-# FIFO open until ramd stops.
-start_ramd() {
-    local what=$1 deadline=$((SECONDS + 600))
-    shift
-    rm -f "$work/ramd.out"
-    mkfifo "$work/ramd.out"
-    exec {ramd_out}<>"$work/ramd.out"
-    spawn "ramd ($what)" "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>"$work/raw/$what.log" \
-        {ramd_out}>&-
-    ramd_pid=$spawned ramd_tag=$what ramd_what="ramd ($what)"
-    uri=""
-    until read -r -t 1 -u "$ramd_out" uri; do
-        alive "$ramd_pid" "$ramd_what"
-        ((SECONDS < deadline)) || die "$ramd_what: no URI line after 600 s"
-    done
-}
 # stop_ramd: saves what changed first (untimed; the stop save then has
 # nothing to do, so stop_pid's 10 s are plenty), then SIGTERM.
 stop_ramd() {
@@ -189,13 +169,6 @@ stop_ramd() {
     stop_server "$ramd_pid" || die "$ramd_what did not stop cleanly"
     ramd_pid=""
     exec {ramd_out}>&-
-}
-ready() { nbdinfo --size "$uri"; }
-check_size() {
-    wait_until 30 "$ramd_what at $uri" ready
-    local got
-    got=$(nbdinfo --size "$uri")
-    [[ $got == "$size_bytes" ]] || die "$ramd_what exports $got bytes, expected $size_bytes"
 }
 # status FILE: this disk's `ramd status --json` object.
 status() {
@@ -216,9 +189,8 @@ snapshot() {
     record "${key}_pages" "$(jq -e .pages "$file")"
     record "${key}_full" "$(jq .full "$file")"
 }
-disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
 # --- 1. full save ---------------------------------------------------------------
-start_ramd A --size "$size" --image "$image"
+serve_loaded A --size "$size" --image "$image"
 check_size
 note "filling disk A with the data (nbdcopy)"
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk A failed"
@@ -259,7 +231,7 @@ record pretouch_gibs "$(pretouch $((2 * size_bytes + (256 << 20))))"
 
 note "load: ramd serve --image (time to the URI line)"
 step_begin ""
-start_ramd B --image "$image"
+serve_loaded B --image "$image"
 step_end load "$ramd_pid"
 check_size
 record load_rss_kib "$(proc_kib "$ramd_pid" VmRSS)"
@@ -296,7 +268,7 @@ note "I/O: ${runtime}s of 4 KiB randrw 50/50 QD16 on disk B (no autosave)"
 fio_mix mix_plain
 stop_ramd
 
-start_ramd C --image "$image" --autosave "$autosave"
+serve_loaded C --image "$image" --autosave "$autosave"
 check_size
 status "$work/raw/C.before.status.json"
 note "I/O: the same on disk C (--autosave $autosave)"

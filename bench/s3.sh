@@ -219,25 +219,6 @@ step_end() {
     record "${key}_loadavg" "$step_load"
 }
 
-# start_ramd WHAT OPTS...: starts `ramd serve --name bench OPTS` in the
-# background and returns once it has printed its URI line (ramd prints it
-# once the image is loaded; stdout is a FIFO read here, so the moment is
-# seen without polling); sets ramd_pid and uri.
-start_ramd() {
-    local what=$1 deadline=$((SECONDS + 600))
-    shift
-    rm -f "$work/ramd.out"
-    mkfifo "$work/ramd.out"
-    exec {ramd_out}<>"$work/ramd.out"
-    spawn "ramd ($what)" "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>>"$work/raw/$what.log" \
-        {ramd_out}>&-
-    ramd_pid=$spawned ramd_what="ramd ($what)"
-    uri=""
-    until read -r -t 1 -u "$ramd_out" uri; do
-        alive "$ramd_pid" "$ramd_what"
-        ((SECONDS < deadline)) || die "$ramd_what: no URI line after 600 s"
-    done
-}
 # stop_ramd: `ramd down` (saves what changed, releases the lease), then
 # waits for the process.
 stop_ramd() {
@@ -252,13 +233,6 @@ stop_ramd() {
     [[ -z $ramd_out ]] || exec {ramd_out}>&-
     ramd_out=""
 }
-check_size() {
-    wait_until 30 "$ramd_what at $uri" nbdinfo --size "$uri"
-    local got
-    got=$(nbdinfo --size "$uri")
-    [[ $got == "$size_bytes" ]] || die "$ramd_what exports $got bytes, expected $size_bytes"
-}
-disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
 # snapshot KEY [--full]: a timed `ramd snapshot bench --json`; its bytes,
 # pages and ramd's own seconds to the results.
 snapshot() {
@@ -280,7 +254,7 @@ newest_segment_bytes() {
 }
 # --- 0. the peer's local copy of the image ---------------------------------------
 note "making the local image the peer copies (disk L, --image $work/local)"
-start_ramd L --size "$size" --image "$work/local"
+serve_loaded L --size "$size" --image "$work/local"
 check_size
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk L failed"
 "$ramd" snapshot bench --full --json >"$work/raw/local-save.json" || die "ramd snapshot --full of disk L failed"
@@ -289,7 +263,7 @@ record local_bytes "$(du -sb "$work/local" | cut -f1)"
 record local_files "$(find "$work/local" -type f | wc -l)"
 
 # --- 1. full save -----------------------------------------------------------------
-start_ramd A --size "$size" --image "s3://$bucket/ramd"
+serve_loaded A --size "$size" --image "s3://$bucket/ramd"
 check_size
 note "filling disk A with the data (nbdcopy)"
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk A failed"
@@ -335,7 +309,7 @@ record prefix_objects "$(peer size --json "peer:$bucket/ramd" | jq -e .count)"
 ramd_load() {
     pretouch $((size_bytes + (256 << 20))) >/dev/null # a load fills memory the VM has backed before
     step_begin
-    start_ramd "B$1" --image "s3://$bucket/ramd"
+    serve_loaded "B$1" --image "s3://$bucket/ramd"
     step_end "load_ramd_$1"
     check_size
     log_s=$(sed -n 's/^.*loaded image .* in \([0-9.]*\) *s.*$/\1/p' "$work/raw/B$1.log" | tail -n 1)
