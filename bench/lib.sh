@@ -525,6 +525,13 @@ find_go_tool() {
     command -v "$1" 2>/dev/null
 }
 
+# need_weed: sets weed, SeaweedFS's binary, or fails saying how to get it.
+need_weed() {
+    # shellcheck disable=SC2034 # read by the caller
+    weed=$(find_go_tool weed) ||
+        die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
+}
+
 # start_weed WEED DIR LOG BUCKET KEY_ID SECRET: starts SeaweedFS (`weed
 # mini`: master, volume, filer and S3 in one process) on loopback on ten
 # free ports, its data and config in DIR, its output in LOG, with BUCKET

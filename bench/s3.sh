@@ -90,8 +90,7 @@ need findmnt util-linux
 need mountpoint util-linux
 want_fio_nbd
 
-weed=$(find_go_tool weed) ||
-    die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
+need_weed
 # RCLONE=PATH picks one rclone among several (Debian's and a go install).
 if [[ -n ${RCLONE:-} ]]; then
     [[ -x $RCLONE ]] || die "RCLONE=$RCLONE: not an executable"

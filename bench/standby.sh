@@ -85,8 +85,7 @@ for p in /usr/bin/python3 python3; do
 done
 [[ -n $pynbd ]] || die "no python3 (/usr/bin/python3 nor on PATH) can import nbd: apt-get install python3-libnbd"
 want_fio_nbd
-weed=$(find_go_tool weed) ||
-    die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
+need_weed
 
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
