@@ -525,6 +525,20 @@ find_go_tool() {
     command -v "$1" 2>/dev/null
 }
 
+# need_pynbd: sets pynbd, a python3 that can import libnbd's binding.
+# Debian's python3-libnbd is for the system python, which may not be the
+# first python3 on PATH (pyenv).
+need_pynbd() {
+    local p
+    # shellcheck disable=SC2034 # read by the caller
+    pynbd=""
+    for p in /usr/bin/python3 python3; do
+        # shellcheck disable=SC2034 # read by the caller
+        "$p" -c 'import nbd' 2>/dev/null && { pynbd=$p; return 0; }
+    done
+    die "no python3 (/usr/bin/python3 nor on PATH) can import nbd: apt-get install python3-libnbd"
+}
+
 # need_weed: sets weed, SeaweedFS's binary, or fails saying how to get it.
 need_weed() {
     # shellcheck disable=SC2034 # read by the caller

@@ -34,13 +34,7 @@ want_count --runs "$runs"
 bench_lock
 need taskset util-linux
 need nbdinfo libnbd-bin
-# Debian's python3-libnbd is for the system python, which may not be the
-# first python3 on PATH.
-py=""
-for cand in /usr/bin/python3 python3; do
-    "$cand" -c 'import nbd' 2>/dev/null && { py=$cand; break; }
-done
-[[ -n $py ]] || die "no python3 can import nbd: apt-get install python3-libnbd"
+need_pynbd
 
 build_ramd
 ramd=$built
@@ -103,7 +97,7 @@ one() {
         hog_pid=$spawned
     fi
     for op in write read; do
-        us=$(taskset -c "$loop_cpu" "$py" "$work/loop.py" "$uri" "$op" "$calls")
+        us=$(taskset -c "$loop_cpu" "$pynbd" "$work/loop.py" "$uri" "$op" "$calls")
         printf '%s\t%s\t%s\t%s\t%s\n' "$placement" "$hog" "$op" "$r" "$us" >>"$work/results.tsv"
         note "$placement, $hog, $op run $r: median $us µs per 8 MiB call"
     done

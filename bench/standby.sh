@@ -77,13 +77,7 @@ need nbdinfo libnbd-bin
 need jq jq
 need python3 python3
 need numfmt coreutils
-# The system's python3 has libnbd's binding; another one first on PATH
-# (pyenv) may not.
-pynbd=""
-for p in /usr/bin/python3 python3; do
-    "$p" -c 'import nbd' 2>/dev/null && { pynbd=$p; break; }
-done
-[[ -n $pynbd ]] || die "no python3 (/usr/bin/python3 nor on PATH) can import nbd: apt-get install python3-libnbd"
+need_pynbd
 want_fio_nbd
 need_weed
 
