@@ -162,14 +162,7 @@ done
 # has handed out before; touching and freeing what the run will need gives
 # every target the same kind of (recycled) pages. Its speed is reported.
 note "pre-touching $(((2 * big + (256 << 20)) >> 20)) MiB so every target gets the same kind of fresh memory"
-pretouch=$(python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' $((2 * big + (256 << 20))))
+pretouch=$(pretouch $((2 * big + (256 << 20))))
 
 # --- measuring helpers --------------------------------------------------------
 # Figures of one attempt go to $pending first; an attempt during which the
