@@ -122,11 +122,9 @@ hot_set_bytes=$(numfmt --from=iec "$hot_set")
 ((size_bytes >= 16 << 20)) || die "--size $size: use at least 16M"
 big=$((size_bytes > hot_bytes ? size_bytes : hot_bytes))
 tck=$(getconf CLK_TCK)
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # Two hot-set disks at once (or one data set), the source files in the page
 # cache, and room for everyone else.
-((avail_kib * 1024 > 2 * big + 3 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((2 * big + 3 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
+want_memory $((2 * big + 3 * size_bytes + (1 << 30))) "--size $size"
 
 # --- build ----------------------------------------------------------------------
 build_ramd

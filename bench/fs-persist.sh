@@ -59,9 +59,7 @@ bench_lock
 size_bytes=$(numfmt --from=iec "$size")
 per_file=$((size_bytes / files))
 ((per_file >= 4096 && per_file % 4096 == 0)) || die "--size $size / --files $files: each file must be a whole number of 4 KiB pages"
-case $(findmnt -n -o FSTYPE --target "$dir") in
-tmpfs | ramfs) die "--dir $dir is a memory filesystem: images must go to a real disk" ;;
-esac
+want_disk "$dir" images
 
 build_ramd
 ramd=$built

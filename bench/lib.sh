@@ -88,6 +88,28 @@ want_quiet_wait() {
     [[ ${BENCH_QUIET_WAIT:-0} =~ ^[0-9]+$ ]] || die "BENCH_QUIET_WAIT must be a number of seconds"
 }
 
+# want_memory BYTES WHY: MemAvailable holds more than BYTES, or fails
+# saying how much WHY needs and how much there is.
+want_memory() {
+    local kib
+    kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
+    ((kib * 1024 > $1)) ||
+        die "$2: needs $(($1 >> 20)) MiB of available memory; MemAvailable is $((kib / 1024)) MiB"
+}
+
+# want_disk DIR WHAT [BYTES]: DIR is on a real disk (WHAT must go there:
+# not tmpfs or ramfs) with more than BYTES free; sets fstype.
+want_disk() {
+    local free
+    fstype=$(findmnt -n -o FSTYPE --target "$1")
+    case $fstype in
+    tmpfs | ramfs) die "--dir $1 is on $fstype: $2 must go to a real disk" ;;
+    esac
+    free=$(df -B1 --output=avail "$1" | tail -n 1 | tr -d ' ')
+    ((free > ${3:-0})) ||
+        die "--dir $1: needs $((${3:-0} >> 20)) MiB of free space for $2; it has $((free >> 20)) MiB"
+}
+
 # want_root WHY: fails unless run as root.
 want_root() {
     ((EUID == 0)) || die "run as root: $1"

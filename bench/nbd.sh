@@ -83,10 +83,8 @@ nbdkit memory --dump-plugin >/dev/null 2>&1 ||
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
 tck=$(getconf CLK_TCK)
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # Both disks end up full, at the same time, plus room for everything else.
-((avail_kib * 1024 > 2 * size_bytes + (1 << 30))) ||
-    die "--size $size: both servers need 2 x $size of RAM plus 1 GiB; MemAvailable is $((avail_kib / 1024)) MiB"
+want_memory $((2 * size_bytes + (1 << 30))) "--size $size (both servers' disks)"
 
 # --- build --------------------------------------------------------------------
 build_ramd

@@ -86,20 +86,12 @@ pages=$((size_bytes / 4096))
 changed=$((pages / 100)) # step 2: 1% of the pages
 tck=$(getconf CLK_TCK)
 
-fstype=$(findmnt -n -o FSTYPE --target "$dir")
-case $fstype in
-tmpfs | ramfs) die "--dir $dir is on $fstype: images and copies must go to a real disk" ;;
-esac
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # At most one disk and one SIZE file in the tmpfs at a time, plus the
 # page cache's share and room for everyone else.
-((avail_kib * 1024 > 2 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((2 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
-free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
+want_memory $((2 * size_bytes + (1 << 30))) "--size $size"
 # The image (a full save, incremental saves: autosave can rewrite much of
 # the disk) and the cp file.
-((free_bytes > 4 * size_bytes)) ||
-    die "--dir $dir: needs 4 x $size of free space; it has $((free_bytes >> 20)) MiB"
+want_disk "$dir" "images and copies" $((4 * size_bytes))
 
 # --- build --------------------------------------------------------------------
 build_ramd

@@ -110,19 +110,11 @@ pages=$((size_bytes / 4096))
 changed=$((pages / 100)) # 1% of the pages
 tck=$(getconf CLK_TCK)
 
-fstype=$(findmnt -n -o FSTYPE --target "$dir")
-case $fstype in
-tmpfs | ramfs) die "--dir $dir is on $fstype: SeaweedFS's volumes and the local image must go to a real disk" ;;
-esac
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # The data file, one disk, the peer's copy in the tmpfs, the page cache's share.
-((avail_kib * 1024 > 3 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((3 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
-free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
+want_memory $((3 * size_bytes + (1 << 30))) "--size $size"
 # SeaweedFS keeps deleted objects' bytes in its volumes until a vacuum:
 # every full save and every peer copy stays on disk for the run.
-((free_bytes > (3 * reps + 4) * size_bytes)) ||
-    die "--dir $dir: needs $(((3 * reps + 4) * size_bytes >> 20)) MiB of free space; it has $((free_bytes >> 20)) MiB"
+want_disk "$dir" "SeaweedFS's volumes and the local image" $(((3 * reps + 4) * size_bytes))
 
 # --- build --------------------------------------------------------------------
 build_ramd
