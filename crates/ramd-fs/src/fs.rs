@@ -43,6 +43,7 @@ mod data;
 mod dir;
 mod follow;
 mod kernel;
+mod marks;
 pub(crate) mod meta;
 mod namespace;
 mod saves;
@@ -181,7 +182,7 @@ pub struct Fs {
     /// of the store (see `fs/kernel.rs`).
     hot: std::sync::OnceLock<crate::hot::HotTier>,
     /// What saves of the hot tier remember (see `fs/saves.rs`).
-    saves: saves::HotSaves,
+    saves: marks::HotSaves,
     /// With a hot tier and compression: where idle closed files' data
     /// goes (see `fs/cold.rs`).
     cold: std::sync::OnceLock<cold::ColdTier>,

@@ -29,33 +29,26 @@
 //! files, their store copies stay until it ends, even if a file moves back
 //! or goes meanwhile (`HotSaves::hold_cold`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use ramd_store::persist::{decode_record, ImageDir, OuterPages, OuterSave, PageRef, Record};
 use ramd_store::{Error, Store, PAGE_SIZE};
 
 use super::cold::ColdFile;
+use super::kernel::{next_data, no_atime, read_full};
+use super::marks::{data_chunks, Hash, Inner, CHUNK_PAGES, SLOT_PAGE_SHIFT};
 use super::{Data, Fs, FsConfig, Ino, Kind, FILE_SHIFT};
 use crate::hot::HotTier;
 
-/// Image page of a slot's first page.
-const SLOT_PAGE_SHIFT: u32 = FILE_SHIFT - 12;
-/// Pages of an image chunk (a GONE record's unit).
-const CHUNK_PAGES: u64 = 64;
 /// What a save or load reads or writes at once.
 const BLOCK: usize = 1 << 20;
 const PAGE: u64 = PAGE_SIZE as u64;
-
-/// A page's hash; 0: a hole or all zeros.
-type Hash = u128;
 
 fn page_hash(p: &[u8]) -> Hash {
     if is_zero(p) {
@@ -80,89 +73,6 @@ fn file_err(what: impl std::fmt::Display, err: io::Error) -> Error {
     Error::File {
         path: PathBuf::from(what.to_string()),
         err,
-    }
-}
-
-/// What the saves of a kernel-path filesystem remember between saves.
-#[derive(Default)]
-pub(crate) struct HotSaves {
-    inner: Mutex<Inner>,
-    /// An image is kept ([`Fs::outer_pages`] was asked for): files are
-    /// held to what an image holds.
-    imaged: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// Files whose data may differ from the image's copy.
-    changed: HashSet<Ino>,
-    /// Per slot: the hashes of the image's copy of its pages (trailing
-    /// holes left out), as of the last committed save or the load.
-    saved: HashMap<u64, Arc<[Hash]>>,
-    /// Chunks that may hold pages in the image but belong to no file now.
-    dead: BTreeSet<u64>,
-    /// A save is between its switch and its end.
-    saving: bool,
-    /// Slots freed since that save's switch: its commit must not adopt them.
-    freed_in_save: HashSet<u64>,
-    /// Slots of cold files that save reads from the cold store.
-    cold_read: HashSet<u64>,
-    /// Of those, the ones whose cold copy is no longer wanted (moved back,
-    /// or the file went), with their sizes: freed when the save ends.
-    deferred: Vec<(u64, u64)>,
-}
-
-/// The chunks of slot `slot` where `hashes` name data.
-fn data_chunks(slot: u64, hashes: &[Hash]) -> impl Iterator<Item = u64> + '_ {
-    let first = (slot << SLOT_PAGE_SHIFT) / CHUNK_PAGES;
-    hashes
-        .chunks(CHUNK_PAGES as usize)
-        .enumerate()
-        .filter(|(_, c)| c.iter().any(|&h| h != 0))
-        .map(move |(i, _)| first + i as u64)
-}
-
-impl HotSaves {
-    /// `ino`'s data may have changed (an open for writing, a truncate...).
-    pub(super) fn mark(&self, ino: Ino) {
-        self.inner.lock().changed.insert(ino);
-    }
-
-    /// The inode went, and its slot with it: the image's copy of the
-    /// slot's pages must go at the next save.
-    pub(super) fn freed(&self, ino: Ino, slot: u64) {
-        let mut inner = self.inner.lock();
-        inner.changed.remove(&ino);
-        if let Some(h) = inner.saved.remove(&slot) {
-            let chunks: Vec<u64> = data_chunks(slot, &h).collect();
-            inner.dead.extend(chunks);
-        }
-        if inner.saving {
-            inner.freed_in_save.insert(slot);
-        }
-    }
-
-    pub(super) fn imaged(&self) -> bool {
-        self.imaged.load(Relaxed)
-    }
-
-    /// Slot `slot`'s cold copy (`size` bytes) is no longer wanted: true if
-    /// a save reads it now, which then frees it when done; false: the
-    /// caller frees it. The caller holds the state lock, so no save
-    /// switches meanwhile.
-    pub(super) fn hold_cold(&self, slot: u64, size: u64) -> bool {
-        let mut inner = self.inner.lock();
-        if inner.saving && inner.cold_read.contains(&slot) {
-            inner.deferred.push((slot, size));
-            return true;
-        }
-        false
-    }
-
-    /// Whether slot `slot` still has a cold copy a save reads (so no new
-    /// one may be written there yet).
-    pub(super) fn cold_held(&self, slot: u64) -> bool {
-        self.inner.lock().deferred.iter().any(|&(s, _)| s == slot)
     }
 }
 
@@ -534,55 +444,6 @@ fn holes(
         }
     }
     Ok(())
-}
-
-/// The next data extent at or after `from`: (its start, its end), or
-/// `None` past the last.
-pub(super) fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
-    // SAFETY: lseek on an fd we own.
-    let data = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
-    if data < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENXIO) => Ok(None),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: as above.
-    let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
-    if hole < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Some((data as u64, hole as u64)))
-}
-
-/// A save's reads are no client's: they must not move the file's atime
-/// (the tree's, saved with it), or every save of a file open for writing
-/// would find the tree changed and write a new save. The fd is the
-/// save's own (`HotTier::open` opens anew), so the flag touches no
-/// client's reads. If it cannot be set, the atime moves, nothing worse.
-pub(super) fn no_atime(f: &File) {
-    // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NOATIME);
-        }
-    }
-}
-
-/// Reads until `buf` is full or the file ends; returns how much was read.
-pub(super) fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match f.read_at(&mut buf[got..], at + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// Hashes of a whole file's pages as it is (trailing holes left out): what
