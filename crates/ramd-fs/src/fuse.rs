@@ -135,7 +135,7 @@ fn read_write(flags: u32) -> bool {
 }
 
 /// An answer: the payload's length in the reply buffer, or an errno.
-type Answer = std::result::Result<usize, i32>;
+type Answer = std::result::Result<usize, Errno>;
 
 impl FuseFs {
     pub fn new(fs: Arc<Fs>, opts: FuseOptions) -> FuseFs {
@@ -207,7 +207,7 @@ impl FuseFs {
         ino: Ino,
         flags: u32,
         created: bool,
-    ) -> std::result::Result<(u32, i32), i32> {
+    ) -> std::result::Result<(u32, i32), Errno> {
         if !self.passthrough() || self.fs.hot_tier().is_none() {
             return Ok((open_flags(&self.fs, ino), 0));
         }
@@ -218,16 +218,16 @@ impl FuseFs {
             b.read_write += rw;
             return Ok((abi::FOPEN_PASSTHROUGH, b.id));
         }
-        let dev = self.backings.dev.get().ok_or(libc::EIO)?;
+        let dev = self.backings.dev.get().ok_or(Errno::EIO)?;
         let file = if created {
             self.fs.new_backing_file(ino)
         } else {
             self.fs.backing_file(ino)
         };
-        let file = file.map_err(ferr)?;
+        let file = file?;
         let id = backing_open(dev, &file).map_err(|e| {
             log::warn!("registering inode {ino}'s backing file: {e}");
-            e.raw_os_error().unwrap_or(libc::EIO)
+            e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
         })?;
         // The kernel holds its own reference: ours may go now.
         drop(file);
@@ -394,12 +394,12 @@ impl FuseFs {
     /// back any cached pages, which still reach us).
     fn sync(&self) -> Answer {
         match &self.opts.sync {
-            None => Err(libc::ENOSYS),
+            None => Err(Errno::ENOSYS),
             Some(sync) => {
                 let started = Instant::now();
                 let r = sync();
                 self.record(Op::Flush, 0, started, r.is_ok());
-                r.map(|()| 0).map_err(|e| e.get())
+                r.map(|()| 0)
             }
         }
     }
@@ -411,10 +411,6 @@ impl FuseFs {
             m.record(op, bytes, started, ok);
         }
     }
-}
-
-fn ferr(e: Errno) -> i32 {
-    e.get()
 }
 
 /// The `S_IFMT` bits of a kind.
@@ -432,8 +428,8 @@ fn type_bits(k: Kind) -> u32 {
 
 /// The instant a request's (seconds, nanoseconds) names; EINVAL when out
 /// of range.
-fn system_time((secs, nsec): (u64, u32)) -> std::result::Result<SystemTime, i32> {
-    crate::fs::join_time(secs as i64, nsec).ok_or(libc::EINVAL)
+fn system_time((secs, nsec): (u64, u32)) -> std::result::Result<SystemTime, Errno> {
+    crate::fs::join_time(secs as i64, nsec).ok_or(Errno::EINVAL)
 }
 
 fn fattr_of(a: &Attr) -> abi::FAttr {
@@ -547,38 +543,38 @@ fn created_out(t: &FuseFs, buf: &mut [u8], a: &Attr, open: (u32, i32)) -> Answer
     let mut w = Wr::new(buf);
     abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(a), &fattr_of(a));
     abi::encode_open_out(&mut w, 0, open.0, open.1);
-    w.written().ok_or(libc::EIO)
+    w.written().ok_or(Errno::EIO)
 }
 
 /// A directory entry's name: NUL-terminated, at most NAME_MAX bytes; and
 /// what follows it.
-fn name(b: &[u8]) -> std::result::Result<(&OsStr, &[u8]), i32> {
-    let (n, rest) = abi::cstr(b).ok_or(libc::EINVAL)?;
+fn name(b: &[u8]) -> std::result::Result<(&OsStr, &[u8]), Errno> {
+    let (n, rest) = abi::cstr(b).ok_or(Errno::EINVAL)?;
     if n.len() > NAME_MAX {
-        return Err(libc::ENAMETOOLONG);
+        return Err(Errno::ENAMETOOLONG);
     }
     Ok((OsStr::from_bytes(n), rest))
 }
 
 /// A name that must be all that is left of the request.
-fn last_name(b: &[u8]) -> std::result::Result<&OsStr, i32> {
+fn last_name(b: &[u8]) -> std::result::Result<&OsStr, Errno> {
     let (n, rest) = name(b)?;
     if !rest.is_empty() {
-        return Err(libc::EINVAL);
+        return Err(Errno::EINVAL);
     }
     Ok(n)
 }
 
 /// Decodes a fixed argument; EINVAL when it is short.
-fn arg<T>(v: Option<T>) -> std::result::Result<T, i32> {
-    v.ok_or(libc::EINVAL)
+fn arg<T>(v: Option<T>) -> std::result::Result<T, Errno> {
+    v.ok_or(Errno::EINVAL)
 }
 
 fn entry_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
-    let a = r.map_err(ferr)?;
+    let a = r?;
     let mut w = Wr::new(buf);
     abi::encode_entry(&mut w, GENERATION, TTL, t.attr_ttl(&a), &fattr_of(&a));
-    w.written().ok_or(libc::EIO)
+    w.written().ok_or(Errno::EIO)
 }
 
 /// A LOOKUP's answer. A missing name is an entry with inode 0, which the
@@ -590,26 +586,26 @@ fn lookup_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer 
         Err(e) if e == Errno::ENOENT => {
             let mut w = Wr::new(buf);
             abi::encode_entry(&mut w, 0, TTL, TTL, &abi::FAttr::default());
-            w.written().ok_or(libc::EIO)
+            w.written().ok_or(Errno::EIO)
         }
         r => entry_out(t, buf, r),
     }
 }
 
 fn attr_out(t: &FuseFs, buf: &mut [u8], r: crate::fs::Result<Attr>) -> Answer {
-    let a = r.map_err(ferr)?;
+    let a = r?;
     let mut w = Wr::new(buf);
     abi::encode_attr_out(&mut w, t.attr_ttl(&a), &fattr_of(&a));
-    w.written().ok_or(libc::EIO)
+    w.written().ok_or(Errno::EIO)
 }
 
 fn empty(r: crate::fs::Result<()>) -> Answer {
-    r.map(|()| 0).map_err(ferr)
+    r.map(|()| 0)
 }
 
 /// Copies `data` into the reply; ERANGE if it does not fit.
 fn data_out(buf: &mut [u8], data: &[u8]) -> Answer {
-    let dst = buf.get_mut(..data.len()).ok_or(libc::ERANGE)?;
+    let dst = buf.get_mut(..data.len()).ok_or(Errno::ERANGE)?;
     dst.copy_from_slice(data);
     Ok(data.len())
 }
@@ -667,7 +663,8 @@ impl Dispatch for FuseFs {
         if answer.is_ok() {
             self.listing_may_move_atime(h.opcode, Ino(h.nodeid));
         }
-        if let Err(e) = reply.send(answer) {
+        // The one place an errno becomes the kernel's number.
+        if let Err(e) = reply.send(answer.map_err(Errno::get)) {
             log::debug!("answering FUSE opcode {}: {e}", h.opcode);
         }
     }
@@ -772,16 +769,16 @@ impl Seeker {
 /// LSEEK's offset and whence; ENXIO for a negative offset, EINVAL for a
 /// whence other than SEEK_DATA and SEEK_HOLE (the kernel handles
 /// SEEK_SET/CUR/END itself).
-fn lseek_in(req: &Request<'_>) -> std::result::Result<(i64, Whence), i32> {
+fn lseek_in(req: &Request<'_>) -> std::result::Result<(i64, Whence), Errno> {
     let mut r = Rd(req.arg0);
     let (_fh, offset, whence) = (arg(r.u64())?, arg(r.u64())? as i64, arg(r.u32())?);
     let whence = match whence as i32 {
         libc::SEEK_DATA => Whence::Data,
         libc::SEEK_HOLE => Whence::Hole,
-        _ => return Err(libc::EINVAL),
+        _ => return Err(Errno::EINVAL),
     };
     if offset < 0 {
-        return Err(libc::ENXIO);
+        return Err(Errno::ENXIO);
     }
     Ok((offset, whence))
 }
@@ -815,7 +812,7 @@ impl FuseFs {
         let (offset, whence) = match lseek_in(req) {
             Ok(a) => a,
             Err(e) => {
-                if let Err(e) = reply.send(Err(e)) {
+                if let Err(e) = reply.send(Err(e.get())) {
                     log::debug!("answering FUSE_LSEEK: {e}");
                 }
                 return;
@@ -837,7 +834,7 @@ impl FuseFs {
             if let Some(m) = &metrics {
                 m.record(Op::Other, 0, started, res.is_ok());
             }
-            res.map_err(ferr)
+            res
         };
         let Some(later) = reply.detach() else {
             // In place (io_uring): the request keeps its ring entry until
@@ -864,16 +861,16 @@ impl FuseFs {
             let res = res.and_then(|o| {
                 let mut w = Wr::new(reply.buf());
                 w.u64(o);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             });
-            if let Err(e) = reply.send(res) {
+            if let Err(e) = reply.send(res.map_err(Errno::get)) {
                 log::debug!("answering FUSE_LSEEK: {e}");
             }
             return;
         };
         let job: SeekJob = Box::new(move || {
             let bytes = answer(true).map(u64::to_ne_bytes);
-            if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| *e)) {
+            if let Err(e) = later(bytes.as_ref().map(|b| &b[..]).map_err(|e| e.get())) {
                 log::debug!("answering FUSE_LSEEK: {e}");
             }
         });
@@ -892,10 +889,10 @@ impl FuseFs {
         // Every fixed argument whole (INIT's is shorter on old kernels,
         // and answered by the session anyway).
         if h.opcode != op::INIT && req.arg0.len() < self.arg0_len(h.opcode) {
-            return Err(libc::EINVAL);
+            return Err(Errno::EINVAL);
         }
         if fs.store().standby() && changes(req) {
-            return Err(libc::EROFS);
+            return Err(Errno::EROFS);
         }
         match h.opcode {
             op::LOOKUP => lookup_out(self, buf, fs.lookup(ino, last_name(req.rest)?)),
@@ -903,7 +900,7 @@ impl FuseFs {
                 let flags = arg(abi::Rd(req.arg0).u32())?;
                 // With a handle: the kernel is about to take a cached write.
                 if flags & abi::GETATTR_FH != 0 {
-                    fs.write_allowed(ino).map_err(ferr)?;
+                    fs.write_allowed(ino)?;
                 }
                 attr_out(self, buf, fs.getattr(ino))
             }
@@ -936,12 +933,12 @@ impl FuseFs {
                 };
                 attr_out(self, buf, fs.setattr(caller(req), ino, set))
             }
-            op::READLINK => data_out(buf, &fs.readlink(ino).map_err(ferr)?),
+            op::READLINK => data_out(buf, &fs.readlink(ino)?),
             op::SYMLINK => {
                 let (link, rest) = name(req.rest)?;
-                let (target, tail) = abi::cstr(rest).ok_or(libc::EINVAL)?;
+                let (target, tail) = abi::cstr(rest).ok_or(Errno::EINVAL)?;
                 if !tail.is_empty() {
-                    return Err(libc::EINVAL);
+                    return Err(Errno::EINVAL);
                 }
                 let target = OsStr::from_bytes(target);
                 entry_out(self, buf, fs.symlink(caller(req), ino, link, target))
@@ -982,7 +979,7 @@ impl FuseFs {
             }
             op::OPEN => {
                 let flags = arg(Rd(req.arg0).u32())?;
-                fs.open(ino, flags as i32).map_err(ferr)?;
+                fs.open(ino, flags as i32)?;
                 let (open_flags, backing) = match self.open_reply(ino, flags, false) {
                     Ok(r) => r,
                     Err(e) => {
@@ -992,22 +989,22 @@ impl FuseFs {
                 };
                 let mut w = Wr::new(buf);
                 abi::encode_open_out(&mut w, 0, open_flags, backing);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             op::READ => {
                 let r = arg(abi::RwIn::parse(req.arg0))?;
                 // Straight into the reply: no copy of the data here.
-                let dst = buf.get_mut(..r.size as usize).ok_or(libc::EINVAL)?;
+                let dst = buf.get_mut(..r.size as usize).ok_or(Errno::EINVAL)?;
                 let started = Instant::now();
                 let res = fs.read(ino, r.offset, dst);
                 let n = *res.as_ref().unwrap_or(&0);
                 self.record(Op::Read, n as u64, started, res.is_ok());
-                res.map_err(ferr)
+                res
             }
             op::WRITE => {
                 let w = arg(abi::RwIn::parse(req.arg0))?;
                 if req.rest.len() != w.size as usize {
-                    return Err(libc::EINVAL);
+                    return Err(Errno::EINVAL);
                 }
                 // Writes flushed from the kernel's cache must fail whole, so
                 // that the error is kept for fsync/close; a program's own
@@ -1026,10 +1023,10 @@ impl FuseFs {
                 );
                 let n = *res.as_ref().unwrap_or(&0);
                 self.record(Op::Write, n as u64, started, res.is_ok());
-                let n = res.map_err(ferr)?;
+                let n = res?;
                 let mut out = Wr::new(buf);
                 out.u32(n as u32).u32(0);
-                out.written().ok_or(libc::EIO)
+                out.written().ok_or(Errno::EIO)
             }
             op::STATFS => {
                 let (blocks, bfree, files, ffree) = fs.statfs();
@@ -1044,7 +1041,7 @@ impl FuseFs {
                     .u32(4096)
                     .u32(0)
                     .zeros(24);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             op::RELEASE => {
                 // The backing id first: the last release frees an
@@ -1063,9 +1060,9 @@ impl FuseFs {
                 let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
                 let kill_sgid = self.setxattr_ext.load(Relaxed)
                     && arg(r.u32())? & abi::SETXATTR_ACL_KILL_SGID != 0;
-                let (n, value) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                let (n, value) = abi::cstr(req.rest).ok_or(Errno::EINVAL)?;
                 if value.len() != size as usize {
-                    return Err(libc::EINVAL);
+                    return Err(Errno::EINVAL);
                 }
                 let n = OsStr::from_bytes(n);
                 empty(fs.setxattr(ino, n, value, flags as i32, kill_sgid))
@@ -1073,39 +1070,38 @@ impl FuseFs {
             op::GETXATTR | op::LISTXATTR => {
                 let size = arg(Rd(req.arg0).u32())?;
                 let v = if h.opcode == op::GETXATTR {
-                    let (n, tail) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                    let (n, tail) = abi::cstr(req.rest).ok_or(Errno::EINVAL)?;
                     if !tail.is_empty() {
-                        return Err(libc::EINVAL);
+                        return Err(Errno::EINVAL);
                     }
                     fs.getxattr(ino, OsStr::from_bytes(n))
                 } else {
                     fs.listxattr(ino)
-                }
-                .map_err(ferr)?;
+                }?;
                 if size == 0 {
                     // fuse_getxattr_out: the size it would take.
                     let mut w = Wr::new(buf);
                     w.u32(v.len() as u32).u32(0);
-                    w.written().ok_or(libc::EIO)
+                    w.written().ok_or(Errno::EIO)
                 } else if v.len() > size as usize {
-                    Err(libc::ERANGE)
+                    Err(Errno::ERANGE)
                 } else {
                     data_out(buf, &v)
                 }
             }
             op::REMOVEXATTR => {
-                let (n, tail) = abi::cstr(req.rest).ok_or(libc::EINVAL)?;
+                let (n, tail) = abi::cstr(req.rest).ok_or(Errno::EINVAL)?;
                 if !tail.is_empty() {
-                    return Err(libc::EINVAL);
+                    return Err(Errno::EINVAL);
                 }
                 empty(fs.removexattr(ino, OsStr::from_bytes(n)))
             }
             // Nothing is buffered here, so close() needs no round trip:
             // ENOSYS tells the kernel to stop sending FLUSH (it then
             // succeeds at once).
-            op::FLUSH => Err(libc::ENOSYS),
+            op::FLUSH => Err(Errno::ENOSYS),
             // Answered once, by the session, before any other request.
-            op::INIT => Err(libc::EIO),
+            op::INIT => Err(Errno::EIO),
             // A listing keeps nothing per open (fs/dir.rs): when the kernel
             // can do without, ENOSYS saves this round trip and RELEASEDIR's
             // for every later open of any directory. The kernel then
@@ -1120,13 +1116,13 @@ impl FuseFs {
                 if self.no_opendir.load(Relaxed) && fs.atime().mode != AtimeMode::Strict =>
             {
                 self.listings_cached.store(true, Relaxed);
-                Err(libc::ENOSYS)
+                Err(Errno::ENOSYS)
             }
             op::OPENDIR => {
-                fs.opendir(ino).map_err(ferr)?;
+                fs.opendir(ino)?;
                 let mut w = Wr::new(buf);
                 abi::encode_open_out(&mut w, 0, 0, 0);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             op::READDIR => {
                 let r = arg(abi::RwIn::parse(req.arg0))?;
@@ -1150,7 +1146,7 @@ impl FuseFs {
                     // The name the kernel sends ("/") names nothing.
                     fs.tmpfile(who, ino, mode)
                 };
-                let a = a.map_err(ferr)?;
+                let a = a?;
                 let open = match self.open_reply(a.ino, flags, true) {
                     Ok(r) => r,
                     Err(e) => {
@@ -1164,17 +1160,17 @@ impl FuseFs {
             }
             op::STATX => {
                 let sx = arg(abi::StatxIn::parse(req.arg0))?;
-                let a = fs.getattr(ino).map_err(ferr)?;
+                let a = fs.getattr(ino)?;
                 let mut w = Wr::new(buf);
                 // attr_valid, its nanoseconds, flags, spare.
                 w.u64(self.attr_ttl(&a)).u32(0).u32(0).zeros(16);
                 encode_statx(&mut w, &a, sx.sx_mask);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             op::DESTROY => Ok(0),
             op::IOCTL => {
                 let i = arg(abi::IoctlIn::parse(req.arg0))?;
-                let in_data = req.rest.get(..i.in_size as usize).ok_or(libc::EINVAL)?;
+                let in_data = req.rest.get(..i.in_size as usize).ok_or(Errno::EINVAL)?;
                 self.ioctl(ino, i.cmd, in_data, i.out_size, buf)
             }
             op::FALLOCATE => {
@@ -1202,10 +1198,10 @@ impl FuseFs {
                 let started = Instant::now();
                 let res = fs.seek(ino, offset as u64, whence);
                 self.record(Op::Other, 0, started, res.is_ok());
-                let o = res.map_err(ferr)?;
+                let o = res?;
                 let mut w = Wr::new(buf);
                 w.u64(o);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             op::COPY_FILE_RANGE => {
                 let c = arg(abi::CopyRangeIn::parse(req.arg0))?;
@@ -1223,21 +1219,21 @@ impl FuseFs {
                 // A copy inside the disk: counted as the write it ends in.
                 let n = *res.as_ref().unwrap_or(&0);
                 self.record(Op::Write, n, started, res.is_ok());
-                let n = res.map_err(ferr)?;
+                let n = res?;
                 let mut w = Wr::new(buf);
                 w.u32(n as u32).u32(0);
-                w.written().ok_or(libc::EIO)
+                w.written().ok_or(Errno::EIO)
             }
             // Locks stay local to the kernel (as with fuser's defaults),
             // and the rest is not offered: ENOSYS.
-            _ => Err(libc::ENOSYS),
+            _ => Err(Errno::ENOSYS),
         }
     }
 
     fn readdir(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
         let size = (r.size as usize).min(buf.len());
         let most = size / abi::dirent_len(abi::DIRENT_LEN, 1);
-        let entries = self.fs.read_dir(ino, r.offset, most).map_err(ferr)?;
+        let entries = self.fs.read_dir(ino, r.offset, most)?;
         let mut w = Wr::new(&mut buf[..size]);
         for (cookie, e) in &entries {
             // The offset handed back is where the next call resumes.
@@ -1246,13 +1242,13 @@ impl FuseFs {
                 break;
             }
         }
-        w.written().ok_or(libc::EIO)
+        w.written().ok_or(Errno::EIO)
     }
 
     fn readdirplus(&self, ino: Ino, r: abi::RwIn, buf: &mut [u8]) -> Answer {
         let size = (r.size as usize).min(buf.len());
         let most = size / abi::dirent_len(abi::DIRENTPLUS_LEN, 1);
-        let entries = self.fs.read_dir(ino, r.offset, most).map_err(ferr)?;
+        let entries = self.fs.read_dir(ino, r.offset, most)?;
         let mut w = Wr::new(&mut buf[..size]);
         for (cookie, e) in &entries {
             if abi::dirent_len(abi::DIRENTPLUS_LEN, e.name.len()) > w.room() {
@@ -1274,7 +1270,7 @@ impl FuseFs {
             let typ = type_bits(e.kind) >> 12;
             abi::encode_dirent(&mut w, e.ino.0, *cookie, typ, e.name.as_bytes());
         }
-        w.written().ok_or(libc::EIO)
+        w.written().ok_or(Errno::EIO)
     }
 
     fn ioctl(&self, ino: Ino, cmd: u32, in_data: &[u8], out_size: u32, buf: &mut [u8]) -> Answer {
@@ -1292,10 +1288,10 @@ impl FuseFs {
             let data = &data[..data.len().min(out_size as usize)];
             let mut w = Wr::new(buf);
             w.u32(0).u32(0).u32(0).u32(0).bytes(data);
-            w.written().ok_or(libc::EIO)
+            w.written().ok_or(Errno::EIO)
         };
         if cmd == FSGETXATTR {
-            let f = self.fs.flags(ino).map_err(ferr)?;
+            let f = self.fs.flags(ino)?;
             // struct fsxattr: xflags, then four u32 and 8 bytes of
             // padding, all zero here.
             let mut b = [0u8; 28];
@@ -1316,15 +1312,15 @@ impl FuseFs {
             );
             let flags = flags_of_xflags(xf)
                 .filter(|_| extsize == 0 && projid == 0 && cowextsize == 0)
-                .ok_or(libc::EOPNOTSUPP)?;
-            self.fs.set_flags(ino, flags).map_err(ferr)?;
+                .ok_or(Errno::EOPNOTSUPP)?;
+            self.fs.set_flags(ino, flags)?;
             out(buf, &[])
         } else if GETFLAGS.contains(&cmd) {
-            let f = self.fs.flags(ino).map_err(ferr)?;
+            let f = self.fs.flags(ino)?;
             out(buf, &f.to_ne_bytes())
         } else if SETFLAGS.contains(&cmd) {
             let f = arg(Rd(in_data).u32())?;
-            self.fs.set_flags(ino, f).map_err(ferr)?;
+            self.fs.set_flags(ino, f)?;
             out(buf, &[])
         } else {
             // ENOTTY, as tmpfs; said once per command, not once per call.
@@ -1336,7 +1332,7 @@ impl FuseFs {
             {
                 log::info!("unsupported ioctl {cmd:#x} (answered ENOTTY; not logged again)");
             }
-            Err(libc::ENOTTY)
+            Err(Errno::ENOTTY)
         }
     }
 }
