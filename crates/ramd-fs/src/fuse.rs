@@ -392,25 +392,56 @@ impl FuseFs {
     /// for the same thing. ENOSYS when there is nothing to wait for: the
     /// kernel then stops sending them and succeeds locally (after writing
     /// back any cached pages, which still reach us).
-    fn sync(&self) -> Answer {
+    fn sync(&self, tally: &mut Tally) -> Answer {
         match &self.opts.sync {
             None => Err(Errno::ENOSYS),
             Some(sync) => {
-                let started = Instant::now();
-                let r = sync();
-                self.record(Op::Flush, 0, started, r.is_ok());
-                r.map(|()| 0)
+                tally.ran(0);
+                sync().map(|()| 0)
             }
         }
     }
+}
 
-    /// Counts a request that began at `started` (see `ramd_store::metrics`).
-    #[inline]
-    fn record(&self, op: Op, bytes: u64, started: Instant, ok: bool) {
-        if let Some(m) = &self.opts.metrics {
-            m.record(op, bytes, started, ok);
-        }
+/// What metrics count of one request, told by its handler: whether the
+/// `Fs` call ran (a request refused before it is not counted), and the
+/// bytes it moved.
+#[derive(Default)]
+struct Tally {
+    ran: bool,
+    bytes: u64,
+}
+
+impl Tally {
+    fn ran(&mut self, bytes: u64) {
+        self.ran = true;
+        self.bytes = bytes;
     }
+}
+
+/// The metrics op of a request, for the opcodes that are timed and
+/// counted (see [`FuseOptions::metrics`]); the one map from FUSE opcodes
+/// to [`Op`].
+fn metric_op(req: &Request<'_>) -> Option<Op> {
+    Some(match req.header.opcode {
+        op::READ => Op::Read,
+        // A copy inside the disk: counted as the write it ends in.
+        op::WRITE | op::COPY_FILE_RANGE => Op::Write,
+        op::FSYNC | op::FSYNCDIR => Op::Flush,
+        op::LSEEK => Op::Other,
+        op::FALLOCATE => {
+            // fuse_fallocate_in: fh, offset, length, mode.
+            let mode = Rd(req.arg0.get(24..).unwrap_or(&[])).u32().unwrap_or(0) as i32;
+            if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+                Op::Trim
+            } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
+                Op::Zero
+            } else {
+                Op::Other
+            }
+        }
+        _ => return None,
+    })
 }
 
 /// The `S_IFMT` bits of a kind.
@@ -659,7 +690,18 @@ impl Dispatch for FuseFs {
             op::LSEEK if self.kernel_holds_pages() => return self.lseek_written_back(req, reply),
             _ => {}
         }
-        let answer = self.serve(req, reply.buf());
+        // Timed and counted here, once per request (a seek that waits
+        // for write-back, above, where it is answered).
+        let metered = self
+            .opts
+            .metrics
+            .as_deref()
+            .and_then(|m| Some((m, metric_op(req)?, Instant::now())));
+        let mut tally = Tally::default();
+        let answer = self.serve(req, reply.buf(), &mut tally);
+        if let Some((m, op, started)) = metered.filter(|_| tally.ran) {
+            m.record(op, tally.bytes, started, answer.is_ok());
+        }
         if answer.is_ok() {
             self.listing_may_move_atime(h.opcode, Ino(h.nodeid));
         }
@@ -818,11 +860,8 @@ impl FuseFs {
                 return;
             }
         };
-        let (fs, notifier, metrics) = (
-            self.fs.clone(),
-            self.notifier.clone(),
-            self.opts.metrics.clone(),
-        );
+        let (fs, notifier) = (self.fs.clone(), self.notifier.clone());
+        let metrics = self.opts.metrics.clone().zip(metric_op(req));
         let answer = move |write_back: bool| {
             if let Some(n) = notifier.get().filter(|_| write_back) {
                 if let Err(e) = n.inval_inode(ino.0, offset, 0) {
@@ -831,8 +870,8 @@ impl FuseFs {
             }
             let started = Instant::now();
             let res = fs.seek(ino, offset as u64, whence);
-            if let Some(m) = &metrics {
-                m.record(Op::Other, 0, started, res.is_ok());
+            if let Some((m, op)) = &metrics {
+                m.record(*op, 0, started, res.is_ok());
             }
             res
         };
@@ -882,7 +921,7 @@ impl FuseFs {
     }
 
     /// Serves one request that has an answer, built in `buf`.
-    fn serve(&self, req: &Request<'_>, buf: &mut [u8]) -> Answer {
+    fn serve(&self, req: &Request<'_>, buf: &mut [u8], tally: &mut Tally) -> Answer {
         let h = &req.header;
         let ino = Ino(h.nodeid);
         let fs = &*self.fs;
@@ -995,10 +1034,8 @@ impl FuseFs {
                 let r = arg(abi::RwIn::parse(req.arg0))?;
                 // Straight into the reply: no copy of the data here.
                 let dst = buf.get_mut(..r.size as usize).ok_or(Errno::EINVAL)?;
-                let started = Instant::now();
                 let res = fs.read(ino, r.offset, dst);
-                let n = *res.as_ref().unwrap_or(&0);
-                self.record(Op::Read, n as u64, started, res.is_ok());
+                tally.ran(*res.as_ref().unwrap_or(&0) as u64);
                 res
             }
             op::WRITE => {
@@ -1011,7 +1048,6 @@ impl FuseFs {
                 // write may be short.
                 let short_ok = w.rw_flags & abi::WRITE_CACHE == 0;
                 let kill = w.rw_flags & abi::WRITE_KILL_SUIDGID != 0;
-                let started = Instant::now();
                 let res = fs.write(
                     &fs.change(),
                     ino,
@@ -1021,8 +1057,7 @@ impl FuseFs {
                     caller(req),
                     kill,
                 );
-                let n = *res.as_ref().unwrap_or(&0);
-                self.record(Op::Write, n as u64, started, res.is_ok());
+                tally.ran(*res.as_ref().unwrap_or(&0) as u64);
                 let n = res?;
                 let mut out = Wr::new(buf);
                 out.u32(n as u32).u32(0);
@@ -1054,7 +1089,7 @@ impl FuseFs {
                 fs.release(ino);
                 Ok(0)
             }
-            op::FSYNC | op::FSYNCDIR => self.sync(),
+            op::FSYNC | op::FSYNCDIR => self.sync(tally),
             op::SETXATTR => {
                 let mut r = Rd(req.arg0);
                 let (size, flags) = (arg(r.u32())?, arg(r.u32())?);
@@ -1181,23 +1216,14 @@ impl FuseFs {
                     arg(r.u64())?,
                     arg(r.u32())? as i32,
                 );
-                let started = Instant::now();
                 let res = fs.fallocate(caller(req), ino, offset, length, mode);
-                let op = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-                    Op::Trim
-                } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-                    Op::Zero
-                } else {
-                    Op::Other
-                };
-                self.record(op, length, started, res.is_ok());
+                tally.ran(length);
                 empty(res)
             }
             op::LSEEK => {
                 let (offset, whence) = lseek_in(req)?;
-                let started = Instant::now();
                 let res = fs.seek(ino, offset as u64, whence);
-                self.record(Op::Other, 0, started, res.is_ok());
+                tally.ran(0);
                 let o = res?;
                 let mut w = Wr::new(buf);
                 w.u64(o);
@@ -1207,7 +1233,6 @@ impl FuseFs {
                 let c = arg(abi::CopyRangeIn::parse(req.arg0))?;
                 // One reply carries a u32 count; the kernel loops for the rest.
                 let len = c.len.min(1 << 30);
-                let started = Instant::now();
                 let res = fs.copy_range(
                     caller(req),
                     ino,
@@ -1216,9 +1241,7 @@ impl FuseFs {
                     c.off_out,
                     len,
                 );
-                // A copy inside the disk: counted as the write it ends in.
-                let n = *res.as_ref().unwrap_or(&0);
-                self.record(Op::Write, n, started, res.is_ok());
+                tally.ran(*res.as_ref().unwrap_or(&0));
                 let n = res?;
                 let mut w = Wr::new(buf);
                 w.u32(n as u32).u32(0);
