@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
-use ramd_store::{Change, ExtentKind, Store, PAGE_SIZE};
+use ramd_store::{Change, Store, PAGE_SIZE};
 
 mod acl;
 mod attr;
