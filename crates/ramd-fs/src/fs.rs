@@ -43,6 +43,7 @@ mod data;
 mod dir;
 mod follow;
 mod kernel;
+mod loads;
 mod marks;
 pub(crate) mod meta;
 mod namespace;
