@@ -1,6 +1,10 @@
 //! The filesystem itself, independent of FUSE: inodes, directories, links,
 //! xattrs and file data, with tmpfs semantics. `fuse.rs` only translates.
 //!
+//! This file holds `Fs`'s state and what its concerns share; the requests
+//! are in `fs/`, one concern a file: `namespace.rs`, `data.rs`, `attr.rs`,
+//! `xattr.rs`, with the vocabulary they speak in `types.rs`.
+//!
 //! File data lives in the shared page store: file number `slot` owns the
 //! store range `[slot << FILE_SHIFT, (slot + 1) << FILE_SHIFT)`, so every
 //! file is a sparse object on the same engine as block disks (holes, same-

@@ -65,13 +65,13 @@ impl FuseFs {
         out.written().ok_or(Errno::EIO)
     }
 
-    pub(super) fn release(&self, req: &Request<'_>, _buf: &mut [u8]) -> Answer {
+    pub(super) fn release(&self, req: &Request<'_>) -> Answer {
         let ino = Ino(req.header.nodeid);
         let fs = &*self.fs;
         // The backing id first: the last release frees an
         // unlinked file's backing file.
         // fuse_release_in: fh, then the open's flags (its length
-        // was checked above; a release is never refused).
+        // was checked by the dispatcher; a release is never refused).
         let mut r = Rd(req.arg0);
         let flags = r.u64().and_then(|_fh| r.u32()).unwrap_or(0);
         self.released(ino, flags);
@@ -79,12 +79,7 @@ impl FuseFs {
         Ok(0)
     }
 
-    pub(super) fn fallocate(
-        &self,
-        req: &Request<'_>,
-        _buf: &mut [u8],
-        tally: &mut Tally,
-    ) -> Answer {
+    pub(super) fn fallocate(&self, req: &Request<'_>, tally: &mut Tally) -> Answer {
         let ino = Ino(req.header.nodeid);
         let fs = &*self.fs;
         let mut r = Rd(req.arg0);

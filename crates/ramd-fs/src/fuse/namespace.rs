@@ -47,7 +47,7 @@ impl FuseFs {
         entry_out(self, buf, fs.mkdir(who, ino, last_name(req.rest)?, mode))
     }
 
-    pub(super) fn rename(&self, req: &Request<'_>, _buf: &mut [u8]) -> Answer {
+    pub(super) fn rename(&self, req: &Request<'_>) -> Answer {
         let h = &req.header;
         let ino = Ino(req.header.nodeid);
         let fs = &*self.fs;

@@ -12,7 +12,7 @@ use crate::ll::abi::{self, op, Rd, Wr};
 use crate::ll::Request;
 
 impl FuseFs {
-    pub(super) fn setxattr(&self, req: &Request<'_>, _buf: &mut [u8]) -> Answer {
+    pub(super) fn setxattr(&self, req: &Request<'_>) -> Answer {
         let ino = Ino(req.header.nodeid);
         let fs = &*self.fs;
         let mut r = Rd(req.arg0);
@@ -53,7 +53,7 @@ impl FuseFs {
         }
     }
 
-    pub(super) fn removexattr(&self, req: &Request<'_>, _buf: &mut [u8]) -> Answer {
+    pub(super) fn removexattr(&self, req: &Request<'_>) -> Answer {
         let ino = Ino(req.header.nodeid);
         let fs = &*self.fs;
         let (n, tail) = abi::cstr(req.rest).ok_or(Errno::EINVAL)?;
