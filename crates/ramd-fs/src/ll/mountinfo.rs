@@ -6,6 +6,8 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use super::mount::ms_flag;
+
 /// Whether `path` is already a mount point (listed in /proc/self/mountinfo).
 pub fn is_mount_point(path: &Path) -> bool {
     mount_device(path).is_some()
@@ -48,18 +50,10 @@ pub fn remount_read_write(path: &Path) -> std::io::Result<()> {
     let mut flags = libc::MS_REMOUNT;
     let mut atime = false;
     for o in field(5).split(',').chain(super_opts.split(',')) {
-        flags |= match o {
-            "nosuid" => libc::MS_NOSUID,
-            "nodev" => libc::MS_NODEV,
-            "noexec" => libc::MS_NOEXEC,
-            "noatime" => libc::MS_NOATIME,
-            "nodiratime" => libc::MS_NODIRATIME,
-            "relatime" => libc::MS_RELATIME,
-            "sync" => libc::MS_SYNCHRONOUS,
-            "dirsync" => libc::MS_DIRSYNC,
-            "lazytime" => libc::MS_LAZYTIME,
-            _ => 0,
-        };
+        // Not "ro": this remount is the one that makes it read-write.
+        if o != "ro" {
+            flags |= ms_flag(o).unwrap_or(0);
+        }
         atime |= o == "noatime" || o == "relatime";
     }
     if !atime {
