@@ -474,25 +474,19 @@ struct VfsFlags(libc::c_ulong);
 impl VfsFlags {
     fn of(req: &MountRequest) -> VfsFlags {
         let d = &req.disk;
-        let mut f = 0;
-        for (on, bit) in [
-            (d.read_only, libc::MS_RDONLY),
-            (d.fuse.nosuid, libc::MS_NOSUID),
-            (d.fuse.nodev, libc::MS_NODEV),
-            (d.fuse.noexec, libc::MS_NOEXEC),
-            (d.fuse.noatime, libc::MS_NOATIME),
-            (d.fuse.strictatime, libc::MS_STRICTATIME),
-            (!d.fuse.noatime && !d.fuse.strictatime, libc::MS_RELATIME),
-            (d.fuse.nodiratime, libc::MS_NODIRATIME),
-            (req.sync, libc::MS_SYNCHRONOUS),
-            (req.dirsync, libc::MS_DIRSYNC),
-            (req.lazytime, libc::MS_LAZYTIME),
-        ] {
-            if on {
-                f |= bit;
-            }
-        }
-        VfsFlags(f)
+        VfsFlags(ramd_fs::ll::mount::ms_flags([
+            (d.read_only, "ro"),
+            (d.fuse.nosuid, "nosuid"),
+            (d.fuse.nodev, "nodev"),
+            (d.fuse.noexec, "noexec"),
+            (d.fuse.noatime, "noatime"),
+            (d.fuse.strictatime, "strictatime"),
+            (!d.fuse.noatime && !d.fuse.strictatime, "relatime"),
+            (d.fuse.nodiratime, "nodiratime"),
+            (req.sync, "sync"),
+            (req.dirsync, "dirsync"),
+            (req.lazytime, "lazytime"),
+        ]))
     }
 }
 
