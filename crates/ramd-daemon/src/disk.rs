@@ -1,8 +1,9 @@
 //! A disk's one lifecycle, whatever its kind and frontends:
 //!
 //! 1. [`Disk::open`]: check the settings and every frontend's claims, open
-//!    and check the image, size the budget, build the store (and the
-//!    filesystem of an `fs` disk), load the image, start saving and
+//!    and check the image, size the budget, build the store (and, through
+//!    a factory's `prepare` hook, the content it serves: an `fs` disk's
+//!    filesystem), load the image, start saving and
 //!    background work, bind the control socket, build the frontends (bind
 //!    sockets, mount). Everything that can fail happens here, before any
 //!    client; a failure drops what was built, in reverse order.
@@ -29,7 +30,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
 
-use ramd_fs::Fs;
 use ramd_store::metrics::DiskMetrics;
 use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
@@ -40,7 +40,7 @@ use crate::args::{DiskArgs, DiskSize};
 use crate::control::ControlServer;
 use crate::event::Event;
 pub use crate::event::Events;
-use crate::frontend::{Claim, DiskContext, Frontend, Registry};
+use crate::frontend::{Claim, Content, DiskContext, Frontend, Prepare, Registry};
 use ramd_store::human;
 use ramd_store::persist::{self, Persister, SaveReport};
 
@@ -87,7 +87,8 @@ pub struct Disk {
     /// A filesystem's capacity (`None`: unlimited); a block disk's size.
     size: Option<u64>,
     store: Arc<Store>,
-    fs: Option<Arc<Fs>>,
+    /// What a protocol built over the store (a filesystem), if any.
+    content: Option<Arc<dyn Content>>,
     saving: Option<Saving>,
     /// The store's, and with a cold tier its store's too.
     scanner: Mutex<Vec<ScanHandle>>,
@@ -198,26 +199,41 @@ impl Disk {
             // The daemon's context names the disk.
             Store::new(store_config(&args, kind, size, loading, shared, &placement))?,
         );
-        let (fs, image, loaded_tree) = match kind {
-            DiskKind::Block => {
-                if let Some((image, _)) = image.as_ref().filter(|_| loading) {
+        // A protocol's content (a filesystem), built over the store and
+        // loaded from the image; without one, the image's pages load into
+        // the store as they are.
+        let mut prepared = None;
+        let prep = Prepare {
+            settings: &args,
+            store: &store,
+            size,
+            image: image.as_ref().filter(|_| loading).map(|(i, _)| i),
+            host_reserve: shared.host_reserve,
+            budget: shared.budget.clone(),
+            placement: placement.as_ref(),
+        };
+        for f in shared.registry.iter() {
+            if let Some(p) = f.prepare(&prep)? {
+                prepared = Some(p);
+                break;
+            }
+        }
+        let (content, loaded_meta) = match prepared {
+            Some(p) => (Some(p.content), p.loaded_meta),
+            None if kind == DiskKind::Fs => {
+                bail!("no registered frontend serves a filesystem disk (--mount)")
+            }
+            None => {
+                if let Some(image) = prep.image {
                     persist::load(image, &store)?;
                 }
-                if args.standby {
-                    store.set_standby(true);
-                }
-                (None, image.map(|(i, _)| i), None)
-            }
-            DiskKind::Fs => {
-                let (fs, image, tree) = open_fs(&args, &store, size, image)?;
-                if args.standby {
-                    store.set_standby(true);
-                }
-                let fs = Arc::new(fs);
-                start_cold_tier(&args, &fs, size, shared, &placement)?;
-                (Some(fs), image, tree)
+                (None, None)
             }
         };
+        if args.standby {
+            store.set_standby(true);
+        }
+        let image = image.map(|(i, _)| i);
         let saving = match image {
             Some(image) => Some(start_saving(
                 &args,
@@ -225,16 +241,16 @@ impl Disk {
                 image,
                 kind,
                 size,
-                &fs,
-                loaded_tree,
+                content.as_deref(),
+                loaded_meta,
             )?),
             None => None,
         };
         warn_if_overcommitted(&store, shared.host_reserve);
         let mut scanner: Vec<ScanHandle> =
             start_scanner(&store, &args, shared).into_iter().collect();
-        if let Some(cold) = fs.as_ref().and_then(|f| f.cold_store()) {
-            scanner.push(shared.scanners.add(cold.clone()));
+        for s in content.iter().flat_map(|c| c.stores()) {
+            scanner.push(shared.scanners.add(s));
         }
 
         // The control socket first: a name already in use fails before
@@ -251,7 +267,7 @@ impl Disk {
             kind,
             id,
             store: &store,
-            content: fs.as_ref().map(|f| f as &(dyn std::any::Any + Send + Sync)),
+            content: content.as_ref().map(|c| c.as_any()),
             run_dir: &shared.run_dir,
             metrics: &io,
         };
@@ -265,7 +281,7 @@ impl Disk {
             id,
             size,
             store,
-            fs,
+            content,
             saving,
             scanner: Mutex::new(scanner),
             frontends,
@@ -330,7 +346,7 @@ impl Disk {
                 self.args.name,
                 self.current_size().map_or("unlimited".into(), human),
                 human(self.store.max_memory()),
-                self.fs.as_ref().map_or(0, |f| f.config().nr_inodes),
+                self.content.as_ref().map_or(0, |c| c.max_objects()),
                 if self.store.standby() {
                     ", standby (mounted read-only until `ramd promote`)"
                 } else {
@@ -536,9 +552,9 @@ impl Disk {
 
     /// What a stop without a save loses, in words.
     fn unsaved_text(&self, p: &Persister) -> String {
-        // With the kernel data path, file data is in its tmpfs, not the store.
-        let hot = self.fs.as_ref().and_then(|f| f.hot_tier());
-        let used = human(self.store.stats().used_bytes + hot.map_or(0, |h| h.used_bytes()));
+        // Data the content holds outside the store (a kernel tmpfs) is lost too.
+        let outside = self.content.as_ref().map_or(0, |c| c.outside_bytes());
+        let used = human(self.store.stats().used_bytes + outside);
         match p.status().last_save {
             Some(r) => format!(
                 "what changed since its save {} of {} (it holds {used})",
@@ -562,8 +578,8 @@ impl Disk {
     /// A filesystem's capacity now (a remount may have changed it); a
     /// block disk's size.
     fn current_size(&self) -> Option<u64> {
-        match &self.fs {
-            Some(fs) => fs.size(),
+        match &self.content {
+            Some(c) => c.size(),
             None => self.size,
         }
     }
@@ -598,17 +614,8 @@ impl Disk {
             )
         };
         let r = s.persister.promote(force, wait)?;
-        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.fuse.mount, self.args.read_only)
-        {
-            ramd_fs::remount_read_write(dir).with_context(|| {
-                format!(
-                    "promoted: disk {:?} is the writer of its image, but its mount {} stays \
-                     read-only; make it read-write with `mount -o remount,rw {}`",
-                    self.args.name,
-                    dir.display(),
-                    dir.display()
-                )
-            })?;
+        if let (Some(c), false) = (&self.content, self.args.read_only) {
+            c.promote(&self.args.name)?;
         }
         log::info!("{}", self.describe());
         Ok(r)
@@ -644,9 +651,9 @@ mod status;
 
 pub use build::make_run_dir;
 use build::{
-    check_args, open_fs, placement, start_cold_tier, start_saving, start_scanner, store_config,
-    warn_if_overcommitted,
+    check_args, placement, start_saving, start_scanner, store_config, warn_if_overcommitted,
 };
+pub(crate) use build::{fs_max_memory, mem_total};
 use requests::disk_handler;
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::any::{Any, TypeId};
 use ramd_store::persist::DiskKind;
 
 pub use ramd_frontend::{
-    bind_unix_socket, Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus,
-    Registry, SocketFile,
+    bind_unix_socket, Claim, Content, DiskContext, DiskSettings, Frontend, FrontendFactory,
+    FrontendStatus, Prepare, Prepared, Registry, SocketFile,
 };
 
 use crate::args::{DiskArgs, FuseArgs, IscsiArgs, NbdArgs};

@@ -7,6 +7,8 @@
 //! beside its settings group) plus one line in the binary's [`Registry`].
 //! The disk calls, in order: [`FrontendFactory::claims`] (before anything
 //! is allocated, so that two disks cannot share a socket or a mount point),
+//! [`FrontendFactory::prepare`] (the content its frontends serve, built
+//! over the new store: a filesystem; see [`Content`]),
 //! [`FrontendFactory::build`] (binds or mounts: everything that can fail,
 //! before any client), then [`Frontend::serve`] on a thread of its own, and
 //! [`Frontend::stop`] at the end.
@@ -15,9 +17,11 @@
 //! sockets bind ([`bind_unix_socket`]). The protocol crates and the daemon
 //! both depend on this crate; it depends on no protocol.
 
+mod content;
 pub mod groups;
 mod socket;
 
+pub use content::{Content, Prepare, Prepared};
 pub use groups::{Group, GroupDef, Groups};
 pub use socket::{bind_unix_socket, SocketFile};
 
@@ -97,9 +101,9 @@ pub struct DiskContext<'a> {
     /// NAA and serial, NBD description) come from.
     pub id: DiskId,
     pub store: &'a Arc<Store>,
-    /// What the disk built over its store for a frontend to serve, by
-    /// type: a filesystem disk's `Arc<ramd_fs::Fs>`; `None` for a block
-    /// disk.
+    /// What a factory's [`FrontendFactory::prepare`] built over the store
+    /// for its frontends to serve ([`Content::as_any`]), by type: a
+    /// filesystem disk's `Arc<ramd_fs::Fs>`; `None` for a block disk.
     pub content: Option<&'a (dyn Any + Send + Sync)>,
     pub run_dir: &'a Path,
     /// Where frontends count and time their requests: each takes
@@ -115,6 +119,13 @@ pub trait FrontendFactory: Send + Sync {
     /// checked without side effects; an error here (a mount point that does
     /// not exist) stops the disk before anything is allocated.
     fn claims(&self, disk: &dyn DiskSettings, run_dir: &Path) -> anyhow::Result<Vec<Claim>>;
+
+    /// The disk's content, if this protocol serves one of its own over the
+    /// store (a filesystem) and the disk's settings ask for it; at most one
+    /// factory prepares a disk's content. Loads it from `p.image`.
+    fn prepare(&self, _p: &Prepare) -> anyhow::Result<Option<Prepared>> {
+        Ok(None)
+    }
 
     /// The disk's frontends of this protocol (none if it does not use it),
     /// bound or mounted and ready to serve.

@@ -1,7 +1,7 @@
 //! The steps of [`super::Disk::open`] that build a disk's parts from its
 //! settings: checks across settings, the store's configuration and NUMA
-//! placement, the filesystem (with its cold tier), saving, background
-//! work, and the run directory.
+//! placement, saving, background work, and the run directory. (A
+//! filesystem disk's `Fs` is the FUSE factory's: `frontends::fs_content`.)
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,13 +10,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use parking_lot::Mutex;
 
-use ramd_fs::{Fs, FsConfig};
 use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::{Codec, ScanHandle, Store, StoreConfig, PAGE_SIZE};
 
 use super::{Saving, Shared};
 use crate::args::{DataPath, DiskArgs};
+use crate::frontend::Content;
 use ramd_store::human;
 use ramd_store::persist::FlushMode;
 use ramd_store::persist::{self, Persister};
@@ -144,57 +144,11 @@ pub(super) fn store_config(
     }
 }
 
-/// How long a closed file of `--data-path kernel --compress` stays
-/// untouched before it moves to the cold tier, if --compress-after does
-/// not say.
-pub const COLD_AFTER: Duration = Duration::from_secs(60);
-
-/// `--data-path kernel --compress`: the cold tier, a store of its own
-/// (compressed as pages are written, never saved: a save reads cold files
-/// from it as file data), under the disk's memory budget and the daemon's.
-pub(super) fn start_cold_tier(
-    args: &DiskArgs,
-    fs: &Arc<Fs>,
-    size: Option<u64>,
-    shared: &Shared,
-    placement: &Option<Placement>,
-) -> Result<()> {
-    if crate::frontends::fuse::data_path(args).0 != DataPath::Kernel || args.compress.is_none() {
-        return Ok(());
-    }
-    let cfg = StoreConfig {
-        warm_pool: args.warm_pool,
-        host_reserve: shared.host_reserve,
-        shared_budget: shared.budget.clone(),
-        compress: args.compress,
-        max_memory: Some(
-            args.max_memory
-                .unwrap_or_else(|| fs_max_memory(args, size, false)),
-        ),
-        memory: ramd_store::MemoryPolicy {
-            mlock: args.mlock,
-            numa: placement.clone(),
-            huge_pages: args.huge_pages,
-        },
-        ..StoreConfig::new(ramd_store::MAX_SIZE)
-    };
-    let after = args.compress_after.unwrap_or(COLD_AFTER);
-    let store = Arc::new(Store::new(cfg)?);
-    fs.set_cold_tier(store, after)
-        .map_err(|e| anyhow::anyhow!("--data-path kernel: the cold tier: errno {}", e.get()))?;
-    log::info!(
-        "disk {:?}: closed files untouched {after:?} move to the cold tier, compressed with {}",
-        args.name,
-        args.compress
-    );
-    Ok(())
-}
-
 /// A filesystem disk's default budget: every page of `size`, plus room for
 /// the page tables of many small files and for inodes and names (1/8 of
 /// size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded by the
 /// host reserve. `loaded`: it may hold compressed pages from an image.
-pub(super) fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
+pub(crate) fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
     let compressed = args.compresses() || loaded;
     match size {
         Some(n) => {
@@ -231,60 +185,8 @@ pub(super) fn placement(args: &DiskArgs) -> Result<Option<Placement>> {
     Ok(Some(p))
 }
 
-pub(super) fn mem_total() -> u64 {
+pub(crate) fn mem_total() -> u64 {
     ramd_store::mem_total().unwrap_or(1 << 30)
-}
-
-/// The filesystem of an `fs` disk: loaded from its image, or new.
-pub(super) fn open_fs(
-    args: &DiskArgs,
-    store: &Arc<Store>,
-    size: Option<u64>,
-    image: Option<(ImageDir, u64)>,
-) -> Result<(Fs, Option<ImageDir>, Option<Vec<u8>>)> {
-    let cfg = FsConfig {
-        size,
-        nr_inodes: args
-            .fuse
-            .nr_inodes
-            .unwrap_or(mem_total() / PAGE_SIZE as u64 / 2),
-        mode: args.fuse.mode,
-        uid: args.fuse.uid,
-        gid: args.fuse.gid,
-        atime: args.fuse.atime(),
-    };
-    // `--data-path kernel`: file data in a private kernel tmpfs, made
-    // before a load, which writes into it.
-    let tier = match crate::frontends::fuse::data_path(args).0 {
-        DataPath::Kernel => Some(
-            ramd_fs::hot::HotTier::new(&crate::frontends::fuse::hot_config(args, &cfg))
-                .context("--data-path kernel: making the private tmpfs for file data")?,
-        ),
-        DataPath::Store | DataPath::Auto => None,
-    };
-    match (image, tier) {
-        (Some((image, _)), Some(tier)) if image.manifest().is_some() => {
-            let (fs, tree) = Fs::load_kernel(store.clone(), cfg, tier, &image)?;
-            Ok((fs, Some(image), Some(tree)))
-        }
-        (Some((image, _)), None) if image.manifest().is_some() => {
-            let tree = persist::load(&image, store)?.expect("fs images have a tree");
-            let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
-                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
-            })?;
-            Ok((fs, Some(image), Some(tree)))
-        }
-        (image, tier) => {
-            let fs = Fs::new(store.clone(), cfg)
-                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?;
-            if let Some(tier) = tier {
-                fs.set_hot_tier(tier).map_err(|e| {
-                    anyhow::anyhow!("--data-path kernel: setting the tier up: errno {}", e.get())
-                })?;
-            }
-            Ok((fs, image.map(|(i, _)| i), None))
-        }
-    }
 }
 
 /// Sets up saving: the persister, the store's flush hook with --flush
@@ -295,8 +197,8 @@ pub(super) fn start_saving(
     image: ImageDir,
     kind: DiskKind,
     size: Option<u64>,
-    fs: &Option<Arc<Fs>>,
-    loaded_tree: Option<Vec<u8>>,
+    content: Option<&dyn Content>,
+    loaded_meta: Option<Vec<u8>>,
 ) -> Result<Saving> {
     let persist = args.flush == FlushMode::Persist;
     // Before any save: a replica that is refused (another writer holds
@@ -319,15 +221,8 @@ pub(super) fn start_saving(
     if args.standby {
         p.set_standby(args.standby_poll);
     }
-    if let Some(fs) = fs {
-        if let Some(outer) = fs.outer_pages() {
-            p.set_outer(outer);
-        }
-        if args.standby {
-            p.set_follow_tree(Box::new(ramd_fs::fs::StandbyTree(fs.clone())));
-        }
-        let fs = fs.clone();
-        p.set_meta(Box::new(move || fs.save_meta()), loaded_tree.as_deref());
+    if let Some(c) = content {
+        c.attach(&mut p, args.standby, loaded_meta.as_deref());
     }
     let p = Arc::new(p);
     if persist {

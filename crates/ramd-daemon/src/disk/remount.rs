@@ -1,5 +1,6 @@
 //! `remount`: a mounted filesystem disk's settings changed in place
-//! (mount(8)'s `-o remount`).
+//! (mount(8)'s `-o remount`): the disk checks the options and sets the
+//! store's limits; its content's `resize` and `remount` hooks do the rest.
 
 use anyhow::{bail, Context, Result};
 
@@ -8,6 +9,7 @@ use ramd_store::PAGE_SIZE;
 use super::build::fs_max_memory;
 use super::Disk;
 use crate::args::DiskSize;
+use crate::frontend::DiskSettings;
 use ramd_store::human;
 
 impl Disk {
@@ -18,7 +20,7 @@ impl Disk {
     /// (an fstab line's) but must equal the running ones. Nothing changes
     /// unless everything can.
     pub fn remount(&self, options: &str) -> Result<serde_json::Value> {
-        let (Some(fs), Some(dir)) = (&self.fs, &self.args.fuse.mount) else {
+        let (Some(content), Some(dir)) = (&self.content, &self.args.fuse.mount) else {
             bail!(
                 "disk {:?} is not a filesystem disk: nothing to remount",
                 self.args.name
@@ -35,7 +37,7 @@ impl Disk {
                 self.args.name
             );
         }
-        let mut size = fs.size();
+        let mut size = content.size();
         let mut max_memory = self.args.max_memory;
         for key in &req.given {
             match key.as_str() {
@@ -65,7 +67,7 @@ impl Disk {
             // The default for the new size, plus whatever the disk was
             // given beyond the default for its old one (an image's slack).
             None => {
-                let before = fs_max_memory(&self.args, fs.size(), false);
+                let before = fs_max_memory(&self.args, content.size(), false);
                 let extra = self.store.max_memory().saturating_sub(before);
                 fs_max_memory(&self.args, size, false).saturating_add(extra)
             }
@@ -77,35 +79,19 @@ impl Disk {
                     Some(n) => format!("resizing to {}", human(n)),
                     None => "resizing to unlimited".to_string(),
                 })?;
-            fs.set_size(size)
-                .context("resizing the file data's tmpfs")?;
-            // The cold tier's store has the same budget of its own.
-            if let Some(cold) = fs.cold_store() {
-                cold.set_limits(None, budget)
-                    .context("the cold tier's memory budget")?;
-            }
-            // The kernel's dirty cap and the write reserve follow the size.
-            if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
-                fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));
-            }
+            content.resize(size, budget)?;
             if let Some(s) = &self.saving {
                 s.persister.set_size(size.unwrap_or(0));
             }
         }
         // Without an atime word the rule stays (`MountRequest::atime_given`).
-        let atime = if req.atime_given {
-            new.fuse.atime()
-        } else {
-            fs.atime()
-        };
-        fs.set_atime(atime);
+        let rule = content.remount(req.atime_given.then_some(new as &dyn DiskSettings));
         let budget = self.store.max_memory();
         log::info!(
-            "disk {:?} remounted: size {}, max memory {}, atime {:?}",
+            "disk {:?} remounted: size {}, max memory {}, {rule}",
             self.args.name,
             size.map_or("unlimited".into(), human),
             human(budget),
-            atime
         );
         Ok(serde_json::json!({
             "remounted": self.args.name,

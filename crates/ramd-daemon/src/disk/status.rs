@@ -1,4 +1,4 @@
-//! A disk's `status`: the store's, the filesystem's and the persister's
+//! A disk's `status`: the store's, its content's and the persister's
 //! figures, its frontends and settings, as one typed [`DiskStatus`].
 
 use std::sync::atomic::Ordering;
@@ -31,16 +31,16 @@ impl Disk {
             // A filesystem's size is its capacity, not the store's address space.
             // With --data-path kernel, what its tmpfs holds.
             let (used, limit) = self
-                .fs
+                .content
                 .as_ref()
-                .map_or(self.store.pages_used(), |f| f.pages_used());
+                .map_or(self.store.pages_used(), |c| c.pages_used());
             store.size = self.current_size().unwrap_or(0);
             store.used_bytes = used * PAGE_SIZE as u64;
             page_limit = Some(limit);
             // With a cold tier, its codec is the disk's (this store holds
             // no file data).
-            if let Some(cold) = self.fs.as_ref().and_then(|f| f.cold_store()) {
-                store.compress = cold.stats().compress;
+            if let Some(codec) = self.content.as_ref().and_then(|c| c.codec()) {
+                store.compress = codec;
             }
         }
         DiskStatus {
@@ -53,11 +53,9 @@ impl Disk {
                 .map_or(String::new(), |f| f.endpoint.clone()),
             connections,
             // A filesystem disk's may change with `mount -o remount,ro`.
-            read_only: match (&self.fs, &self.args.fuse.mount) {
-                (Some(_), Some(dir)) => {
-                    ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
-                }
-                _ => self.args.read_only || self.store.standby(),
+            read_only: match &self.content {
+                Some(c) => c.read_only().unwrap_or(self.args.read_only),
+                None => self.args.read_only || self.store.standby(),
             },
             mount: self.args.fuse.mount.as_ref().and(
                 frontends
@@ -65,20 +63,17 @@ impl Disk {
                     .find(|f| f.protocol == "fuse")
                     .map(|f| f.endpoint.clone()),
             ),
-            data_path: self.fs.as_ref().map(|f| {
-                if f.hot_tier().is_some() {
-                    "kernel"
-                } else {
-                    "store"
-                }
-                .to_string()
-            }),
+            data_path: self.content.as_ref().map(|c| c.data_path()),
             unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
             page_limit,
             metrics: self.metrics_url.clone(),
             frontends,
             store,
-            fs: self.fs.as_ref().map(|f| f.stats()),
+            // The content's own figures, typed by `DiskStatus`.
+            fs: self
+                .content
+                .as_ref()
+                .and_then(|c| serde_json::from_value(c.stats()).ok()),
             io: self.io.snapshot(),
             persist: self
                 .saving

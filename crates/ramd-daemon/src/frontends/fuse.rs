@@ -22,7 +22,7 @@ use ramd_store::persist::DiskKind;
 
 use crate::args::{DataPath, DiskArgs, FuseTransport};
 use crate::frontend::{
-    Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus,
+    Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus, Prepare, Prepared,
 };
 use ramd_fs::ll::uring;
 use ramd_store::persist::FlushMode;
@@ -124,6 +124,16 @@ impl FrontendFactory for Fuse {
                 }
                 Ok(vec![claim])
             }
+        }
+    }
+
+    /// A filesystem disk's `Fs` (see [`super::fs_content`]).
+    fn prepare(&self, p: &Prepare) -> anyhow::Result<Option<Prepared>> {
+        match p.settings.get::<DiskArgs>() {
+            Some(args) if args.kind() == DiskKind::Fs => {
+                super::fs_content::prepare(args, p).map(Some)
+            }
+            _ => Ok(None),
         }
     }
 

@@ -1,9 +1,11 @@
 //! The built-in frontends: NBD (its factory in `ramd_nbd::frontend`) for
-//! block disks, FUSE (here, with the mount's bdi settings) for filesystem
-//! disks. iSCSI's factory (`ramd_iscsi::frontend::Iscsi`) holds the
+//! block disks, FUSE (here, with the mount's bdi settings, and the
+//! filesystem it serves, built by its `prepare` hook: [`fs_content`]) for
+//! filesystem disks. iSCSI's factory (`ramd_iscsi::frontend::Iscsi`) holds the
 //! daemon's one target, so the binary registers it.
 
 pub(crate) mod bdi;
+pub mod fs_content;
 pub mod fuse;
 
 use crate::frontend::Registry;
