@@ -195,9 +195,13 @@ impl Disk {
         if let Some(h) = args.huge_pages {
             h.check_host()?;
         }
+        // A content that keeps its data elsewhere leaves this store none.
+        let outside = shared.registry.iter().any(|f| f.data_outside_store(&args));
         let store = Arc::new(
             // The daemon's context names the disk.
-            Store::new(store_config(&args, kind, size, loading, shared, &placement))?,
+            Store::new(store_config(
+                &args, kind, size, loading, shared, &placement, outside,
+            ))?,
         );
         // A protocol's content (a filesystem), built over the store and
         // loaded from the image; without one, the image's pages load into
@@ -247,8 +251,9 @@ impl Disk {
             None => None,
         };
         warn_if_overcommitted(&store, shared.host_reserve);
-        let mut scanner: Vec<ScanHandle> =
-            start_scanner(&store, &args, shared).into_iter().collect();
+        let mut scanner: Vec<ScanHandle> = start_scanner(&store, &args, shared, outside)
+            .into_iter()
+            .collect();
         for s in content.iter().flat_map(|c| c.stores()) {
             scanner.push(shared.scanners.add(s));
         }

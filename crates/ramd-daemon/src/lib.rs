@@ -1,12 +1,14 @@
 //! ramd's daemon layer, between the engine crates and the command line:
 //!
-//! - [`disk::Disk`]: a disk's one lifecycle (image, store, filesystem,
-//!   saves, background work, control socket, frontends, final save);
+//! - [`disk::Disk`]: a disk's one lifecycle (image, store, the content a
+//!   factory prepares, saves, background work, control socket, frontends,
+//!   final save);
 //! - [`frontend`]: how a protocol plugs in (the `ramd_frontend` seam,
 //!   re-exported, and a disk's settings as its `DiskSettings`), and in
 //!   [`frontends`] the built-in registry: NBD (`ramd_nbd::frontend`) and
-//!   the FUSE frontend, which stays here while the disk builds its `Fs`
-//!   (iSCSI, [`Iscsi`], the binary registers);
+//!   the FUSE frontend with its `prepare` hook (the `Fs`), which stay here
+//!   while they read the whole `DiskArgs` (iSCSI, [`Iscsi`], the binary
+//!   registers);
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
 //! - [`status`]: typed status, [`metrics`]: the same as Prometheus

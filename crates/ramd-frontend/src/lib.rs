@@ -127,6 +127,15 @@ pub trait FrontendFactory: Send + Sync {
         Ok(None)
     }
 
+    /// Whether the content this protocol prepares for the disk keeps its
+    /// data outside the disk's store (a kernel tmpfs, a cold tier's store
+    /// of its own): the store then compresses nothing, and background
+    /// compression of it has nothing to say. Asked before the store is
+    /// made.
+    fn data_outside_store(&self, _disk: &dyn DiskSettings) -> bool {
+        false
+    }
+
     /// The disk's frontends of this protocol (none if it does not use it),
     /// bound or mounted and ready to serve.
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>>;

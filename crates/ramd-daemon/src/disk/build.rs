@@ -93,6 +93,7 @@ pub(super) fn store_config(
     loading: bool,
     shared: &Shared,
     placement: &Option<Placement>,
+    outside: bool,
 ) -> StoreConfig {
     let base = StoreConfig {
         warm_pool: args.warm_pool,
@@ -124,15 +125,15 @@ pub(super) fn store_config(
             let max_memory = args
                 .max_memory
                 .unwrap_or_else(|| fs_max_memory(args, size, loading));
-            let base = match crate::frontends::fuse::data_path(args).0 {
-                // File data is in the tmpfs, or compressed in the cold
-                // tier's own store: this one holds none.
-                DataPath::Kernel => StoreConfig {
+            let base = match outside {
+                // The content keeps its data elsewhere (the FUSE kernel
+                // data path's tmpfs and cold tier): this store holds none.
+                true => StoreConfig {
                     compress: Codec::None,
                     compress_after: Duration::ZERO,
                     ..base
                 },
-                DataPath::Store | DataPath::Auto => base,
+                false => base,
             };
             StoreConfig {
                 max_memory: Some(max_memory),
@@ -247,8 +248,9 @@ pub(super) fn start_scanner(
     store: &Arc<Store>,
     args: &DiskArgs,
     shared: &Shared,
+    outside: bool,
 ) -> Option<ScanHandle> {
-    if args.compresses() && crate::frontends::fuse::data_path(args).0 == DataPath::Store {
+    if args.compresses() && !outside {
         log::info!(
             "disk {:?}: compression {} ({}), pages idle {:?} {}, {} background thread(s)",
             args.name,

@@ -127,6 +127,14 @@ impl FrontendFactory for Fuse {
         }
     }
 
+    /// `--data-path kernel`: file data is in the tmpfs, or compressed in
+    /// the cold tier's own store.
+    fn data_outside_store(&self, disk: &dyn DiskSettings) -> bool {
+        disk.get::<DiskArgs>().is_some_and(|args| {
+            args.kind() == DiskKind::Fs && data_path(args).0 == DataPath::Kernel
+        })
+    }
+
     /// A filesystem disk's `Fs` (see [`super::fs_content`]).
     fn prepare(&self, p: &Prepare) -> anyhow::Result<Option<Prepared>> {
         match p.settings.get::<DiskArgs>() {
