@@ -189,27 +189,15 @@ impl DiskArgs {
         }
     }
 
-    /// Whether a filesystem disk uses the kernel's write-back cache. Not
-    /// a standby's: with it the kernel keeps regular files' sizes and
-    /// times as its own, and would not take those of an applied save.
+    /// Whether a filesystem disk uses the kernel's write-back cache
+    /// (`frontends::fuse::writeback_cache`).
     pub fn writeback_cache(&self) -> bool {
-        !self.fuse.no_writeback_cache && !self.standby
+        crate::frontends::fuse::writeback_cache(&self.fuse, self.standby)
     }
 
     /// A filesystem disk's mount flags.
     pub fn mount_flags(&self) -> ramd_fs::MountFlags {
-        ramd_fs::MountFlags {
-            source: self
-                .fuse
-                .source
-                .clone()
-                .unwrap_or_else(|| self.name.clone()),
-            // A standby's mount is read-only until its promotion.
-            read_only: self.read_only || self.standby,
-            nosuid: self.fuse.nosuid,
-            nodev: self.fuse.nodev,
-            noexec: self.fuse.noexec,
-        }
+        crate::frontends::fuse::mount_flags(&self.fuse, &self.name, self.read_only, self.standby)
     }
 
     /// Whether the disk has background work (compression, re-packing).

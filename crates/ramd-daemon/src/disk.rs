@@ -658,7 +658,6 @@ pub use build::make_run_dir;
 use build::{
     check_args, placement, start_saving, start_scanner, store_config, warn_if_overcommitted,
 };
-pub(crate) use build::{fs_max_memory, mem_total};
 use requests::disk_handler;
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use ramd_store::persist::DiskKind;
 
 pub use ramd_frontend::{
     bind_unix_socket, Claim, Content, DiskContext, DiskSettings, Frontend, FrontendFactory,
-    FrontendStatus, Prepare, Prepared, Registry, SocketFile,
+    FrontendStatus, Prepare, Prepared, Registry, SocketFile, StoreSettings,
 };
 
 use crate::args::{DiskArgs, FuseArgs, IscsiArgs, NbdArgs};
@@ -36,6 +36,22 @@ impl DiskSettings for DiskArgs {
 
     fn has_image(&self) -> bool {
         self.image.is_some()
+    }
+
+    fn store(&self) -> StoreSettings {
+        StoreSettings {
+            max_memory: self.max_memory,
+            warm_pool: self.warm_pool,
+            mlock: self.mlock,
+            huge_pages: self.huge_pages,
+            numa_nodes: self.numa_nodes.clone(),
+            numa_policy: self.numa_policy,
+            compress: self.compress,
+            recompress: self.recompress,
+            compress_after: self.compress_after,
+            flush: self.flush,
+            standby: self.standby,
+        }
     }
 
     /// Each protocol's group; and the whole of a disk's settings, for the

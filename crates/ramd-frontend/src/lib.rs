@@ -20,10 +20,12 @@
 mod content;
 pub mod groups;
 mod socket;
+mod store_settings;
 
 pub use content::{Content, Prepare, Prepared};
 pub use groups::{Group, GroupDef, Groups};
 pub use socket::{bind_unix_socket, SocketFile};
+pub use store_settings::{mem_total, StoreSettings};
 
 use std::any::{Any, TypeId};
 use std::path::Path;
@@ -81,6 +83,8 @@ pub trait DiskSettings {
     fn max_connections(&self) -> u16;
     /// Whether the disk keeps an image, so that a flush means something.
     fn has_image(&self) -> bool;
+    /// Its memory, compression and saving settings.
+    fn store(&self) -> StoreSettings;
     /// The settings group of type `t` (a protocol's `clap::Args` group),
     /// if the disk's settings hold one; see `get` on a `dyn DiskSettings`.
     fn group(&self, t: TypeId) -> Option<&dyn Any>;

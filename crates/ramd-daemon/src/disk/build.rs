@@ -145,18 +145,9 @@ pub(super) fn store_config(
     }
 }
 
-/// A filesystem disk's default budget: every page of `size`, plus room for
-/// the page tables of many small files and for inodes and names (1/8 of
-/// size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded by the
-/// host reserve. `loaded`: it may hold compressed pages from an image.
+/// A filesystem disk's default budget (see `StoreSettings::fs_max_memory`).
 pub(crate) fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
-    let compressed = args.compresses() || loaded;
-    match size {
-        Some(n) => {
-            ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20))
-        }
-        None => mem_total(),
-    }
+    crate::frontend::DiskSettings::store(args).fs_max_memory(size, loaded)
 }
 
 /// The disk's NUMA placement, if --numa-nodes or --numa-policy asks for
@@ -184,10 +175,6 @@ pub(super) fn placement(args: &DiskArgs) -> Result<Option<Placement>> {
         }
     );
     Ok(Some(p))
-}
-
-pub(crate) fn mem_total() -> u64 {
-    ramd_store::mem_total().unwrap_or(1 << 30)
 }
 
 /// Sets up saving: the persister, the store's flush hook with --flush

@@ -15,9 +15,11 @@ use ramd_fs::{Fs, FsConfig};
 use ramd_store::persist::{self, Persister};
 use ramd_store::{Store, StoreConfig, PAGE_SIZE};
 
-use crate::args::{DataPath, DiskArgs};
-use crate::disk::{fs_max_memory, mem_total};
+use ramd_fs::settings::DataPath;
+
+use super::fuse::FsDisk;
 use crate::frontend::{Content, DiskSettings, Prepare, Prepared};
+use ramd_frontend::mem_total;
 
 /// How long a closed file of `--data-path kernel --compress` stays
 /// untouched before it moves to the cold tier, if --compress-after does
@@ -34,7 +36,7 @@ pub struct FsContent {
 
 /// The filesystem of an `fs` disk: loaded from its image, or new, with
 /// its cold tier.
-pub(super) fn prepare(args: &DiskArgs, p: &Prepare) -> Result<Prepared> {
+pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
     let size = p.size;
     let cfg = FsConfig {
         size,
@@ -80,9 +82,6 @@ pub(super) fn prepare(args: &DiskArgs, p: &Prepare) -> Result<Prepared> {
             (fs, None)
         }
     };
-    if args.standby {
-        store.set_standby(true);
-    }
     let fs = Arc::new(fs);
     start_cold_tier(args, &fs, p)?;
     Ok(Prepared {
@@ -98,34 +97,35 @@ pub(super) fn prepare(args: &DiskArgs, p: &Prepare) -> Result<Prepared> {
 /// `--data-path kernel --compress`: the cold tier, a store of its own
 /// (compressed as pages are written, never saved: a save reads cold files
 /// from it as file data), under the disk's memory budget and the daemon's.
-fn start_cold_tier(args: &DiskArgs, fs: &Arc<Fs>, p: &Prepare) -> Result<()> {
-    if super::fuse::data_path(args).0 != DataPath::Kernel || args.compress.is_none() {
+fn start_cold_tier(args: &FsDisk, fs: &Arc<Fs>, p: &Prepare) -> Result<()> {
+    if super::fuse::data_path(args).0 != DataPath::Kernel || args.store.compress.is_none() {
         return Ok(());
     }
     let cfg = StoreConfig {
-        warm_pool: args.warm_pool,
+        warm_pool: args.store.warm_pool,
         host_reserve: p.host_reserve,
         shared_budget: p.budget.clone(),
-        compress: args.compress,
+        compress: args.store.compress,
         max_memory: Some(
-            args.max_memory
-                .unwrap_or_else(|| fs_max_memory(args, p.size, false)),
+            args.store
+                .max_memory
+                .unwrap_or_else(|| args.store.fs_max_memory(p.size, false)),
         ),
         memory: ramd_store::MemoryPolicy {
-            mlock: args.mlock,
+            mlock: args.store.mlock,
             numa: p.placement.cloned(),
-            huge_pages: args.huge_pages,
+            huge_pages: args.store.huge_pages,
         },
         ..StoreConfig::new(ramd_store::MAX_SIZE)
     };
-    let after = args.compress_after.unwrap_or(COLD_AFTER);
+    let after = args.store.compress_after.unwrap_or(COLD_AFTER);
     let store = Arc::new(Store::new(cfg)?);
     fs.set_cold_tier(store, after)
         .map_err(|e| anyhow::anyhow!("--data-path kernel: the cold tier: errno {}", e.get()))?;
     log::info!(
         "disk {:?}: closed files untouched {after:?} move to the cold tier, compressed with {}",
         args.name,
-        args.compress
+        args.store.compress
     );
     Ok(())
 }

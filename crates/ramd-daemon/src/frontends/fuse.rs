@@ -20,14 +20,73 @@ use parking_lot::{Condvar, Mutex};
 use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
-use crate::args::{DataPath, DiskArgs, FuseTransport};
 use crate::frontend::{
     Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus, Prepare, Prepared,
+    StoreSettings,
 };
 use ramd_fs::ll::uring;
+use ramd_fs::settings::{DataPath, FuseArgs, FuseTransport};
 use ramd_store::persist::FlushMode;
 
 pub struct Fuse;
+
+/// What the FUSE frontend reads of a filesystem disk's settings: its own
+/// group, the store's, and the common ones.
+pub struct FsDisk<'a> {
+    pub fuse: &'a FuseArgs,
+    pub store: StoreSettings,
+    pub name: &'a str,
+    pub read_only: bool,
+    pub threads: u16,
+}
+
+impl FsDisk<'_> {
+    /// A filesystem disk's (`--mount`); `None` for any other.
+    pub fn of(disk: &dyn DiskSettings) -> Option<FsDisk<'_>> {
+        let fuse = disk.get::<FuseArgs>().filter(|f| f.mount.is_some())?;
+        Some(FsDisk {
+            fuse,
+            store: disk.store(),
+            name: disk.name(),
+            read_only: disk.read_only(),
+            threads: disk.threads(),
+        })
+    }
+
+    /// Whether the mount uses the kernel's write-back cache (see
+    /// [`writeback_cache`]).
+    pub fn writeback_cache(&self) -> bool {
+        writeback_cache(self.fuse, self.store.standby)
+    }
+
+    pub fn mount_flags(&self) -> ramd_fs::MountFlags {
+        mount_flags(self.fuse, self.name, self.read_only, self.store.standby)
+    }
+}
+
+/// Whether a filesystem disk uses the kernel's write-back cache. Not a
+/// standby's: with it the kernel keeps regular files' sizes and times as
+/// its own, and would not take those of an applied save.
+pub fn writeback_cache(fuse: &FuseArgs, standby: bool) -> bool {
+    !fuse.no_writeback_cache && !standby
+}
+
+/// A filesystem disk's mount flags.
+pub fn mount_flags(
+    fuse: &FuseArgs,
+    name: &str,
+    read_only: bool,
+    standby: bool,
+) -> ramd_fs::MountFlags {
+    ramd_fs::MountFlags {
+        source: fuse.source.clone().unwrap_or_else(|| name.to_string()),
+        // A standby's mount is read-only until its promotion.
+        read_only: read_only || standby,
+        nosuid: fuse.nosuid,
+        nodev: fuse.nodev,
+        noexec: fuse.noexec,
+    }
+}
 
 /// How long a stop waits for the mount to go by itself before it ends the
 /// FUSE connection (a copy lives on elsewhere).
@@ -103,7 +162,7 @@ fn lazy_umount(dir: &Path) -> std::io::Result<()> {
 
 impl FrontendFactory for Fuse {
     fn claims(&self, disk: &dyn DiskSettings, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        let Some(args) = disk.get::<DiskArgs>() else {
+        let Some(args) = FsDisk::of(disk) else {
             return Ok(Vec::new());
         };
         match &args.fuse.mount {
@@ -118,7 +177,7 @@ impl FrontendFactory for Fuse {
                     }
                 }
                 if args.fuse.data_path == DataPath::Kernel {
-                    if let Some(why) = kernel_data_path_refusal(args) {
+                    if let Some(why) = kernel_data_path_refusal(&args) {
                         bail!("{why}");
                     }
                 }
@@ -130,23 +189,19 @@ impl FrontendFactory for Fuse {
     /// `--data-path kernel`: file data is in the tmpfs, or compressed in
     /// the cold tier's own store.
     fn data_outside_store(&self, disk: &dyn DiskSettings) -> bool {
-        disk.get::<DiskArgs>().is_some_and(|args| {
-            args.kind() == DiskKind::Fs && data_path(args).0 == DataPath::Kernel
-        })
+        FsDisk::of(disk).is_some_and(|args| data_path(&args).0 == DataPath::Kernel)
     }
 
     /// A filesystem disk's `Fs` (see [`super::fs_content`]).
     fn prepare(&self, p: &Prepare) -> anyhow::Result<Option<Prepared>> {
-        match p.settings.get::<DiskArgs>() {
-            Some(args) if args.kind() == DiskKind::Fs => {
-                super::fs_content::prepare(args, p).map(Some)
-            }
+        match FsDisk::of(p.settings) {
+            Some(args) => super::fs_content::prepare(&args, p).map(Some),
             _ => Ok(None),
         }
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        let Some(args) = disk.settings.get::<DiskArgs>() else {
+        let Some(args) = FsDisk::of(disk.settings) else {
             return Ok(Vec::new());
         };
         let fs = disk
@@ -156,13 +211,15 @@ impl FrontendFactory for Fuse {
             return Ok(Vec::new());
         };
         let dir = check_mount_point(dir)?;
-        let sync: Option<ramd_fs::fuse::SyncFn> = (args.flush == FlushMode::Persist).then(|| {
-            let store = disk.store.clone();
-            let f: ramd_fs::fuse::SyncFn = Arc::new(move || store.flush().map_err(|e| e.errno()));
-            f
-        });
+        let sync: Option<ramd_fs::fuse::SyncFn> =
+            (args.store.flush == FlushMode::Persist).then(|| {
+                let store = disk.store.clone();
+                let f: ramd_fs::fuse::SyncFn =
+                    Arc::new(move || store.flush().map_err(|e| e.errno()));
+                f
+            });
         let io_uring = want_io_uring(args.fuse.fuse_transport, &dir)?;
-        let (path, why) = data_path(args);
+        let (path, why) = data_path(&args);
         let kernel_data = path == DataPath::Kernel;
         match why {
             Some(why) => log::info!(
@@ -235,14 +292,14 @@ impl FrontendFactory for Fuse {
 /// The data path of a filesystem disk: `--data-path`, with auto resolved
 /// (kernel unless a setting asks for the store or this host cannot give
 /// passthrough), and, when auto chose the store, why.
-pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
+pub(crate) fn data_path(args: &FsDisk) -> (DataPath, Option<String>) {
     match args.fuse.data_path {
         DataPath::Auto => {
             // Compression under auto keeps its meaning from before auto:
             // every page compressed. The kernel path's cold tier (hot
             // files in the tmpfs, idle closed ones compressed) is asked
             // for by name.
-            let why = if args.compresses() {
+            let why = if args.store.compresses() {
                 Some(
                     "--compress and --recompress ask for the store path, which compresses every \
                      page (for the kernel path's cold tier, which compresses idle closed files, \
@@ -265,15 +322,15 @@ pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
 /// have, or what this host or process lacks. Asked for by name, that
 /// refuses the disk before anything is allocated; under auto, the disk
 /// takes the store path.
-fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
-    if args.standby {
+fn kernel_data_path_refusal(args: &FsDisk) -> Option<String> {
+    if args.store.standby {
         return Some(
             "a standby (--standby) serves file data from the store, where each applied save \
              puts it; --data-path kernel keeps it in backing files the kernel reads directly"
                 .into(),
         );
     }
-    if args.compress.is_none() && args.compress_after.is_some() {
+    if args.store.compress.is_none() && args.store.compress_after.is_some() {
         return Some(
             "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \
              kernel it is how long a closed file stays untouched before it moves, compressed, \
@@ -281,7 +338,7 @@ fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
                 .into(),
         );
     }
-    if !args.recompress.is_none() {
+    if !args.store.recompress.is_none() {
         return Some(
             "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
              whole idle files with --compress; leave --recompress out, or use --data-path store"
@@ -347,21 +404,21 @@ fn has_cap_sys_admin() -> bool {
 /// The private tmpfs of `--data-path kernel`, from the disk's settings:
 /// its size, inode limit (one more for the tmpfs's own root), huge pages
 /// and NUMA nodes and policy.
-pub(crate) fn hot_config(args: &DiskArgs, cfg: &ramd_fs::FsConfig) -> ramd_fs::hot::HotConfig {
+pub(crate) fn hot_config(args: &FsDisk, cfg: &ramd_fs::FsConfig) -> ramd_fs::hot::HotConfig {
     use ramd_store::numa::NumaPolicy;
     use ramd_store::HugePages;
-    let huge = args.huge_pages.map(|h| match h {
+    let huge = args.store.huge_pages.map(|h| match h {
         HugePages::Never => "never",
         HugePages::Madvise => "advise",
         HugePages::Always => "always",
     });
-    let mpol = args.numa_nodes.as_ref().map(|nodes| {
+    let mpol = args.store.numa_nodes.as_ref().map(|nodes| {
         let list = nodes
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        match args.numa_policy.unwrap_or_default() {
+        match args.store.numa_policy.unwrap_or_default() {
             NumaPolicy::Bind => format!("bind:{list}"),
             // tmpfs prefers one node: the first.
             NumaPolicy::Preferred => format!("prefer:{}", nodes.first().copied().unwrap_or(0)),
