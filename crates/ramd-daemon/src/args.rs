@@ -190,14 +190,14 @@ impl DiskArgs {
     }
 
     /// Whether a filesystem disk uses the kernel's write-back cache
-    /// (`frontends::fuse::writeback_cache`).
+    /// (`ramd_fs::frontend::writeback_cache`).
     pub fn writeback_cache(&self) -> bool {
-        crate::frontends::fuse::writeback_cache(&self.fuse, self.standby)
+        ramd_fs::frontend::writeback_cache(&self.fuse, self.standby)
     }
 
     /// A filesystem disk's mount flags.
     pub fn mount_flags(&self) -> ramd_fs::MountFlags {
-        crate::frontends::fuse::mount_flags(&self.fuse, &self.name, self.read_only, self.standby)
+        ramd_fs::frontend::mount_flags(&self.fuse, &self.name, self.read_only, self.standby)
     }
 
     /// Whether the disk has background work (compression, re-packing).

@@ -54,9 +54,7 @@ impl DiskSettings for DiskArgs {
         }
     }
 
-    /// Each protocol's group; and the whole of a disk's settings, for the
-    /// FUSE frontend, which sizes its kernel tmpfs and picks its data path
-    /// from the disk's memory and compression settings.
+    /// Each protocol's group.
     fn group(&self, t: TypeId) -> Option<&dyn Any> {
         if t == TypeId::of::<NbdArgs>() {
             Some(&self.nbd)
@@ -64,8 +62,6 @@ impl DiskSettings for DiskArgs {
             Some(&self.iscsi)
         } else if t == TypeId::of::<FuseArgs>() {
             Some(&self.fuse)
-        } else if t == TypeId::of::<DiskArgs>() {
-            Some(self)
         } else {
             self.more.get(t)
         }

@@ -6,9 +6,8 @@
 //! - [`frontend`]: how a protocol plugs in (the `ramd_frontend` seam,
 //!   re-exported, and a disk's settings as its `DiskSettings`), and in
 //!   [`frontends`] the built-in registry: NBD (`ramd_nbd::frontend`) and
-//!   the FUSE frontend with its `prepare` hook (the `Fs`), which stay here
-//!   while they read the whole `DiskArgs` (iSCSI, [`Iscsi`], the binary
-//!   registers);
+//!   FUSE (`ramd_fs::frontend`, whose `prepare` hook builds the `Fs`)
+//!   (iSCSI, [`Iscsi`], the binary registers);
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
 //! - [`status`]: typed status, [`metrics`]: the same as Prometheus

@@ -3,7 +3,10 @@
 //!
 //! [`fs::Fs`] holds all the semantics and is usable without a mount (unit
 //! tests drive it directly); [`fuse::FuseFs`] only translates requests.
+//! [`frontend`] is how a disk serves it: the FUSE factory (registered
+//! with the daemon's protocols), which builds the `Fs` and mounts it.
 
+pub mod frontend;
 pub mod fs;
 pub mod fuse;
 pub mod hot;

@@ -167,7 +167,7 @@ fn parse_fuse_transport(s: &str) -> Result<FuseTransport, String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DataPath {
     /// Kernel where it can be had, else store: see
-    /// `frontends::fuse::data_path`, which resolves it.
+    /// `frontend::data_path`, which resolves it.
     Auto,
     Store,
     Kernel,

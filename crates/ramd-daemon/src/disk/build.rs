@@ -1,7 +1,7 @@
 //! The steps of [`super::Disk::open`] that build a disk's parts from its
 //! settings: checks across settings, the store's configuration and NUMA
 //! placement, saving, background work, and the run directory. (A
-//! filesystem disk's `Fs` is the FUSE factory's: `frontends::fs_content`.)
+//! filesystem disk's `Fs` is the FUSE factory's: `ramd_fs::frontend::content`.)
 
 use std::path::Path;
 use std::sync::Arc;

@@ -9,6 +9,18 @@
 //! the disk, even when another namespace still holds a copy (a watcher
 //! sees the mount leave this namespace). A dead `fuse.ramd` mount left at
 //! the mount point by a ramd that was killed is cleared at start.
+//!
+//! The factory, [`Fuse`], is registered with the daemon's other
+//! protocols; its `prepare` hook builds the filesystem a disk serves
+//! ([`content`]), from the disk's settings as [`FsDisk`] reads them
+//! ([`disk`]).
+
+pub mod bdi;
+pub mod content;
+pub mod disk;
+
+use disk::kernel_data_path_refusal;
+pub use disk::{data_path, mount_flags, writeback_cache, FsDisk};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,76 +29,17 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use parking_lot::{Condvar, Mutex};
-use ramd_fs::{FuseOptions, Session};
+use ramd_frontend::{
+    Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus, Prepare, Prepared,
+};
 use ramd_store::persist::DiskKind;
 
-use crate::frontend::{
-    Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus, Prepare, Prepared,
-    StoreSettings,
-};
-use ramd_fs::ll::uring;
-use ramd_fs::settings::{DataPath, FuseArgs, FuseTransport};
+use crate::ll::uring;
+use crate::settings::{DataPath, FuseTransport};
+use crate::{FuseOptions, Session};
 use ramd_store::persist::FlushMode;
 
 pub struct Fuse;
-
-/// What the FUSE frontend reads of a filesystem disk's settings: its own
-/// group, the store's, and the common ones.
-pub struct FsDisk<'a> {
-    pub fuse: &'a FuseArgs,
-    pub store: StoreSettings,
-    pub name: &'a str,
-    pub read_only: bool,
-    pub threads: u16,
-}
-
-impl FsDisk<'_> {
-    /// A filesystem disk's (`--mount`); `None` for any other.
-    pub fn of(disk: &dyn DiskSettings) -> Option<FsDisk<'_>> {
-        let fuse = disk.get::<FuseArgs>().filter(|f| f.mount.is_some())?;
-        Some(FsDisk {
-            fuse,
-            store: disk.store(),
-            name: disk.name(),
-            read_only: disk.read_only(),
-            threads: disk.threads(),
-        })
-    }
-
-    /// Whether the mount uses the kernel's write-back cache (see
-    /// [`writeback_cache`]).
-    pub fn writeback_cache(&self) -> bool {
-        writeback_cache(self.fuse, self.store.standby)
-    }
-
-    pub fn mount_flags(&self) -> ramd_fs::MountFlags {
-        mount_flags(self.fuse, self.name, self.read_only, self.store.standby)
-    }
-}
-
-/// Whether a filesystem disk uses the kernel's write-back cache. Not a
-/// standby's: with it the kernel keeps regular files' sizes and times as
-/// its own, and would not take those of an applied save.
-pub fn writeback_cache(fuse: &FuseArgs, standby: bool) -> bool {
-    !fuse.no_writeback_cache && !standby
-}
-
-/// A filesystem disk's mount flags.
-pub fn mount_flags(
-    fuse: &FuseArgs,
-    name: &str,
-    read_only: bool,
-    standby: bool,
-) -> ramd_fs::MountFlags {
-    ramd_fs::MountFlags {
-        source: fuse.source.clone().unwrap_or_else(|| name.to_string()),
-        // A standby's mount is read-only until its promotion.
-        read_only: read_only || standby,
-        nosuid: fuse.nosuid,
-        nodev: fuse.nodev,
-        noexec: fuse.noexec,
-    }
-}
 
 /// How long a stop waits for the mount to go by itself before it ends the
 /// FUSE connection (a copy lives on elsewhere).
@@ -113,7 +66,7 @@ pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", dir.display());
     }
-    if ramd_fs::is_mount_point(dir) {
+    if crate::is_mount_point(dir) {
         bail!(
             "mount point {} is busy: something is already mounted there (umount it first)",
             dir.display()
@@ -128,7 +81,7 @@ pub fn check_mount_point(dir: &Path) -> anyhow::Result<PathBuf> {
 /// served again: its data was in the dead process) and say so; anything
 /// else is not ours to touch.
 fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {
-    match ramd_fs::mount_type_at(dir).as_deref() {
+    match crate::mount_type_at(dir).as_deref() {
         Some("fuse.ramd") => {
             lazy_umount(dir).with_context(|| {
                 format!(
@@ -157,7 +110,7 @@ fn clear_dead_mount(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn lazy_umount(dir: &Path) -> std::io::Result<()> {
-    ramd_fs::ll::mount::umount2(dir, libc::MNT_DETACH)
+    crate::ll::mount::umount2(dir, libc::MNT_DETACH)
 }
 
 impl FrontendFactory for Fuse {
@@ -192,10 +145,10 @@ impl FrontendFactory for Fuse {
         FsDisk::of(disk).is_some_and(|args| data_path(&args).0 == DataPath::Kernel)
     }
 
-    /// A filesystem disk's `Fs` (see [`super::fs_content`]).
+    /// A filesystem disk's `Fs` (see [`content`]).
     fn prepare(&self, p: &Prepare) -> anyhow::Result<Option<Prepared>> {
         match FsDisk::of(p.settings) {
-            Some(args) => super::fs_content::prepare(&args, p).map(Some),
+            Some(args) => content::prepare(&args, p).map(Some),
             _ => Ok(None),
         }
     }
@@ -206,16 +159,15 @@ impl FrontendFactory for Fuse {
         };
         let fs = disk
             .content
-            .and_then(|c| c.downcast_ref::<Arc<ramd_fs::Fs>>());
+            .and_then(|c| c.downcast_ref::<Arc<crate::Fs>>());
         let (DiskKind::Fs, Some(fs), Some(dir)) = (disk.kind, fs, &args.fuse.mount) else {
             return Ok(Vec::new());
         };
         let dir = check_mount_point(dir)?;
-        let sync: Option<ramd_fs::fuse::SyncFn> =
+        let sync: Option<crate::fuse::SyncFn> =
             (args.store.flush == FlushMode::Persist).then(|| {
                 let store = disk.store.clone();
-                let f: ramd_fs::fuse::SyncFn =
-                    Arc::new(move || store.flush().map_err(|e| e.errno()));
+                let f: crate::fuse::SyncFn = Arc::new(move || store.flush().map_err(|e| e.errno()));
                 f
             });
         let io_uring = want_io_uring(args.fuse.fuse_transport, &dir)?;
@@ -234,7 +186,7 @@ impl FrontendFactory for Fuse {
             fs.hot_tier().is_some(),
             "the tier comes with the data path"
         );
-        let mut session = ramd_fs::mount(
+        let mut session = crate::mount(
             fs.clone(),
             &dir,
             args.threads as usize,
@@ -249,7 +201,7 @@ impl FrontendFactory for Fuse {
             &args.mount_flags(),
         )
         .with_context(|| format!("mounting {}", dir.display()))?;
-        if kernel_data && session.init().flags & ramd_fs::ll::abi::init::PASSTHROUGH == 0 {
+        if kernel_data && session.init().flags & crate::ll::abi::init::PASSTHROUGH == 0 {
             // Dropping the session unmounts.
             bail!(
                 "--data-path kernel: the kernel did not grant FUSE passthrough at INIT (it \
@@ -265,11 +217,11 @@ impl FrontendFactory for Fuse {
         }
         // The FUSE connection's number in fusectl is the mount's device
         // minor. (Not from stat(2): the session is not serving yet.)
-        let dev = ramd_fs::mount_device(&dir)
+        let dev = crate::mount_device(&dir)
             .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
-        super::bdi::set_read_ahead(dev);
+        bdi::set_read_ahead(dev);
         if args.writeback_cache() && !kernel_data {
-            let reserve = super::bdi::limit_dirty(dev, fs.size());
+            let reserve = bdi::limit_dirty(dev, fs.size());
             fs.set_write_reserve(reserve);
             log::debug!(
                 "{}: files open uncached once {} or less is free",
@@ -286,151 +238,6 @@ impl FrontendFactory for Fuse {
             ended_cv: Condvar::new(),
             ring,
         })])
-    }
-}
-
-/// The data path of a filesystem disk: `--data-path`, with auto resolved
-/// (kernel unless a setting asks for the store or this host cannot give
-/// passthrough), and, when auto chose the store, why.
-pub(crate) fn data_path(args: &FsDisk) -> (DataPath, Option<String>) {
-    match args.fuse.data_path {
-        DataPath::Auto => {
-            // Compression under auto keeps its meaning from before auto:
-            // every page compressed. The kernel path's cold tier (hot
-            // files in the tmpfs, idle closed ones compressed) is asked
-            // for by name.
-            let why = if args.store.compresses() {
-                Some(
-                    "--compress and --recompress ask for the store path, which compresses every \
-                     page (for the kernel path's cold tier, which compresses idle closed files, \
-                     give --data-path kernel --compress)"
-                        .to_string(),
-                )
-            } else {
-                kernel_data_path_refusal(args)
-            };
-            match why {
-                None => (DataPath::Kernel, None),
-                Some(why) => (DataPath::Store, Some(why)),
-            }
-        }
-        path => (path, None),
-    }
-}
-
-/// Why this disk cannot have `--data-path kernel`: a setting it does not
-/// have, or what this host or process lacks. Asked for by name, that
-/// refuses the disk before anything is allocated; under auto, the disk
-/// takes the store path.
-fn kernel_data_path_refusal(args: &FsDisk) -> Option<String> {
-    if args.store.standby {
-        return Some(
-            "a standby (--standby) serves file data from the store, where each applied save \
-             puts it; --data-path kernel keeps it in backing files the kernel reads directly"
-                .into(),
-        );
-    }
-    if args.store.compress.is_none() && args.store.compress_after.is_some() {
-        return Some(
-            "--compress-after needs --compress to name a codec (lz4 or zstd): with --data-path \
-             kernel it is how long a closed file stays untouched before it moves, compressed, \
-             to the cold tier"
-                .into(),
-        );
-    }
-    if !args.store.recompress.is_none() {
-        return Some(
-            "--data-path kernel cannot re-pack pages (--recompress): its cold tier compresses \
-             whole idle files with --compress; leave --recompress out, or use --data-path store"
-                .into(),
-        );
-    }
-    if args.fuse.writeback_cache {
-        return Some(
-            "--data-path kernel cannot use the write-back cache (--writeback-cache): the \
-             kernel refuses FUSE passthrough with it; leave the flag out"
-                .into(),
-        );
-    }
-    if !has_cap_sys_admin() {
-        return Some(
-            "--data-path kernel needs CAP_SYS_ADMIN (to make its private tmpfs and to register \
-             backing files with FUSE); run ramd as root or use --data-path store"
-                .into(),
-        );
-    }
-    if !kernel_has_passthrough() {
-        return Some(
-            "--data-path kernel needs FUSE passthrough, which this kernel lacks (Linux 6.9+ \
-             built with CONFIG_FUSE_PASSTHROUGH: no fuse_passthrough_open in /proc/kallsyms); \
-             use --data-path store"
-                .into(),
-        );
-    }
-    None
-}
-
-/// Whether this kernel has FUSE passthrough: its code is listed in
-/// /proc/kallsyms (names are listed even where addresses are hidden).
-/// Looked up once per process.
-fn kernel_has_passthrough() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        use std::io::BufRead;
-        // A fuse module not loaded yet is loaded by an open of /dev/fuse.
-        drop(std::fs::File::open("/dev/fuse"));
-        let Ok(f) = std::fs::File::open("/proc/kallsyms") else {
-            return false;
-        };
-        std::io::BufReader::new(f)
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.split_whitespace().nth(2) == Some("fuse_passthrough_open"))
-    })
-}
-
-/// Whether this process has CAP_SYS_ADMIN in effect (CapEff, bit 21).
-fn has_cap_sys_admin() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << 21) != 0)
-}
-
-/// The private tmpfs of `--data-path kernel`, from the disk's settings:
-/// its size, inode limit (one more for the tmpfs's own root), huge pages
-/// and NUMA nodes and policy.
-pub(crate) fn hot_config(args: &FsDisk, cfg: &ramd_fs::FsConfig) -> ramd_fs::hot::HotConfig {
-    use ramd_store::numa::NumaPolicy;
-    use ramd_store::HugePages;
-    let huge = args.store.huge_pages.map(|h| match h {
-        HugePages::Never => "never",
-        HugePages::Madvise => "advise",
-        HugePages::Always => "always",
-    });
-    let mpol = args.store.numa_nodes.as_ref().map(|nodes| {
-        let list = nodes
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        match args.store.numa_policy.unwrap_or_default() {
-            NumaPolicy::Bind => format!("bind:{list}"),
-            // tmpfs prefers one node: the first.
-            NumaPolicy::Preferred => format!("prefer:{}", nodes.first().copied().unwrap_or(0)),
-            NumaPolicy::Interleave => format!("interleave:{list}"),
-        }
-    });
-    ramd_fs::hot::HotConfig {
-        size: cfg.size,
-        nr_inodes: cfg.nr_inodes.saturating_add(1),
-        huge,
-        mpol,
-        atime: cfg.atime.mode,
     }
 }
 
@@ -583,7 +390,7 @@ impl FuseFrontend {
     /// unreadable).
     fn mounted_here(&self) -> Option<bool> {
         let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        Some(!ramd_fs::mount_points_of(&info, self.dev).is_empty())
+        Some(!crate::mount_points_of(&info, self.dev).is_empty())
     }
 
     /// Until the session ends: if the mount leaves this namespace (the
@@ -650,7 +457,7 @@ fn holders(dev: (u32, u32)) -> Vec<(u32, PathBuf)> {
         let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
             continue;
         };
-        if let Some(mp) = ramd_fs::mount_points_of(&info, dev).into_iter().next() {
+        if let Some(mp) = crate::mount_points_of(&info, dev).into_iter().next() {
             out.push((pid, mp));
         }
     }
@@ -695,7 +502,7 @@ fn want_io_uring(transport: FuseTransport, dir: &Path) -> anyhow::Result<bool> {
 /// Unmounts `dir`; if files are still open there, detaches it (it vanishes
 /// from the namespace now; the caller ends the connection if it lives on).
 fn stop_mount(dir: &Path) {
-    let Err(e) = ramd_fs::ll::mount::umount2(dir, 0) else {
+    let Err(e) = crate::ll::mount::umount2(dir, 0) else {
         return;
     };
     // EINVAL: no longer a mount point (the user's umount came first).

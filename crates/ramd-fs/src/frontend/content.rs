@@ -10,16 +10,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use ramd_fs::settings::FuseArgs;
-use ramd_fs::{Fs, FsConfig};
+use crate::settings::FuseArgs;
+use crate::{Fs, FsConfig};
 use ramd_store::persist::{self, Persister};
 use ramd_store::{Store, StoreConfig, PAGE_SIZE};
 
-use ramd_fs::settings::DataPath;
+use crate::settings::DataPath;
 
-use super::fuse::FsDisk;
-use crate::frontend::{Content, DiskSettings, Prepare, Prepared};
-use ramd_frontend::mem_total;
+use super::disk::{data_path, hot_config, FsDisk};
+use ramd_frontend::{mem_total, Content, DiskSettings, Prepare, Prepared};
 
 /// How long a closed file of `--data-path kernel --compress` stays
 /// untouched before it moves to the cold tier, if --compress-after does
@@ -51,9 +50,9 @@ pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
     };
     // `--data-path kernel`: file data in a private kernel tmpfs, made
     // before a load, which writes into it.
-    let tier = match super::fuse::data_path(args).0 {
+    let tier = match data_path(args).0 {
         DataPath::Kernel => Some(
-            ramd_fs::hot::HotTier::new(&super::fuse::hot_config(args, &cfg))
+            crate::hot::HotTier::new(&hot_config(args, &cfg))
                 .context("--data-path kernel: making the private tmpfs for file data")?,
         ),
         DataPath::Store | DataPath::Auto => None,
@@ -98,7 +97,7 @@ pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
 /// (compressed as pages are written, never saved: a save reads cold files
 /// from it as file data), under the disk's memory budget and the daemon's.
 fn start_cold_tier(args: &FsDisk, fs: &Arc<Fs>, p: &Prepare) -> Result<()> {
-    if super::fuse::data_path(args).0 != DataPath::Kernel || args.store.compress.is_none() {
+    if data_path(args).0 != DataPath::Kernel || args.store.compress.is_none() {
         return Ok(());
     }
     let cfg = StoreConfig {
@@ -140,7 +139,7 @@ impl Content for FsContent {
             p.set_outer(outer);
         }
         if standby {
-            p.set_follow_tree(Box::new(ramd_fs::fs::StandbyTree(self.fs.clone())));
+            p.set_follow_tree(Box::new(crate::fs::StandbyTree(self.fs.clone())));
         }
         let fs = self.fs.clone();
         p.set_meta(Box::new(move || fs.save_meta()), loaded_meta);
@@ -186,7 +185,7 @@ impl Content for FsContent {
     }
 
     fn read_only(&self) -> Option<bool> {
-        ramd_fs::mount_read_only(self.mount.as_ref()?)
+        crate::mount_read_only(self.mount.as_ref()?)
     }
 
     fn resize(&self, size: Option<u64>, budget: u64) -> Result<()> {
@@ -201,7 +200,7 @@ impl Content for FsContent {
         // The kernel's dirty cap and the write reserve follow the size.
         if let (true, Some(dev)) = (
             self.writeback_cache,
-            self.mount.as_deref().and_then(ramd_fs::mount_device),
+            self.mount.as_deref().and_then(crate::mount_device),
         ) {
             self.fs
                 .set_write_reserve(super::bdi::limit_dirty(dev, size));
@@ -223,7 +222,7 @@ impl Content for FsContent {
         let Some(dir) = &self.mount else {
             return Ok(());
         };
-        ramd_fs::remount_read_write(dir).with_context(|| {
+        crate::remount_read_write(dir).with_context(|| {
             format!(
                 "promoted: disk {disk:?} is the writer of its image, but its mount {} stays \
                  read-only; make it read-write with `mount -o remount,rw {}`",
