@@ -15,7 +15,7 @@
 //! ([`content`]), from the disk's settings as [`FsDisk`] reads them
 //! ([`disk`]).
 
-pub mod bdi;
+mod bdi;
 pub mod content;
 pub mod disk;
 
