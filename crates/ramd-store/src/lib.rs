@@ -18,13 +18,14 @@ mod pool;
 mod procmem;
 mod scanner;
 mod store;
+mod sys;
 mod zs;
 
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use identity::DiskId;
 pub use persist::{PageRef, SavePlan, SaveSession};
-pub use pool::{map_anonymous, mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
+pub use pool::{HugePages, MemoryPolicy, PoolStats};
 pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
@@ -32,6 +33,7 @@ pub use store::{
     Extent, ExtentKind, StandbyHold, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES,
     MAX_SIZE, PAGE_META_BYTES,
 };
+pub use sys::{map_anonymous, mem_available, mem_total, PAGE_SIZE};
 
 /// `bytes` for people: `4K`, `1.5M`, `1G` (powers of 1024).
 pub fn human(bytes: u64) -> String {
@@ -50,9 +52,6 @@ pub fn human(bytes: u64) -> String {
         format!("{v:.1}{}", UNITS[u])
     }
 }
-
-/// The page size of the store: the unit of allocation, sharing and holes.
-pub const PAGE_SIZE: usize = 4096;
 
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::numa::NumaPolicy;
-use crate::PAGE_SIZE;
+use crate::sys::{has_cap_ipc_lock, map_anonymous, mem_available, mem_total, PAGE_SIZE};
 
 /// Size of one anonymous mapping that pages are carved from.
 const ARENA_BYTES: usize = 2 << 20;
@@ -485,27 +485,6 @@ impl Drop for PagePool {
     }
 }
 
-/// A fresh private anonymous read-write mapping of `len` bytes, with
-/// `flags` added to MAP_PRIVATE | MAP_ANONYMOUS; pages cost memory only
-/// once touched. The caller unmaps it.
-pub fn map_anonymous(len: usize, flags: libc::c_int) -> std::io::Result<NonNull<u8>> {
-    // SAFETY: a fresh private anonymous mapping aliases nothing.
-    let m = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-            -1,
-            0,
-        )
-    };
-    if m == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    NonNull::new(m.cast()).ok_or_else(|| std::io::Error::other("mmap returned address 0"))
-}
-
 fn map_arena(policy: &MemoryPolicy) -> Result<Arena> {
     // A huge page needs a 2 MiB-aligned arena: map twice the size and trim.
     let huge = matches!(
@@ -620,41 +599,6 @@ fn lock_limit_message(bytes: u64, others: u64, limit: u64) -> String {
         },
         crate::human(limit)
     )
-}
-
-/// linux/capability.h's number for CAP_IPC_LOCK.
-const CAP_IPC_LOCK: u32 = 14;
-
-/// Whether this process may lock memory beyond RLIMIT_MEMLOCK.
-fn has_cap_ipc_lock() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<u64> {
-    meminfo_field("MemAvailable:")
-}
-
-/// `MemTotal` from /proc/meminfo, in bytes.
-pub fn mem_total() -> Option<u64> {
-    meminfo_field("MemTotal:")
-}
-
-fn meminfo_field(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    let kib: u64 = line[key.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
 }
 
 #[cfg(test)]
@@ -810,11 +754,5 @@ mod tests {
                 "{h}"
             );
         }
-    }
-
-    #[test]
-    fn meminfo_is_readable() {
-        assert!(mem_available().unwrap() > 0);
-        assert!(mem_total().unwrap() >= mem_available().unwrap());
     }
 }

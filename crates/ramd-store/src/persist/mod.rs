@@ -29,9 +29,9 @@ use aligned_vec::{AVec, ConstAlign};
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
 use crate::DiskId;
 use crate::Store;
-use crate::PAGE_SIZE;
 
 mod format;
 mod history;

@@ -21,7 +21,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::error::{Error, Result};
 use crate::store::*;
-use crate::{zs, PAGE_SIZE};
+use crate::sys::PAGE_SIZE;
+use crate::zs;
 
 /// One page (or one frame of pages) as an image holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

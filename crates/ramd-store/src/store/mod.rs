@@ -43,8 +43,8 @@ use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableRe
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
 use crate::pool::{MemoryPolicy, PagePool, PagePtr, PoolStats};
+use crate::sys::PAGE_SIZE;
 use crate::zs::{self, Handle, ZsAlloc};
-use crate::PAGE_SIZE;
 
 const PAGE_SHIFT: u32 = 12;
 pub(crate) const CHUNK_PAGES: usize = 64;
@@ -137,7 +137,7 @@ impl StoreConfig {
 
 /// 2% of the host's memory, at least 256 MiB: what ramd leaves to everyone else.
 pub fn default_host_reserve() -> u64 {
-    let total = crate::pool::mem_total().unwrap_or(0);
+    let total = crate::sys::mem_total().unwrap_or(0);
     (total / 50).max(256 << 20)
 }
 
