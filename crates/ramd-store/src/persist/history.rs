@@ -8,8 +8,19 @@
 //! whose newest save is older than the retention go, MANIFEST-N first (a
 //! crash after leaves only debris).
 
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+use super::format::{new_buf, Buf, MANIFEST};
+use super::manifest::{object_name, seg_name, seq_digits, sync_dir, ImageDir, Manifest, SegEntry};
 use super::reader::parse_segment;
-use super::*;
 
 /// What a kept MANIFEST's name starts with.
 const KEPT_PREFIX: &str = "MANIFEST-";

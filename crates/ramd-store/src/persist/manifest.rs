@@ -3,7 +3,18 @@
 //! object storage is the same `ImageDir` with a `Remote` (`remote.rs`):
 //! each step that touches files asks it instead.
 
-use super::*;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::identity::DiskId;
+
+use super::format::{DiskKind, LEASE, MANIFEST, MANIFEST_MAGIC, MANIFEST_MAGIC_V1};
+use super::lease::{Lease, LeaseWatch};
+use super::remote::{is_url, Remote, UPLOAD_SUFFIX};
 
 /// One save in the chain, as the MANIFEST lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

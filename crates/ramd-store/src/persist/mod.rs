@@ -17,22 +17,6 @@
 //! name, fsynced and renamed; the MANIFEST likewise, and its rename is the
 //! moment a save exists. Anything not named by the MANIFEST is debris.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use aligned_vec::{AVec, ConstAlign};
-
-use crate::codec::{self, Codec};
-use crate::error::{Error, Result};
-use crate::sys::PAGE_SIZE;
-use crate::DiskId;
-use crate::Store;
-
 mod format;
 mod history;
 mod lease;
@@ -48,12 +32,6 @@ mod standby;
 #[cfg(test)]
 mod tests;
 mod writer;
-
-use format::*;
-use lease::*;
-use manifest::*;
-use remote::*;
-use writer::*;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;

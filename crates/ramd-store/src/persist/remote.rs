@@ -20,8 +20,12 @@
 //! runtime shared by the process, entered from ramd's own threads.
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, OnceLock};
+use std::time::Duration;
 
 use futures::StreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -32,7 +36,10 @@ use object_store::{
     PutPayload, RetryConfig, UpdateVersion,
 };
 
-use super::*;
+use crate::error::{Error, Result};
+
+use super::format::{Buf, MANIFEST};
+use super::manifest::Manifest;
 
 /// The URL scheme of an image in object storage.
 pub const S3_SCHEME: &str = "s3://";

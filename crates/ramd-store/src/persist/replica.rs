@@ -20,13 +20,25 @@
 //! retention.
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
+use crate::identity::DiskId;
+
+use super::format::{new_buf, Buf};
 use super::history::{expired, kept_in_dir};
-use super::*;
+use super::manifest::{object_name, seg_name, ImageDir, Manifest, Open, SegEntry};
+use super::remote::Remote;
+use super::time_text;
 
 /// How long the first retry of a failed shipment waits; it doubles up to
 /// `RETRY_MAX`.

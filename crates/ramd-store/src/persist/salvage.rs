@@ -19,9 +19,21 @@
 //! Nothing here writes to the image: segments are mapped read-only.
 
 use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
 
+use crate::error::{Error, Result};
+use crate::identity::DiskId;
+use crate::sys::PAGE_SIZE;
+
+use super::format::{
+    DiskKind, Record, MANIFEST, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE, R_HOLE,
+    R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION,
+};
+use super::manifest::{read_manifest, SegEntry};
 use super::reader::record_of;
-use super::*;
+use super::remote::is_url;
 
 /// Where an unreadable part of a segment is, and what it held.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -20,7 +20,11 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::error::{Error, Result};
-use crate::store::*;
+use crate::store::compress::{
+    codec_of, frame_len, FrameCache, FRAME_HEADER, FRAME_PAGES, MAX_PACKED,
+};
+use crate::store::table::{page_mut, page_ref, Chunk, Slot, K_HOLE};
+use crate::store::{Store, CHUNK_PAGES};
 use crate::sys::PAGE_SIZE;
 use crate::zs;
 

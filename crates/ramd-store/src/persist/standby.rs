@@ -29,8 +29,19 @@
 //! writer that lands first makes the standby's fail: it reads and applies
 //! that save too and commits again.
 
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::sys::PAGE_SIZE;
+
+use super::format::Record;
+use super::lease::{Lease, LeaseHolder};
+use super::manifest::{object_name, ImageDir, Manifest, Open, SegEntry};
 use super::reader::parse_segment;
-use super::*;
+use super::remote::is_url;
 
 /// A standby's following, as `ramd status` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

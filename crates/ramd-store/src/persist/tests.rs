@@ -1,6 +1,17 @@
-use super::reader::*;
-use super::*;
+use std::fs::{self, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
+
+use crate::sys::PAGE_SIZE;
+
+use super::format::{Buf, DiskKind, Record, DIO_ALIGN, MANIFEST, REC_HEADER, SEG_HEADER};
+use super::manifest::{object_name, save_file, save_object, ImageDir, Manifest};
+use super::policy::{load, Persister};
+use super::reader::*;
+use super::remote::upload_marker;
+use super::writer::{open_direct, write_block};
 
 /// Writes O_DIRECT refuses (a few bytes from unaligned memory at an
 /// unaligned offset) go through the page cache instead, and land.

@@ -5,7 +5,15 @@
 //! must fit both, so whichever disk crosses the shared budget gets ENOSPC
 //! and the others keep what they hold.
 
-use super::*;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::pool::PagePtr;
+use crate::sys::PAGE_SIZE;
+
+use super::{Store, CHUNK_META_BYTES};
 
 /// Budget kept for the background scanner: a disk filled to `max_memory`
 /// with raw (hot) pages could otherwise never compress them, since a

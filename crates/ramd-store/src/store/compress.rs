@@ -2,7 +2,16 @@
 //! or a frame member (with a per-request frame cache), promotion of pages
 //! read again, codec ids, and `compress_page` for image tools.
 
-use super::*;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+use crate::zs::{self, Handle};
+
+use super::table::{page_mut, Chunk, ChunkSpan, Slot};
+use super::{Store, CHUNK_PAGES};
 
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).

@@ -32,19 +32,23 @@
 //! packing and decoding pages; `background.rs` the scanner's passes;
 //! `crate::persist::session` the store's side of saves and loads.
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::hash_map::HashMap;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
+use parking_lot::{Mutex, RwLock};
 
-use crate::codec::{self, Codec};
+use crate::codec::Codec;
 use crate::error::{Error, Result};
-use crate::pool::{MemoryPolicy, PagePool, PagePtr, PoolStats};
+use crate::pool::{MemoryPolicy, PagePool, PoolStats};
 use crate::sys::PAGE_SIZE;
-use crate::zs::{self, Handle, ZsAlloc};
+use crate::zs::{self, ZsAlloc};
+
+use background::scanner_tick;
+use budget::BACKGROUND_HEADROOM;
+use table::{Chunk, Shard, Slot, MAX_AGE};
 
 const PAGE_SHIFT: u32 = 12;
 pub(crate) const CHUNK_PAGES: usize = 64;
@@ -68,17 +72,13 @@ const _: () = assert!(CHUNK_META_BYTES == 720 && CHUNK_META_BYTES <= 16 * CHUNK_
 
 mod background;
 mod budget;
-mod compress;
+pub(crate) mod compress;
 mod io;
-mod table;
-pub(crate) use background::*;
+pub(crate) mod table;
 pub use budget::Budget;
-pub(crate) use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
-pub(crate) use compress::*;
 pub use io::{Change, Extent, ExtentKind, StandbyHold};
-pub(crate) use table::*;
 
 /// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]

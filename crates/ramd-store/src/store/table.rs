@@ -2,7 +2,19 @@
 //! new slot in place (`replace`), and how a request is cut into chunk and
 //! page spans.
 
-use super::*;
+use std::collections::hash_map::{Entry, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU16, AtomicU64};
+
+use parking_lot::RwLock;
+
+use crate::error::Result;
+use crate::pool::PagePtr;
+use crate::sys::PAGE_SIZE;
+use crate::zs::Handle;
+
+use super::compress::{frame_len, FRAME_HEADER};
+use super::{Store, CHUNK_BYTES, CHUNK_META_BYTES, CHUNK_PAGES, PAGE_SHIFT, SHARDS};
 
 // Slot metadata: kind in the low 3 bits, then flags, then the age in passes
 // of the background scanner.
