@@ -59,7 +59,12 @@ pub struct Shared {
     pub budget: Option<Arc<ramd_store::Budget>>,
     /// The daemon's Prometheus endpoint, for `status`.
     pub metrics_url: Option<String>,
+    /// A fresh reporter of an image load's progress, for each load.
+    pub load_progress: LoadProgress,
 }
+
+/// Makes the reporter of one image load's progress.
+pub type LoadProgress = fn() -> Box<dyn FnMut(persist::Progress)>;
 
 pub type Events = std::sync::mpsc::Sender<Event>;
 
@@ -204,7 +209,7 @@ impl Disk {
         let (fs, image, loaded_tree) = match kind {
             DiskKind::Block => {
                 if let Some((image, _)) = image.as_ref().filter(|_| loading) {
-                    persist::load(image, &store)?;
+                    persist::load(image, &store, &mut (shared.load_progress)())?;
                 }
                 if args.standby {
                     store.set_standby(true);
@@ -212,7 +217,7 @@ impl Disk {
                 (None, image.map(|(i, _)| i), None)
             }
             DiskKind::Fs => {
-                let (fs, image, tree) = open_fs(&args, &store, size, image)?;
+                let (fs, image, tree) = open_fs(&args, &store, size, image, shared.load_progress)?;
                 if args.standby {
                     store.set_standby(true);
                 }
@@ -1144,6 +1149,7 @@ fn open_fs(
     store: &Arc<Store>,
     size: Option<u64>,
     image: Option<(ImageDir, u64)>,
+    load_progress: LoadProgress,
 ) -> Result<(Fs, Option<ImageDir>, Option<Vec<u8>>)> {
     let cfg = FsConfig {
         size,
@@ -1168,7 +1174,8 @@ fn open_fs(
             Ok((fs, Some(image), Some(tree)))
         }
         (Some((image, _)), None) if image.manifest().is_some() => {
-            let tree = persist::load(&image, store)?.expect("fs images have a tree");
+            let tree =
+                persist::load(&image, store, &mut load_progress())?.expect("fs images have a tree");
             let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
                 anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
             })?;
@@ -1391,6 +1398,7 @@ mod tests {
             compress_threads: 1,
             budget: None,
             metrics_url: None,
+            load_progress: || -> Box<dyn FnMut(persist::Progress)> { Box::new(|_| {}) },
         };
         let a = args(&[
             "--name",

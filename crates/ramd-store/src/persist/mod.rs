@@ -40,7 +40,7 @@ pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
 pub use policy::{
     load, loading_stopped, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister,
-    SaveReport,
+    Progress, SaveReport,
 };
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};

@@ -833,8 +833,6 @@ impl PersistStatus {
     }
 }
 
-/// Loads the image into `store`; returns the filesystem tree if it is an
-/// fs image. Progress goes to a bar on a terminal, else to log lines.
 /// Set by a stop signal: loads under way end at their next record, so that
 /// Ctrl-C during a long load stops at once (and nothing half-loaded is
 /// ever saved: the disk that was loading never serves).
@@ -851,7 +849,25 @@ pub fn loading_stopped() -> bool {
     STOP_LOADING.load(Ordering::Relaxed)
 }
 
-pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
+/// How far a load has come, for whoever shows it (the binary: a bar on a
+/// terminal, else log lines). The engine only reports: how to show it is
+/// the caller's business.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// `done` of the image's `total` bytes are read.
+    Read { done: u64, total: u64 },
+    /// Every record is in the store.
+    Done,
+}
+
+/// Loads the image into `store`; returns the filesystem tree if it is an
+/// fs image. Progress goes to `progress`: `Read` as records are read,
+/// `Done` once the load succeeded (not after an error).
+pub fn load(
+    image: &ImageDir,
+    store: &Store,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<Vec<u8>>> {
     let m = image.manifest().expect("load needs an image");
     let t0 = Instant::now();
     log::info!(
@@ -862,9 +878,7 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         m.chain.len(),
         human(m.bytes())
     );
-    let bar = progress_bar(m.bytes());
     let mut meta = None;
-    let mut logged = 0;
     image
         .read_chain(
             |rec| match rec {
@@ -879,16 +893,7 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
                     Ok(())
                 }
             },
-            |done, total| match &bar {
-                Some(b) => b.set_position(done),
-                None => {
-                    let quarter = done * 4 / total.max(1);
-                    if quarter > logged && quarter < 4 {
-                        logged = quarter;
-                        log::info!("loading: {}%", quarter * 25);
-                    }
-                }
-            },
+            |done, total| progress(Progress::Read { done, total }),
         )
         .map_err(|e| {
             let hint = match e {
@@ -903,9 +908,7 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
             };
             Error::context(format!("loading image {}", image.path().display()), e, hint)
         })?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    progress(Progress::Done);
     store.end_restore();
     let secs = t0.elapsed().as_secs_f64();
     let st = store.stats();
@@ -924,21 +927,6 @@ pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
         )));
     }
     Ok(meta)
-}
-
-fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let b = indicatif::ProgressBar::new(total);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template"),
-    );
-    Some(b)
 }
 
 /// Opens `--image DIR` and checks it against the disk's settings: the

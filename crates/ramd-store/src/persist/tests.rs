@@ -189,7 +189,12 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     p.close();
 
     let loaded = crate::Store::new(cfg()).unwrap();
-    load(&ImageDir::open_existing(&dir).unwrap(), &loaded).unwrap();
+    load(
+        &ImageDir::open_existing(&dir).unwrap(),
+        &loaded,
+        &mut |_| {},
+    )
+    .unwrap();
     let mut got = vec![0u8; 2 * PAGE_SIZE];
     loaded.read(0, &mut got).unwrap();
     assert_eq!(got[..PAGE_SIZE], page(2)[..]);
