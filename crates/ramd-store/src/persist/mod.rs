@@ -20,6 +20,7 @@
 mod format;
 mod history;
 mod lease;
+mod load;
 mod manifest;
 mod outer;
 mod policy;
@@ -29,6 +30,7 @@ mod replica;
 mod salvage;
 mod session;
 mod standby;
+mod status;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -36,18 +38,17 @@ mod writer;
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
 pub use lease::{LeaseHolder, LeaseWatch};
+pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
 pub use manifest::{ImageDir, Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
-pub use policy::{
-    load, loading_stopped, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister,
-    Progress, SaveReport,
-};
+pub use policy::{MetaFn, Persister};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
 pub use standby::{FollowTree, StandbyStatus};
+pub use status::{FlushMode, PersistStatus, SaveReport};
 pub use writer::SegWriter;
 
 /// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.

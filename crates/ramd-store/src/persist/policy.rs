@@ -13,32 +13,23 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
 
-use super::standby::{Follow, FollowTree};
-use super::{
-    DiskKind, ImageDir, LeaseWatch, OuterPages, Record, Replica, ReplicaStatus, SaveSession,
-    SegEntry, StandbyStatus,
-};
 use crate::error::{Error, Result};
 use crate::{human, Store};
+
+use super::format::DiskKind;
+use super::lease::LeaseWatch;
+use super::manifest::{ImageDir, SegEntry};
+use super::outer::OuterPages;
+use super::replica::Replica;
+use super::session::SaveSession;
+use super::standby::{Follow, FollowTree};
+use super::status::{report_of, FlushMode, PersistStatus, SaveReport};
 
 /// An incremental chain is replaced by a full save once it has this many
 /// saves, or once its incremental saves add up to the full save's size:
 /// loading then reads at most about twice the disk's data.
 const MAX_CHAIN: usize = 16;
-
-/// What a save did, for `ramd snapshot` and status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SaveReport {
-    pub seq: u64,
-    pub full: bool,
-    pub pages: u64,
-    /// Bytes written to the image (the segment file).
-    pub bytes: u64,
-    pub seconds: f64,
-    pub unix_time: u64,
-}
 
 #[derive(Default)]
 struct State {
@@ -757,18 +748,6 @@ fn standby_refusal() -> Error {
     )
 }
 
-/// A save of the image as status shows it.
-fn report_of(s: &SegEntry) -> SaveReport {
-    SaveReport {
-        seq: s.seq,
-        full: s.full,
-        pages: s.pages,
-        bytes: s.bytes,
-        seconds: 0.0,
-        unix_time: s.time_ns / 1_000_000_000,
-    }
-}
-
 /// What the image still holds when a save fails: never claim a save that
 /// does not exist.
 fn kept_text(image: &ImageDir) -> String {
@@ -780,206 +759,6 @@ fn kept_text(image: &ImageDir) -> String {
         ),
         None => "the image holds no complete save: nothing of this disk is saved yet".into(),
     }
-}
-
-/// What a flush does: `ignore` (memory is the medium) or `persist` (wait
-/// for a save).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlushMode {
-    Ignore,
-    Persist,
-}
-
-/// A disk's persistence as `ramd status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PersistStatus {
-    /// The image directory; `None` for a disk without one.
-    pub image: Option<String>,
-    pub flush: FlushMode,
-    pub autosave_secs: Option<f64>,
-    /// Saves this process made.
-    pub saves: u64,
-    /// Saves this process tried that failed.
-    #[serde(default)]
-    pub save_failures: u64,
-    /// The last save that succeeded (the image's last, until this process
-    /// saves).
-    pub last_save: Option<SaveReport>,
-    /// Why the last save failed, until one succeeds.
-    pub last_save_error: Option<String>,
-    /// `--replicate`: the replica in object storage.
-    #[serde(default)]
-    pub replica: Option<ReplicaStatus>,
-    /// `--standby` (until promoted): how it follows its image.
-    #[serde(default)]
-    pub standby: Option<StandbyStatus>,
-}
-
-impl PersistStatus {
-    /// The status of a disk without an image.
-    pub fn none() -> PersistStatus {
-        PersistStatus {
-            image: None,
-            flush: FlushMode::Ignore,
-            autosave_secs: None,
-            saves: 0,
-            save_failures: 0,
-            last_save: None,
-            last_save_error: None,
-            replica: None,
-            standby: None,
-        }
-    }
-}
-
-/// Set by a stop signal: loads under way end at their next record, so that
-/// Ctrl-C during a long load stops at once (and nothing half-loaded is
-/// ever saved: the disk that was loading never serves).
-static STOP_LOADING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Stops every load of this process (`on` = true), or allows loads again.
-pub fn stop_loading(on: bool) {
-    STOP_LOADING.store(on, Ordering::SeqCst);
-}
-
-/// Whether a signal stopped loads ([`stop_loading`]): a loader of its own
-/// (`--data-path kernel`) checks it as `load` does.
-pub fn loading_stopped() -> bool {
-    STOP_LOADING.load(Ordering::Relaxed)
-}
-
-/// How far a load has come, for whoever shows it (the binary: a bar on a
-/// terminal, else log lines). The engine only reports: how to show it is
-/// the caller's business.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    /// `done` of the image's `total` bytes are read.
-    Read { done: u64, total: u64 },
-    /// Every record is in the store.
-    Done,
-}
-
-/// Loads the image into `store`; returns the filesystem tree if it is an
-/// fs image. Progress goes to `progress`: `Read` as records are read,
-/// `Done` once the load succeeded (not after an error).
-pub fn load(
-    image: &ImageDir,
-    store: &Store,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Option<Vec<u8>>> {
-    let m = image.manifest().expect("load needs an image");
-    let t0 = Instant::now();
-    log::info!(
-        "loading image {}: {} disk of {}, {} save(s), {}",
-        image.path().display(),
-        m.kind.name(),
-        human(m.size),
-        m.chain.len(),
-        human(m.bytes())
-    );
-    let mut meta = None;
-    image
-        .read_chain(
-            |rec| match rec {
-                _ if STOP_LOADING.load(Ordering::Relaxed) => Err(Error::Unusable(
-                    "stopped by a signal (the image is untouched)".into(),
-                )),
-                Record::Page(page, p) => store.restore_page(page, p),
-                Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
-                Record::Gone(key) => store.restore_gone(key),
-                Record::Meta(m) => {
-                    meta = Some(m.to_vec());
-                    Ok(())
-                }
-            },
-            |done, total| progress(Progress::Read { done, total }),
-        )
-        .map_err(|e| {
-            let hint = match e {
-                Error::NoSpace { .. } => {
-                    ": the image holds more than the disk's memory cap allows: give a larger \
-                     --max-memory SIZE"
-                }
-                Error::DiskFull { .. } => {
-                    ": the image holds more than the disk's size allows: give a larger --size SIZE"
-                }
-                _ => "",
-            };
-            Error::context(format!("loading image {}", image.path().display()), e, hint)
-        })?;
-    progress(Progress::Done);
-    store.end_restore();
-    let secs = t0.elapsed().as_secs_f64();
-    let st = store.stats();
-    log::info!(
-        "loaded image {}: {} pages ({} of data in {} of memory) in {secs:.2} s ({}/s)",
-        image.path().display(),
-        st.data_pages + st.zero_pages + st.fill_pages,
-        human(st.data_bytes),
-        human(st.memory_used),
-        human((m.bytes() as f64 / secs.max(1e-9)) as u64)
-    );
-    if m.kind == DiskKind::Fs && meta.is_none() {
-        return Err(Error::Unusable(format!(
-            "image {}: an fs image without its tree (no META record)",
-            image.path().display()
-        )));
-    }
-    Ok(meta)
-}
-
-/// Opens `--image DIR` and checks it against the disk's settings: the
-/// size to use (the image's when `size` is None) and the image, loaded or
-/// new.
-pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir).map_err(|e| match e {
-        // Says which directory (or URL: every error of one names it) itself.
-        e @ Error::Unusable(_) => e,
-        e if super::is_url(dir) => e,
-        e => Error::context(format!("image {}", dir.display()), e, ""),
-    })?;
-    let Some(m) = image.manifest() else {
-        let size = size.ok_or_else(|| {
-            Error::Unusable(format!(
-                "image {} is empty (a new image): give --size SIZE for the new disk",
-                dir.display()
-            ))
-        })?;
-        return Ok((image, size));
-    };
-    if m.kind != kind {
-        // Commands in backquotes: the mount helper, which rewrites flags
-        // as mount options, leaves those alone.
-        let d = dir.display();
-        return Err(Error::Unusable(match kind {
-            DiskKind::Fs => format!(
-                "image {d} holds a block disk, not a filesystem: serve it as a block disk \
-                 (`ramd serve --image {d}`)"
-            ),
-            DiskKind::Block => format!(
-                "image {d} holds a filesystem, not a block disk: mount it \
-                 (`ramd serve --image {d} --mount DIR`, or `mount -t fuse.ramd -o image={d} \
-                 NAME DIR`)"
-            ),
-        }));
-    }
-    // A filesystem disk may be mounted with another size (tmpfs's way: the
-    // mount's size= rules); loading then checks that the data fits.
-    if kind == DiskKind::Fs {
-        let size = size.unwrap_or(m.size);
-        return Ok((image, size));
-    }
-    if let Some(s) = size.filter(|&s| s != m.size) {
-        return Err(Error::Unusable(format!(
-            "--size {s} differs from the size of the disk in image {}: {} bytes; leave --size \
-             out to use the image's",
-            dir.display(),
-            m.size
-        )));
-    }
-    let size = m.size;
-    Ok((image, size))
 }
 
 fn now_secs() -> u64 {
