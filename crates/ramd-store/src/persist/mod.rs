@@ -24,6 +24,7 @@ mod load;
 mod manifest;
 mod outer;
 mod policy;
+mod promote;
 mod reader;
 mod remote;
 mod replica;
