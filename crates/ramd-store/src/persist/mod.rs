@@ -25,6 +25,7 @@ mod manifest;
 mod outer;
 mod policy;
 mod promote;
+mod ranged;
 mod reader;
 mod remote;
 mod replica;
