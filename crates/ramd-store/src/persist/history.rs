@@ -19,7 +19,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Result};
 
 use super::format::{new_buf, Buf, MANIFEST};
-use super::manifest::{object_name, seg_name, seq_digits, sync_dir, ImageDir, Manifest, SegEntry};
+use super::image_dir::{object_name, seg_name, seq_digits, sync_dir, ImageDir};
+use super::manifest::{Manifest, SegEntry};
 use super::reader::parse_segment;
 
 /// What a kept MANIFEST's name starts with.
@@ -109,7 +110,7 @@ impl ImageDir {
             self.check_lease()?;
             return remote.put_plain(&name, text);
         }
-        super::manifest::write_replacing(&self.path, &name, text.as_bytes(), || {}, || {})
+        super::image_dir::write_replacing(&self.path, &name, text.as_bytes(), || {}, || {})
     }
 
     /// Which segments the kept chains name (object or file names), after

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::{human, Store};
 
 use super::format::{DiskKind, Record};
-use super::manifest::ImageDir;
+use super::image_dir::ImageDir;
 
 /// Set by a stop signal: loads under way end at their next record, so that
 /// Ctrl-C during a long load stops at once (and nothing half-loaded is

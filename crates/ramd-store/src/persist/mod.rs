@@ -1,11 +1,11 @@
 //! Persistence, in one place: the image format (`format.rs`, FORMAT.md is
-//! its specification), the image directory and its MANIFEST
-//! (`manifest.rs`), writing and reading segments (`writer.rs`,
+//! its specification), the MANIFEST (`manifest.rs`) and the image
+//! directory (`image_dir.rs`), writing and reading segments (`writer.rs`,
 //! `reader.rs`), the store's side of a save (`session.rs`: changed pages,
-//! the switch, kept copies, restore), and when to save and how to load
-//! (`policy.rs`: `Persister`, `load`, `open_image`); object storage
-//! (`remote.rs`, `lease.rs`) and a local image's replica there
-//! (`replica.rs`).
+//! the switch, kept copies, restore), when to save (`policy.rs`:
+//! `Persister`; a standby's in `promote.rs`) and how to load (`load.rs`:
+//! `load`, `open_image`); object storage (`remote.rs`, `ranged.rs`,
+//! `lease.rs`) and a local image's replica there (`replica.rs`).
 //!
 //! The on-disk image of a disk: a directory holding one segment file per
 //! save and a MANIFEST naming the chain of segments that make up the latest
@@ -19,6 +19,7 @@
 
 mod format;
 mod history;
+mod image_dir;
 mod lease;
 mod load;
 mod manifest;
@@ -39,9 +40,10 @@ mod writer;
 
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
+pub use image_dir::ImageDir;
 pub use lease::{LeaseHolder, LeaseWatch};
 pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
-pub use manifest::{ImageDir, Manifest, SegEntry};
+pub use manifest::{Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
 pub use policy::{MetaFn, Persister};
 pub use remote::{is_url, S3_SCHEME};

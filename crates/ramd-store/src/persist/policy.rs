@@ -18,8 +18,9 @@ use crate::error::{Error, Result};
 use crate::{human, Store};
 
 use super::format::DiskKind;
+use super::image_dir::ImageDir;
 use super::lease::LeaseWatch;
-use super::manifest::{ImageDir, SegEntry};
+use super::manifest::SegEntry;
 use super::outer::OuterPages;
 use super::replica::Replica;
 use super::session::SaveSession;

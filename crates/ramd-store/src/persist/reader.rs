@@ -12,7 +12,8 @@ use super::format::{
     Buf, Record, DIO_ALIGN, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE, R_HOLE,
     R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION,
 };
-use super::manifest::{object_name, ImageDir, Manifest, SegEntry};
+use super::image_dir::{object_name, ImageDir};
+use super::manifest::{Manifest, SegEntry};
 use super::session::PageRef;
 use super::writer::{clear_direct, open_direct};
 

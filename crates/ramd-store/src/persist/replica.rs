@@ -36,7 +36,8 @@ use crate::identity::DiskId;
 
 use super::format::{new_buf, Buf};
 use super::history::{expired, kept_in_dir};
-use super::manifest::{object_name, seg_name, ImageDir, Manifest, Open, SegEntry};
+use super::image_dir::{object_name, seg_name, ImageDir, Open};
+use super::manifest::{Manifest, SegEntry};
 use super::remote::Remote;
 use super::time_text;
 

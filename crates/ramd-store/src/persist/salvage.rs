@@ -31,7 +31,8 @@ use super::format::{
     DiskKind, Record, MANIFEST, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE, R_HOLE,
     R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION,
 };
-use super::manifest::{read_manifest, SegEntry};
+use super::image_dir::read_manifest;
+use super::manifest::SegEntry;
 use super::reader::record_of;
 use super::remote::is_url;
 

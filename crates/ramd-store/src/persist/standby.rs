@@ -38,8 +38,9 @@ use crate::store::Store;
 use crate::sys::PAGE_SIZE;
 
 use super::format::Record;
+use super::image_dir::{object_name, ImageDir, Open};
 use super::lease::{Lease, LeaseHolder};
-use super::manifest::{object_name, ImageDir, Manifest, Open, SegEntry};
+use super::manifest::{Manifest, SegEntry};
 use super::reader::parse_segment;
 use super::remote::is_url;
 

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use crate::sys::PAGE_SIZE;
 
 use super::format::{Buf, DiskKind, Record, DIO_ALIGN, MANIFEST, REC_HEADER, SEG_HEADER};
-use super::load::load;
-use super::manifest::{object_name, save_file, save_object, ImageDir, Manifest};
+use super::image_dir::{object_name, save_file, save_object, ImageDir};
+use super::load;
+use super::manifest::Manifest;
 use super::policy::Persister;
 use super::reader::*;
 use super::remote::upload_marker;

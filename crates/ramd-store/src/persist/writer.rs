@@ -17,7 +17,8 @@ use super::format::{
     new_buf, Buf, DiskKind, DIO_ALIGN, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE,
     R_HOLE, R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION, WRITE_BATCH,
 };
-use super::manifest::{crash_if, crash_point, object_name, sync_dir, Crash, ImageDir, SegEntry};
+use super::image_dir::{crash_if, crash_point, object_name, sync_dir, Crash, ImageDir};
+use super::manifest::SegEntry;
 use super::session::PageRef;
 
 impl ImageDir {
