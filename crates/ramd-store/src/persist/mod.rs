@@ -17,6 +17,7 @@
 //! name, fsynced and renamed; the MANIFEST likewise, and its rename is the
 //! moment a save exists. Anything not named by the MANIFEST is debris.
 
+mod damage;
 mod format;
 mod history;
 mod image_dir;
@@ -38,6 +39,7 @@ mod status;
 mod tests;
 mod writer;
 
+pub use damage::{Damaged, Lost};
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
 pub use image_dir::ImageDir;
@@ -48,7 +50,7 @@ pub use outer::{OuterPages, OuterSave};
 pub use policy::{MetaFn, Persister};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
-pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
+pub use salvage::{LostPages, SalvageChain, Salvaged};
 pub(crate) use session::Kept;
 pub use session::{PageRef, SavePlan, SaveSession};
 pub use standby::{FollowTree, StandbyStatus};
