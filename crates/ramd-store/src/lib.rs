@@ -8,6 +8,7 @@
 //! [`Error::errno`] is the [`Errno`] a client should see. Images (saving,
 //! loading, their format) live in [`persist`].
 
+mod arena;
 mod codec;
 mod error;
 mod identity;
@@ -21,11 +22,12 @@ mod store;
 mod sys;
 mod zs;
 
+pub use arena::{HugePages, MemoryPolicy};
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use identity::DiskId;
 pub use persist::{PageRef, SavePlan, SaveSession};
-pub use pool::{HugePages, MemoryPolicy, PoolStats};
+pub use pool::PoolStats;
 pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{

@@ -40,9 +40,10 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::arena::MemoryPolicy;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
-use crate::pool::{MemoryPolicy, PagePool, PoolStats};
+use crate::pool::{PagePool, PoolStats};
 use crate::sys::PAGE_SIZE;
 use crate::zs::{self, ZsAlloc};
 
