@@ -107,15 +107,8 @@ fn segments_round_trip_whatever_their_record_sizes() {
         let mut w = img
             .begin_segment(1, true, DiskKind::Block, 1 << 30)
             .unwrap();
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut rnd = move || rng.u64(..);
         let mut want: Vec<Vec<u8>> = Vec::new();
         let mut bytes = SEG_HEADER as u64;
         for i in 0..50 + rnd() % 400 {
