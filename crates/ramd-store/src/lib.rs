@@ -26,14 +26,13 @@ pub use arena::{HugePages, MemoryPolicy};
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use identity::DiskId;
-pub use persist::{PageRef, SavePlan, SaveSession};
 pub use pool::PoolStats;
 pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,
-    Extent, ExtentKind, StandbyHold, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES,
-    MAX_SIZE, PAGE_META_BYTES,
+    Extent, ExtentKind, PageRef, SavePlan, SaveSession, StandbyHold, Store, StoreConfig,
+    StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
 };
 pub use sys::{map_anonymous, mem_available, mem_total, PAGE_SIZE};
 

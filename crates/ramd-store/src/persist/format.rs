@@ -5,9 +5,8 @@ use aligned_vec::{AVec, ConstAlign};
 
 use crate::codec::{self, Codec};
 use crate::error::{Error, Result};
+use crate::store::PageRef;
 use crate::sys::PAGE_SIZE;
-
-use super::session::PageRef;
 
 pub const MANIFEST: &str = "MANIFEST";
 /// An image in object storage: the object naming the one writer allowed

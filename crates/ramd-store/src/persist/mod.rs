@@ -1,8 +1,8 @@
 //! Persistence, in one place: the image format (`format.rs`, FORMAT.md is
 //! its specification), the MANIFEST (`manifest.rs`) and the image
 //! directory (`image_dir.rs`), writing and reading segments (`writer.rs`,
-//! `reader.rs`), the store's side of a save (`session.rs`: changed pages,
-//! the switch, kept copies, restore), when to save (`policy.rs`:
+//! `reader.rs`), the store's side of a save is `crate::store`'s `save.rs`
+//! (changed pages, the switch, kept copies, restore), when to save (`policy.rs`:
 //! `Persister`; a standby's in `promote.rs`) and how to load (`load.rs`:
 //! `load`, `open_image`); object storage (`remote.rs`, `ranged.rs`,
 //! `lease.rs`) and a local image's replica there (`replica.rs`).
@@ -32,13 +32,13 @@ mod reader;
 mod remote;
 mod replica;
 mod salvage;
-mod session;
 mod standby;
 mod status;
 #[cfg(test)]
 mod tests;
 mod writer;
 
+pub use crate::store::{PageRef, SavePlan, SaveSession};
 pub use damage::{Damaged, Lost};
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
@@ -51,8 +51,6 @@ pub use policy::{MetaFn, Persister};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{LostPages, SalvageChain, Salvaged};
-pub(crate) use session::Kept;
-pub use session::{PageRef, SavePlan, SaveSession};
 pub use standby::{FollowTree, StandbyStatus};
 pub use status::{FlushMode, PersistStatus, SaveReport};
 pub use writer::SegWriter;

@@ -5,8 +5,7 @@
 //! (file *n*'s data at page `n << 28`), so such an image loads either way.
 
 use crate::error::Result;
-
-use super::session::PageRef;
+use crate::store::PageRef;
 
 /// The outside holder of a disk's pages ([`super::Persister::set_outer`]).
 pub trait OuterPages: Send + Sync {

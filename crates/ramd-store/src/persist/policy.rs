@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::store::SaveSession;
 use crate::{human, Store};
 
 use super::format::DiskKind;
@@ -23,7 +24,6 @@ use super::lease::LeaseWatch;
 use super::manifest::SegEntry;
 use super::outer::OuterPages;
 use super::replica::Replica;
-use super::session::SaveSession;
 use super::standby::{Follow, FollowTree};
 use super::status::{report_of, FlushMode, PersistStatus, SaveReport};
 

@@ -6,6 +6,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::store::PageRef;
 use crate::sys::PAGE_SIZE;
 
 use super::format::{
@@ -14,7 +15,6 @@ use super::format::{
 };
 use super::image_dir::{object_name, ImageDir};
 use super::manifest::{Manifest, SegEntry};
-use super::session::PageRef;
 use super::writer::{clear_direct, open_direct};
 
 impl ImageDir {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
+use crate::store::PageRef;
 use crate::sys::PAGE_SIZE;
 
 use super::format::{
@@ -19,7 +20,6 @@ use super::format::{
 };
 use super::image_dir::{crash_if, crash_point, object_name, sync_dir, Crash, ImageDir};
 use super::manifest::SegEntry;
-use super::session::PageRef;
 
 impl ImageDir {
     /// Starts the segment of save `seq`.

@@ -30,7 +30,7 @@
 //! and `stats`; `table.rs` the slot encoding, chunks, shards and spans;
 //! `io.rs` what clients call; `budget.rs` the memory budget; `compress.rs`
 //! packing and decoding pages; `background.rs` the scanner's passes;
-//! `crate::persist::session` the store's side of saves and loads.
+//! `save.rs` the store's side of saves and loads.
 
 use std::collections::hash_map::HashMap;
 use std::collections::HashSet;
@@ -38,7 +38,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use background::scanner_tick;
+use budget::BACKGROUND_HEADROOM;
 use parking_lot::{Mutex, RwLock};
+use table::{Chunk, Shard, Slot, MAX_AGE};
 
 use crate::arena::MemoryPolicy;
 use crate::codec::Codec;
@@ -46,10 +49,6 @@ use crate::error::{Error, Result};
 use crate::pool::{PagePool, PoolStats};
 use crate::sys::PAGE_SIZE;
 use crate::zs::{self, ZsAlloc};
-
-use background::scanner_tick;
-use budget::BACKGROUND_HEADROOM;
-use table::{Chunk, Shard, Slot, MAX_AGE};
 
 const PAGE_SHIFT: u32 = 12;
 pub(crate) const CHUNK_PAGES: usize = 64;
@@ -75,11 +74,13 @@ mod background;
 mod budget;
 pub(crate) mod compress;
 mod io;
+mod save;
 pub(crate) mod table;
 pub use budget::Budget;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
 pub use io::{Change, Extent, ExtentKind, StandbyHold};
+pub use save::{PageRef, SavePlan, SaveSession};
 
 /// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]
@@ -256,7 +257,7 @@ pub(crate) struct Counters {
     pub(crate) decompress_ns: AtomicU64,
     pub(crate) background_ns: AtomicU64,
     pub(crate) compacted: AtomicU64,
-    /// Bytes of pages kept for the save under way (see `persist/session.rs`).
+    /// Bytes of pages kept for the save under way (see `save.rs`).
     pub(crate) kept: AtomicU64,
     /// The save under way could not keep a page it needed.
     pub(crate) save_broken: std::sync::atomic::AtomicBool,

@@ -94,7 +94,7 @@ pub(crate) struct Chunk {
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
     /// (and it keeps no pages for a save).
     pub(crate) live: u32,
-    /// Slots changed since the last save's switch (see `persist/session.rs`).
+    /// Slots changed since the last save's switch (see `save.rs`).
     pub(crate) dirty: u64,
     /// Slots the save under way has still to write; atomic because the
     /// saver clears them under a shared lock.
@@ -102,7 +102,7 @@ pub(crate) struct Chunk {
     /// Contents at the switch of `saving` slots that clients changed since.
     // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
     #[allow(clippy::box_collection)]
-    pub(crate) kept: Option<Box<Vec<(u8, crate::persist::Kept)>>>,
+    pub(crate) kept: Option<Box<Vec<(u8, super::save::Kept)>>>,
 }
 
 impl Chunk {

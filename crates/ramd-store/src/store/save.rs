@@ -2,7 +2,8 @@
 //! (`Chunk::dirty`, and `Store::gone` for chunks that emptied), a save's
 //! point-in-time view while clients keep writing (copy-on-write of the pages
 //! a save still has to write: `Chunk::saving`, `Chunk::kept`), and putting
-//! saved pages back on load. The image file format is `format.rs`'s.
+//! saved pages back on load. The image file format is `persist/format.rs`'s;
+//! `persist/` reads a save through [`SaveSession`] and [`PageRef`] alone.
 //!
 //! A save runs in three steps:
 //! 1. [`Store::begin_save`]: under the gate (no request in flight) and every
@@ -20,13 +21,12 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::error::{Error, Result};
-use crate::store::compress::{
-    codec_of, frame_len, FrameCache, FRAME_HEADER, FRAME_PAGES, MAX_PACKED,
-};
-use crate::store::table::{page_mut, page_ref, Chunk, Slot, K_HOLE};
-use crate::store::{Store, CHUNK_PAGES};
 use crate::sys::PAGE_SIZE;
 use crate::zs;
+
+use super::compress::{codec_of, frame_len, FrameCache, FRAME_HEADER, FRAME_PAGES, MAX_PACKED};
+use super::table::{page_mut, page_ref, Chunk, Slot, K_HOLE};
+use super::{Store, CHUNK_PAGES};
 
 /// One page (or one frame of pages) as an image holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
