@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::sys::PAGE_SIZE;
 use crate::zs;
 
-use super::compress::{codec_id, frame_len, timed, FrameCache, FRAME_HEADER, FRAME_PAGES};
+use super::compress::{codec_id, timed, FrameCache};
+use super::frame::{frame_len, FRAME_HEADER, FRAME_PAGES};
 use super::table::{
     page_ref, Chunk, Slot, ACCESSED, AGE_SHIFT, KIND_MASK, K_FILL, K_FRAME, K_HOLE, K_LZ4,
     K_RAW_HOT, K_RAW_HUGE, K_ZSTD, MAX_AGE, SETTLED,

@@ -73,14 +73,17 @@ const _: () = assert!(CHUNK_META_BYTES == 720 && CHUNK_META_BYTES <= 16 * CHUNK_
 mod background;
 mod budget;
 pub(crate) mod compress;
+pub(crate) mod frame;
 mod io;
+mod page;
 mod save;
 pub(crate) mod table;
 pub use budget::Budget;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
 pub use io::{Change, Extent, ExtentKind, StandbyHold};
-pub use save::{PageRef, SavePlan, SaveSession};
+pub use page::PageRef;
+pub use save::{SavePlan, SaveSession};
 
 /// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]

@@ -24,62 +24,11 @@ use crate::error::{Error, Result};
 use crate::sys::PAGE_SIZE;
 use crate::zs;
 
-use super::compress::{codec_of, frame_len, FrameCache, FRAME_HEADER, FRAME_PAGES, MAX_PACKED};
+use super::compress::{codec_of, FrameCache, MAX_PACKED};
+use super::frame::{frame_len, FRAME_HEADER, FRAME_PAGES};
+use super::page::{Kept, PageRef};
 use super::table::{page_mut, page_ref, Chunk, Slot, K_HOLE};
 use super::{Store, CHUNK_PAGES};
-
-/// One page (or one frame of pages) as an image holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageRef<'a> {
-    Hole,
-    /// Every 8 bytes of the page are this (little-endian order of memory).
-    Fill(u64),
-    /// An uncompressed page; `hot`: waiting to be compressed (else it did
-    /// not compress).
-    Raw {
-        data: &'a [u8],
-        hot: bool,
-    },
-    /// One page compressed alone.
-    Packed {
-        zstd: bool,
-        data: &'a [u8],
-    },
-    /// A frame object (header and compressed data) and the slots of its
-    /// chunk that name it.
-    Frame {
-        mask: u64,
-        data: &'a [u8],
-    },
-}
-
-/// A page's contents at the switch, copied before a client changed it.
-pub(crate) enum Kept {
-    Hole,
-    Fill(u64),
-    Raw { data: Box<[u8]>, hot: bool },
-    Packed { zstd: bool, data: Box<[u8]> },
-}
-
-impl Kept {
-    /// Memory charged while it is held.
-    fn cost(&self) -> u64 {
-        let data = match self {
-            Kept::Raw { data, .. } | Kept::Packed { data, .. } => data.len(),
-            Kept::Hole | Kept::Fill(_) => 0,
-        };
-        (data + std::mem::size_of::<(u8, Kept)>()) as u64
-    }
-
-    fn as_ref(&self) -> PageRef<'_> {
-        match self {
-            Kept::Hole => PageRef::Hole,
-            Kept::Fill(p) => PageRef::Fill(*p),
-            Kept::Raw { data, hot } => PageRef::Raw { data, hot: *hot },
-            Kept::Packed { zstd, data } => PageRef::Packed { zstd: *zstd, data },
-        }
-    }
-}
 
 /// What one save writes, fixed at the switch.
 #[derive(Debug, Default, Clone)]
@@ -556,5 +505,44 @@ impl Store {
         }
         self.replace(chunk, i, new, true);
         Ok(())
+    }
+}
+
+impl Store {
+    /// [`Store::with_chunk`] for a client's change: the chunk is handed
+    /// out as a [`ClientChunk`], whose slots change only through
+    /// [`ClientChunk::change`], which records each change for saves.
+    pub(crate) fn with_client_chunk(
+        &self,
+        idx: u64,
+        create: bool,
+        pages: &mut i64,
+        f: impl FnOnce(&mut ClientChunk<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.with_chunk(idx, create, pages, |chunk| {
+            f(&mut ClientChunk { store: self, chunk })
+        })
+    }
+}
+
+/// A chunk as a client's request holds it (under its shard's write lock).
+/// The one way to change one of its slots is [`ClientChunk::change`], so
+/// no client path can forget to tell the save under way (and the next
+/// one) about it.
+pub(crate) struct ClientChunk<'a> {
+    pub(super) store: &'a Store,
+    pub(super) chunk: &'a mut Chunk,
+}
+
+impl ClientChunk<'_> {
+    pub(crate) fn get(&self, i: usize) -> Slot {
+        self.chunk.get(i)
+    }
+
+    /// Slot `i` is about to change: records it for saves (see
+    /// `Store::changing`) and hands out the chunk to change it.
+    pub(crate) fn change(&mut self, i: usize) -> &mut Chunk {
+        self.store.changing(self.chunk, i);
+        self.chunk
     }
 }

@@ -13,7 +13,8 @@ use crate::pool::PagePtr;
 use crate::sys::PAGE_SIZE;
 use crate::zs::Handle;
 
-use super::compress::{frame_len, FRAME_HEADER};
+use super::frame::{frame_len, FRAME_HEADER};
+use super::page::Kept;
 use super::{Store, CHUNK_BYTES, CHUNK_META_BYTES, CHUNK_PAGES, PAGE_SHIFT, SHARDS};
 
 // Slot metadata: kind in the low 3 bits, then flags, then the age in passes
@@ -102,7 +103,7 @@ pub(crate) struct Chunk {
     /// Contents at the switch of `saving` slots that clients changed since.
     // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
     #[allow(clippy::box_collection)]
-    pub(crate) kept: Option<Box<Vec<(u8, super::save::Kept)>>>,
+    pub(crate) kept: Option<Box<Vec<(u8, Kept)>>>,
 }
 
 impl Chunk {
@@ -175,21 +176,6 @@ impl Store {
             self.drop_chunk(&mut map, idx);
         }
         result
-    }
-
-    /// [`Store::with_chunk`] for a client's change: the chunk is handed
-    /// out as a [`ClientChunk`], whose slots change only through
-    /// [`ClientChunk::change`], which records each change for saves.
-    pub(crate) fn with_client_chunk(
-        &self,
-        idx: u64,
-        create: bool,
-        pages: &mut i64,
-        f: impl FnOnce(&mut ClientChunk<'_>) -> Result<()>,
-    ) -> Result<()> {
-        self.with_chunk(idx, create, pages, |chunk| {
-            f(&mut ClientChunk { store: self, chunk })
-        })
     }
 
     /// Drops an empty chunk, remembering it for the next save.
@@ -366,26 +352,4 @@ pub(crate) fn chunk_spans(offset: u64, length: u64) -> impl Iterator<Item = Chun
         off += len;
         Some(span)
     })
-}
-
-/// A chunk as a client's request holds it (under its shard's write lock).
-/// The one way to change one of its slots is [`ClientChunk::change`], so
-/// no client path can forget to tell the save under way (and the next
-/// one) about it.
-pub(crate) struct ClientChunk<'a> {
-    store: &'a Store,
-    chunk: &'a mut Chunk,
-}
-
-impl ClientChunk<'_> {
-    pub(crate) fn get(&self, i: usize) -> Slot {
-        self.chunk.get(i)
-    }
-
-    /// Slot `i` is about to change: records it for saves (see
-    /// `Store::changing`) and hands out the chunk to change it.
-    pub(crate) fn change(&mut self, i: usize) -> &mut Chunk {
-        self.store.changing(self.chunk, i);
-        self.chunk
-    }
 }
