@@ -8,7 +8,7 @@ use crate::sys::PAGE_SIZE;
 
 use super::format::{Buf, DiskKind, Record, DIO_ALIGN, MANIFEST, REC_HEADER, SEG_HEADER};
 use super::image_dir::{object_name, save_file, save_object, ImageDir};
-use super::load;
+use super::load::{load, Progress};
 use super::manifest::Manifest;
 use super::policy::Persister;
 use super::reader::*;
@@ -184,12 +184,23 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     p.close();
 
     let loaded = crate::Store::new(cfg()).unwrap();
-    load(
-        &ImageDir::open_existing(&dir).unwrap(),
-        &loaded,
-        &mut |_| {},
-    )
-    .unwrap();
+    let image = ImageDir::open_existing(&dir).unwrap();
+    let total = image.manifest().unwrap().bytes();
+    let mut seen = Vec::new();
+    load(&image, &loaded, &mut |p| seen.push(p)).unwrap();
+    // The load reports its bytes as they are read, up to the whole image,
+    // then once that it is done.
+    assert_eq!(seen.last(), Some(&Progress::Done), "{seen:?}");
+    let read: Vec<(u64, u64)> = seen[..seen.len() - 1]
+        .iter()
+        .map(|p| match *p {
+            Progress::Read { done, total } => (done, total),
+            Progress::Done => panic!("Done before the end: {seen:?}"),
+        })
+        .collect();
+    assert!(read.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert!(read.iter().all(|&(_, t)| t == total), "{seen:?}");
+    assert_eq!(read.last().map(|r| r.0), Some(total), "{seen:?}");
     let mut got = vec![0u8; 2 * PAGE_SIZE];
     loaded.read(0, &mut got).unwrap();
     assert_eq!(got[..PAGE_SIZE], page(2)[..]);
