@@ -148,7 +148,7 @@ fn prune(dir: &Path, keep: Option<std::time::Duration>, as_json: bool) -> Result
     Ok(())
 }
 
-pub(crate) use ramd_store::persist::time_text;
+use ramd_store::persist::time_text;
 
 /// Which save `--at` names among `saves` (by sequence number): a sequence
 /// number, an RFC 3339 time, or a duration ago (`10m`, `2 hours ago`);

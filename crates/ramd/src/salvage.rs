@@ -680,7 +680,7 @@ fn print_report(r: &Report, out: &mut dyn Write) {
                     "tree: the newest save's tree is damaged; using save {s}'s (made {}): \
                      names, sizes and attributes changed after it are lost",
                     t.time_ns
-                        .map_or("at an unknown time".into(), crate::image_cmd::time_text)
+                        .map_or("at an unknown time".into(), ramd_store::persist::time_text)
                 );
             }
             (None, _) => {
