@@ -1,6 +1,9 @@
-//! A page's contents as a save sees them: `PageRef`, borrowed from the
-//! page table (or from a kept copy), and `Kept`, the copy of a page taken
-//! before a client changed it while a save still had to write it.
+//! Pages and chunks as a save sees them: `PageRef`, a page borrowed from
+//! the page table (or from a kept copy); `Kept`, the copy of a page taken
+//! before a client changed it while a save still had to write it; and
+//! `SaveState`, a chunk's part in saves.
+
+use std::sync::atomic::AtomicU64;
 
 /// One page (or one frame of pages) as an image holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,4 +56,20 @@ impl Kept {
             Kept::Packed { zstd, data } => PageRef::Packed { zstd: *zstd, data },
         }
     }
+}
+
+/// A chunk's part in saves: which of its slots changed since the last
+/// save's switch, which the save under way has still to write, and the
+/// copies kept of those that clients changed since.
+#[derive(Default)]
+pub(crate) struct SaveState {
+    /// Slots changed since the last save's switch.
+    pub(crate) dirty: u64,
+    /// Slots the save under way has still to write; atomic because the
+    /// saver clears them under a shared lock.
+    pub(crate) saving: AtomicU64,
+    /// Contents at the switch of `saving` slots that clients changed since.
+    // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
+    #[allow(clippy::box_collection)]
+    pub(crate) kept: Option<Box<Vec<(u8, Kept)>>>,
 }

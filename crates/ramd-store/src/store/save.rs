@@ -1,8 +1,9 @@
-//! The store's side of persistence: which pages changed since the last save
-//! (`Chunk::dirty`, and `Store::gone` for chunks that emptied), a save's
-//! point-in-time view while clients keep writing (copy-on-write of the pages
-//! a save still has to write: `Chunk::saving`, `Chunk::kept`), and putting
-//! saved pages back on load. The image file format is `persist/format.rs`'s;
+//! The store's side of persistence: which pages changed since the last
+//! save (each chunk's `SaveState::dirty`, and `Store::gone` for chunks that
+//! emptied), a save's point-in-time view while clients keep writing
+//! (copy-on-write of the pages a save still has to write:
+//! `SaveState::saving`, `SaveState::kept`), and putting saved pages back on
+//! load. The image file format is `persist/format.rs`'s;
 //! `persist/` reads a save through [`SaveSession`] and [`PageRef`] alone.
 //!
 //! A save runs in three steps:
@@ -101,8 +102,8 @@ impl Store {
             return;
         }
         let bit = 1u64 << i;
-        chunk.dirty |= bit;
-        if chunk.saving.load(Relaxed) & bit == 0 {
+        chunk.save.dirty |= bit;
+        if chunk.save.saving.load(Relaxed) & bit == 0 {
             return;
         }
         let kept = self.capture(chunk, i);
@@ -111,7 +112,7 @@ impl Store {
             // The save can no longer be the disk at its switch: it fails
             // (the saver checks `SaveSession::broken`) and the next one is full.
             self.c.save_broken.store(true, Relaxed);
-            chunk.saving.fetch_and(!bit, Relaxed);
+            chunk.save.saving.fetch_and(!bit, Relaxed);
             return;
         }
         // Never refused: the client's own budget grows by the same amount
@@ -121,8 +122,9 @@ impl Store {
             b.take(cost);
         }
         self.c.kept.fetch_add(cost, Relaxed);
-        chunk.saving.fetch_and(!bit, Relaxed);
+        chunk.save.saving.fetch_and(!bit, Relaxed);
         chunk
+            .save
             .kept
             .get_or_insert_with(Default::default)
             .push((i as u8, kept));
@@ -214,18 +216,18 @@ impl Store {
         for shard in self.shards.iter() {
             let mut map = shard.0.write();
             for (&key, chunk) in map.iter_mut() {
-                debug_assert_eq!(chunk.saving.load(Relaxed), 0, "a save is under way");
-                plan.changed |= chunk.dirty != 0;
+                debug_assert_eq!(chunk.save.saving.load(Relaxed), 0, "a save is under way");
+                plan.changed |= chunk.save.dirty != 0;
                 let mask = if full {
                     (0..CHUNK_PAGES)
                         .filter(|&i| chunk.kind(i) != K_HOLE)
                         .fold(0u64, |m, i| m | 1 << i)
                 } else {
-                    chunk.dirty
+                    chunk.save.dirty
                 };
-                chunk.dirty = 0;
+                chunk.save.dirty = 0;
                 if mask != 0 {
-                    chunk.saving.store(mask, Relaxed);
+                    chunk.save.saving.store(mask, Relaxed);
                     plan.chunks.push((key, mask));
                     plan.pages += mask.count_ones() as u64;
                 }
@@ -251,7 +253,7 @@ impl Store {
         let mut left = mask;
         if let Some(chunk) = map.get(&key) {
             // Writers wait; readers and the scanner's reads go on.
-            let saving = chunk.saving.load(Relaxed) & mask;
+            let saving = chunk.save.saving.load(Relaxed) & mask;
             let mut scratch = [0u8; PAGE_SIZE];
             let mut done = 0u64;
             for i in 0..CHUNK_PAGES {
@@ -284,7 +286,7 @@ impl Store {
                         let val = chunk.vals[i];
                         let members = std::iter::once(i)
                             .chain(chunk.frame_members(val))
-                            .filter(|&j| (saving | !chunk.dirty) & 1 << j != 0)
+                            .filter(|&j| (saving | !chunk.save.dirty) & 1 << j != 0)
                             .fold(0u64, |m, j| m | 1 << j);
                         // SAFETY: the slot's frame object; writers held off.
                         let header = unsafe { self.frame_header(h) };
@@ -303,7 +305,7 @@ impl Store {
                 }
                 done |= 1 << i;
             }
-            chunk.saving.fetch_and(!saving, Relaxed);
+            chunk.save.saving.fetch_and(!saving, Relaxed);
             left &= !saving;
         }
         if left == 0 {
@@ -314,7 +316,7 @@ impl Store {
         map.with_upgraded(|map| {
             let mut empty = false;
             if let Some(chunk) = map.get_mut(&key) {
-                for (i, kept) in chunk.kept.take().map(|b| *b).unwrap_or_default() {
+                for (i, kept) in chunk.save.kept.take().map(|b| *b).unwrap_or_default() {
                     if left & 1 << i != 0 {
                         f(base + i as u64, kept.as_ref());
                         left &= !(1 << i);
@@ -346,8 +348,8 @@ impl Store {
             let mut map = shard.0.write();
             let mut empty = Vec::new();
             for (&key, chunk) in map.iter_mut() {
-                chunk.saving.store(0, Relaxed);
-                for (_, kept) in chunk.kept.take().map(|b| *b).unwrap_or_default() {
+                chunk.save.saving.store(0, Relaxed);
+                for (_, kept) in chunk.save.kept.take().map(|b| *b).unwrap_or_default() {
                     let cost = kept.cost();
                     self.c.kept.fetch_sub(cost, Relaxed);
                     self.unreserve(cost);

@@ -3,8 +3,8 @@
 //! page spans.
 
 use std::collections::hash_map::{Entry, HashMap};
+use std::sync::atomic::AtomicU16;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU16, AtomicU64};
 
 use parking_lot::RwLock;
 
@@ -14,7 +14,7 @@ use crate::sys::PAGE_SIZE;
 use crate::zs::Handle;
 
 use super::frame::{frame_len, FRAME_HEADER};
-use super::page::Kept;
+use super::page::SaveState;
 use super::{Store, CHUNK_BYTES, CHUNK_META_BYTES, CHUNK_PAGES, PAGE_SHIFT, SHARDS};
 
 // Slot metadata: kind in the low 3 bits, then flags, then the age in passes
@@ -95,15 +95,8 @@ pub(crate) struct Chunk {
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
     /// (and it keeps no pages for a save).
     pub(crate) live: u32,
-    /// Slots changed since the last save's switch (see `save.rs`).
-    pub(crate) dirty: u64,
-    /// Slots the save under way has still to write; atomic because the
-    /// saver clears them under a shared lock.
-    pub(crate) saving: AtomicU64,
-    /// Contents at the switch of `saving` slots that clients changed since.
-    // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
-    #[allow(clippy::box_collection)]
-    pub(crate) kept: Option<Box<Vec<(u8, Kept)>>>,
+    /// The chunk's part in saves (see `save.rs`).
+    pub(crate) save: SaveState,
 }
 
 impl Chunk {
@@ -112,9 +105,7 @@ impl Chunk {
             vals: [0; CHUNK_PAGES],
             meta: std::array::from_fn(|_| AtomicU16::new(K_HOLE)),
             live: 0,
-            dirty: 0,
-            saving: AtomicU64::new(0),
-            kept: None,
+            save: SaveState::default(),
         })
     }
 
@@ -172,7 +163,7 @@ impl Store {
         let before = chunk.live;
         let result = f(chunk);
         *pages += chunk.live as i64 - before as i64;
-        if chunk.live == 0 && chunk.kept.is_none() {
+        if chunk.live == 0 && chunk.save.kept.is_none() {
             self.drop_chunk(&mut map, idx);
         }
         result
@@ -181,7 +172,7 @@ impl Store {
     /// Drops an empty chunk, remembering it for the next save.
     pub(crate) fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
         if let Some(chunk) = map.remove(&key) {
-            debug_assert!(chunk.live == 0 && chunk.kept.is_none());
+            debug_assert!(chunk.live == 0 && chunk.save.kept.is_none());
             self.c.chunks.fetch_sub(1, Relaxed);
             self.unreserve(CHUNK_META_BYTES);
             if self.track {
