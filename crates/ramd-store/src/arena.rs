@@ -213,15 +213,15 @@ fn lock_limit_message(bytes: u64, others: u64, limit: u64) -> String {
          (or `ulimit -l KIB`) in its shell, `prlimit --memlock=unlimited`, or \
          `LimitMEMLOCK=infinity` in its systemd unit (the one `ramd install-systemd` writes \
          has it); or give the disk a smaller --max-memory",
-        crate::human(bytes),
+        crate::units::human(bytes),
         match others {
             0 => String::new(),
             n => format!(
                 " (beside {} for other disks of this process)",
-                crate::human(n)
+                crate::units::human(n)
             ),
         },
-        crate::human(limit)
+        crate::units::human(limit)
     )
 }
 

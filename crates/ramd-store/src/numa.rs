@@ -218,7 +218,7 @@ impl Placement {
         let have = || {
             topo.nodes
                 .iter()
-                .map(|(id, n)| format!("{id} ({})", crate::human(n.mem_total)))
+                .map(|(id, n)| format!("{id} ({})", crate::units::human(n.mem_total)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };

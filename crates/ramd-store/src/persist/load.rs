@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::{human, Store};
+use crate::store::Store;
+use crate::units::human;
 
 use super::format::{DiskKind, Record};
 use super::image_dir::ImageDir;

@@ -16,7 +16,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::store::SaveSession;
-use crate::{human, Store};
+use crate::store::Store;
+use crate::units::human;
 
 use super::format::DiskKind;
 use super::image_dir::ImageDir;

@@ -434,7 +434,7 @@ fn run(sh: &Shared, mut remote: ImageDir) {
                 log::info!(
                     "replicated save {seq} to {}: {segments} segment(s), {} uploaded in {:.2} s",
                     sh.url,
-                    crate::human(bytes),
+                    crate::units::human(bytes),
                     t0.elapsed().as_secs_f64()
                 );
                 retry = RETRY_MIN;

@@ -320,7 +320,7 @@ impl ImageDir {
                 if seg.full { "full" } else { "incremental" },
                 seg.seq,
                 seg.pages,
-                crate::human(seg.bytes),
+                crate::units::human(seg.bytes),
                 t1.elapsed().as_secs_f64()
             );
         }

@@ -58,8 +58,8 @@ impl Store {
             return Err(Error::Invalid(format!(
                 "the disk holds {} in {pages} pages, more than the new size of {} \
                  (delete files first)",
-                crate::human(pages * PAGE_SIZE as u64),
-                crate::human(page_limit.saturating_mul(PAGE_SIZE as u64))
+                crate::units::human(pages * PAGE_SIZE as u64),
+                crate::units::human(page_limit.saturating_mul(PAGE_SIZE as u64))
             )));
         }
         let used = self.c.memory_used.load(Relaxed);
@@ -67,8 +67,8 @@ impl Store {
         if max_memory < least || used > max_memory - self.headroom {
             return Err(Error::Invalid(format!(
                 "the disk uses {} of memory, more than the new max_memory of {} allows",
-                crate::human(used),
-                crate::human(max_memory)
+                crate::units::human(used),
+                crate::units::human(max_memory)
             )));
         }
         self.page_limit.store(page_limit, Relaxed);
