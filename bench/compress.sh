@@ -83,27 +83,7 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" quick=0 out=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --quick)
-        quick=1
-        shift
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --quick --out= -- "$@"
 if ((quick)); then
     size=${size:-128M} hot_disk=256M runs=1 runtime=3 ramp=1
 else
@@ -111,8 +91,8 @@ else
 fi
 hot_set=64M
 recompress=zstd:12 idle_after=2s compress_after=2s
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ ${BENCH_QUIET_WAIT:-0} =~ ^[0-9]+$ ]] || die "BENCH_QUIET_WAIT must be a number of seconds"
+want_size --size "$size"
+want_quiet_wait
 
 # --- tools and host -----------------------------------------------------------
 ((EUID == 0)) || die "run as root: zram is set up through /sys/block/zram0"
@@ -127,22 +107,13 @@ need numfmt coreutils
 need sha256sum coreutils
 need tar tar
 need blockdev util-linux
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
+want_fio_nbd
 nbdkit memory --dump-plugin >/dev/null 2>&1 ||
     die "nbdkit has no memory plugin: apt-get install nbdkit"
-zram=/sys/block/zram0
-[[ -d $zram ]] ||
-    die "no $zram: load the zram module with at least one device (modprobe zram num_devices=1)"
-for alg in lz4 lzo-rle; do
-    grep -qw -- "$alg" "$zram/comp_algorithm" ||
-        die "zram0 offers no $alg (comp_algorithm: $(cat "$zram/comp_algorithm"))"
-done
 
 bench_lock
 # Checked under the lock: a benchmark that was running may have held it.
-[[ $(cat "$zram/disksize") == 0 ]] ||
-    die "zram0 is in use (disksize $(cat "$zram/disksize")); free it first (swapoff/umount, then echo 1 > $zram/reset)"
+zram_check lz4 lzo-rle
 
 size_bytes=$(numfmt --from=iec "$size")
 hot_bytes=$(numfmt --from=iec "$hot_disk")
@@ -151,66 +122,19 @@ hot_set_bytes=$(numfmt --from=iec "$hot_set")
 ((size_bytes >= 16 << 20)) || die "--size $size: use at least 16M"
 big=$((size_bytes > hot_bytes ? size_bytes : hot_bytes))
 tck=$(getconf CLK_TCK)
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # Two hot-set disks at once (or one data set), the source files in the page
 # cache, and room for everyone else.
-((avail_kib * 1024 > 2 * big + 3 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((2 * big + 3 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
+want_memory $((2 * big + 3 * size_bytes + (1 << 30))) "--size $size"
 
 # --- build ----------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $CARGO_TARGET_DIR/release/ramd ]] || die "$CARGO_TARGET_DIR/release/ramd was not built"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+build_ramd
 
-# --- work directory and teardown ------------------------------------------------
+# --- work directory -------------------------------------------------------------
 work=$(mktemp -d /var/tmp/ramd-compress.XXXXXX)
-srv_pid="" srv_name="" zram_used=0
+bench_trap "$work" "$out"
+mkdir -p "$work/data" "$work/raw/status" "$work/raw/fio" "$work/raw/logs"
+copy_ramd
 declare -A hot_pid=()
-
-zram_reset() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        echo 1 >"$zram/reset" 2>/dev/null && return 0
-        sleep 0.1 # udev may still have it open (blkid after disksize)
-    done
-    return 1
-}
-
-cleanup() {
-    local rc=$? ok=0 t
-    trap - EXIT INT TERM
-    [[ -n $srv_pid ]] && { stop_pid "$srv_pid" "$srv_name" || ok=1; }
-    for t in "${!hot_pid[@]}"; do
-        stop_pid "${hot_pid[$t]}" "$t" || ok=1
-    done
-    if ((zram_used)); then
-        zram_reset || { note "could not reset zram0"; ok=1; }
-    fi
-    if ((rc != 0)); then
-        for log in "$work"/logs/*.log; do
-            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
-    if [[ -n $out && -d $work/raw ]]; then
-        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && cp -r "$work"/logs "$out"/ &&
-            note "raw figures kept in $out"
-    fi
-    rm -rf "$work"
-    ((rc == 0 && ok != 0)) && rc=1
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/data" "$work/raw/status" "$work/raw/fio" "$work/logs"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
 results=$work/raw/results.tsv
 : >"$results"
 
@@ -236,14 +160,7 @@ done
 # has handed out before; touching and freeing what the run will need gives
 # every target the same kind of (recycled) pages. Its speed is reported.
 note "pre-touching $(((2 * big + (256 << 20)) >> 20)) MiB so every target gets the same kind of fresh memory"
-pretouch=$(python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' $((2 * big + (256 << 20))))
+pretouch=$(pretouch $((2 * big + (256 << 20))))
 
 # --- measuring helpers --------------------------------------------------------
 # Figures of one attempt go to $pending first; an attempt during which the
@@ -324,25 +241,13 @@ ramd_status() {
         die "ramd status of $2 in $1 failed"
 }
 
-# start_ramd LOG-NAME SIZE RUN_DIR OPTS...: sets started_pid and started_uri.
+# start_ramd LOG-NAME SIZE DIR OPTS...: `ramd serve --name bench` in DIR (run
+# dir DIR/run); sets started_pid and started_uri.
 start_ramd() {
-    local log=$work/logs/$1.log run=$3 size=$2
+    local name=$1 size=$2 dir=$3
     shift 3
-    mkdir -p "$run"
-    : >"$run.uri"
-    RAMD_RUN_DIR=$run "$ramd" serve --size "$size" --name bench --listen "unix:$run/bench.sock" "$@" \
-        >"$run.uri" 2>"$log" {bench_lock_fd}>&- &
-    started_pid=$!
-    ramd_has_uri() {
-        alive "$started_pid" "ramd ($log)"
-        [[ -s $run.uri ]]
-    }
-    wait_until 30 "ramd ($log): URI line on stdout" ramd_has_uri
-    started_uri=$(head -n 1 "$run.uri")
-    wait_until 30 "ramd at $started_uri" nbdinfo --size "$started_uri"
-    local got
-    got=$(nbdinfo --size "$started_uri")
-    [[ $got == "$(numfmt --from=iec "$size")" ]] || die "ramd exports $got bytes, expected $size"
+    serve_log=$work/raw/logs/$name.log serve_nbd "$ramd" "$dir" "$size" --name bench "$@"
+    started_pid=$ramd_pid started_uri=$uri
 }
 
 # ramd_opts TARGET: sets opts, the ramd serve options of a ramd-* target.
@@ -401,31 +306,19 @@ measure() {
     note "$set data on $t"
     case $t in
     zram-*)
-        zram_used=1
-        zram_reset || die "could not reset zram0"
-        echo "${t#zram-}" >"$zram/comp_algorithm" || die "zram0 refused comp_algorithm ${t#zram-}"
-        echo "$size_bytes" >"$zram/disksize" || die "zram0 refused disksize $size_bytes"
-        [[ $(blockdev --getsize64 /dev/zram0) == "$size_bytes" ]] || die "/dev/zram0 is not $size_bytes bytes"
-        grep -q "\[${t#zram-}\]" "$zram/comp_algorithm" || die "zram0 is not using ${t#zram-}"
+        zram_setup "${t#zram-}" "$size_bytes"
         base=$(zram_stat 3)
         ;;
     nbdkit-zstd)
-        # A socket of its own: nbdkit leaves the file behind when it stops,
-        # so a target measured again removes the last attempt's first.
-        rm -f "$work/nbdkit.$set.sock"
-        nbdkit --foreground --exit-with-parent --unix "$work/nbdkit.$set.sock" \
-            memory "$size_bytes" allocator=zstd 2>"$work/logs/$set.$t.log" {bench_lock_fd}>&- &
-        srv_pid=$! srv_name=nbdkit pid=$srv_pid
-        uri="nbd+unix:///?socket=$work/nbdkit.$set.sock"
-        wait_until 30 "nbdkit at $uri" nbdinfo --size "$uri"
-        [[ $(nbdinfo --size "$uri") == "$size_bytes" ]] || die "nbdkit exports the wrong size"
+        # A socket per data set: nbdkit leaves the file behind when it stops.
+        start_nbdkit "$work/nbdkit.$set.sock" "$size_bytes" "$work/raw/logs/$set.$t.log" allocator=zstd
+        srv_pid=$nbdkit_pid pid=$nbdkit_pid uri=$nbdkit_uri
         base=$(($(proc_kib "$pid" VmRSS) * 1024))
         ;;
     ramd-*)
         ramd_opts "$t"
-        run=$work/run.$set.$t
-        start_ramd "$set.$t" "$size_bytes" "$run" "${opts[@]}"
-        srv_pid=$started_pid srv_name="ramd ($t)" pid=$started_pid uri=$started_uri
+        start_ramd "$set.$t" "$size_bytes" "$work/run.$set.$t" "${opts[@]}"
+        run=$work/run.$set.$t/run srv_pid=$started_pid pid=$started_pid uri=$started_uri
         base=$(($(proc_kib "$pid" VmRSS) * 1024))
         ;;
     esac
@@ -444,6 +337,7 @@ measure() {
     zram-*)
         # zram's table: one 16-byte entry per page of disksize, outside
         # mem_used_total (zram_drv.h's struct zram_table_entry).
+        # shellcheck disable=SC2017 # size_bytes is whole MiB: exact
         record "$set" "$t" mem "$(($(zram_stat 3) - base + size_bytes / 4096 * 16))"
         record "$set" "$t" peak "$(($(zram_stat 5) - base))"
         cp "$zram/mm_stat" "$work/raw/status/$set.$t.mm_stat"
@@ -477,9 +371,8 @@ measure() {
             ramd_status "$run" bench "$work/raw/status/$set.$t.after-read.json"
             record "$set" "$t" status_mem_after_read "$(jq .memory_used "$work/raw/status/$set.$t.after-read.json")"
         fi
-        stop_pid "$srv_pid" "$srv_name" || die "$srv_name did not stop cleanly"
-        srv_pid=""
-        rm -rf "$run" "$run.uri"
+        stop_server "$srv_pid" || die "$t did not stop cleanly"
+        rm -rf "$work/run.$set.$t"
     fi
     if [[ $got == "${sha[$set]}" ]]; then
         record "$set" "$t" data_ok 1
@@ -503,8 +396,8 @@ hot_servers=(none tiered)
 declare -A hot_uri=() hot_run=()
 for h in "${hot_servers[@]}"; do
     if [[ $h == none ]]; then opts=(--compress none); else opts=(--compress zstd --compress-after "$compress_after"); fi
-    hot_run[$h]=$work/run.hot.$h
-    start_ramd "hot.$h" "$hot_bytes" "${hot_run[$h]}" "${opts[@]}"
+    start_ramd "hot.$h" "$hot_bytes" "$work/run.hot.$h" "${opts[@]}"
+    hot_run[$h]=$work/run.hot.$h/run
     hot_pid[$h]=$started_pid hot_uri[$h]=$started_uri
 done
 for h in "${hot_servers[@]}"; do
@@ -564,7 +457,7 @@ for ((r = 1; r <= runs; r++)); do
 done
 for h in "${hot_servers[@]}"; do
     ramd_status "${hot_run[$h]}" bench "$work/raw/status/hot.$h.end.json"
-    stop_pid "${hot_pid[$h]}" "ramd (hot, $h)" || die "ramd (hot, $h) did not stop cleanly"
+    stop_server "${hot_pid[$h]}" || die "ramd (hot, $h) did not stop cleanly"
     unset "hot_pid[$h]"
 done
 

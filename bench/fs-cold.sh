@@ -42,53 +42,28 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 files=64 file_size=4M out=""
-while (($#)); do
-    case $1 in
-    --files) files=${2:?--files needs a number}; shift 2 ;;
-    --file-size) file_size=${2:?--file-size needs a size}; shift 2 ;;
-    --out) out=${2:?--out needs a directory}; shift 2 ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
-[[ $files =~ ^[1-9][0-9]*$ ]] || die "--files '$files': a positive number"
+bench_args --files= --file-size= --out= -- "$@"
+want_count --files "$files"
 [[ $file_size =~ ^[1-9][0-9]*[KMG]?$ ]] || die "--file-size '$file_size': a number with an optional K, M or G suffix"
-((EUID == 0)) || die "run as root: mounts, zram and drop_caches"
+want_root "mounts, zram and drop_caches"
 for t in python3 mkfs.ext4 sha256sum numfmt bc column; do need "$t" "$t"; done
-zram=/sys/block/zram0
-[[ -d $zram ]] || die "no $zram: load the zram module (modprobe zram num_devices=1)"
-grep -qw lz4 "$zram/comp_algorithm" || die "zram0 offers no lz4 ($(cat "$zram/comp_algorithm"))"
-[[ $(cat "$zram/disksize") == 0 ]] || die "zram0 is in use; free it first (umount, echo 1 > $zram/reset)"
+bench_lock
+zram_check lz4
 
 bytes_each=$(numfmt --from=iec "$file_size")
 data=$((bytes_each * files))
 disk=$((data * 2))
 
-ramd=$repo/target/release/ramd
-note "building ramd (release)"
-(cd "$repo" && cargo build --release -q -p ramd) || die "cargo build failed"
+build_ramd
+ramd=$built
 
 work=$(mktemp -d /tmp/ramd-cold.XXXXXX)
-mkdir -p "$work/src" "$work/mnt" "$work/run" "$work/logs"
-srv_pid="" zram_used=0 mounted=""
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [[ -n $mounted ]] && umount "$mounted" 2>/dev/null
-    [[ -n $srv_pid ]] && stop_pid "$srv_pid" ramd
-    if ((zram_used)); then echo 1 >"$zram/reset" 2>/dev/null || note "could not reset zram0"; fi
-    umount "$work/src" 2>/dev/null
-    if [[ -n $out ]]; then mkdir -p "$out" && cp -r "$work/logs" "$work/results.tsv" "$out"/ 2>/dev/null; fi
-    rm -rf "$work"
-    exit "$rc"
-}
-trap cleanup EXIT INT TERM
+bench_trap "$work" "$out"
+mkdir -p "$work/mnt" "$work/run" "$work/raw/logs"
+at_exit unmount "$work/mnt"
 
 # The corpus, in a tmpfs of its own (not counted: made before any baseline).
-mount -t tmpfs -o size=$((data + (64 << 20))) tmpfs "$work/src"
+mount_tmpfs $((data + (64 << 20))) "$work/src"
 note "making $files files of $file_size of log-like text"
 python3 - "$work/src" "$files" "$bytes_each" <<'EOF'
 import os, random, sys
@@ -109,9 +84,8 @@ for f in range(n):
         fh.write("".join(out)[:size])
 EOF
 (cd "$work/src" && sha256sum ./*) >"$work/sums"
-printf 'target\tmemory_bytes\tdata_bytes\tfirst_read_s\n' >"$work/results.tsv"
+printf 'target\tmemory_bytes\tdata_bytes\tfirst_read_s\n' >"$work/raw/results.tsv"
 
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 shmem() { awk '$1 == "Shmem:" { print $2 * 1024 }' /proc/meminfo; }
 status_field() {
     "$ramd" --run-dir "$work/run" status bench --json |
@@ -120,22 +94,21 @@ status_field() {
 all_cold() { [[ $(status_field "d['cold']['files']") == "$files" ]]; }
 timed_read() {
     local t0 t1
-    drop
+    drop_caches
     t0=$(date +%s.%N)
     cat "$1"/log*.txt >/dev/null
     t1=$(date +%s.%N)
     (cd "$1" && sha256sum ./log*.txt) | cmp -s - "$work/sums" || die "$2: the files read back differ"
     echo "$t1 - $t0" | bc -l
 }
-record() { printf '%s\t%s\t%s\t%.3f\n' "$1" "$2" "$data" "$3" | tee -a "$work/results.tsv" >&2; }
+record() { printf '%s\t%s\t%s\t%.3f\n' "$1" "$2" "$data" "$3" | tee -a "$work/raw/results.tsv" >&2; }
 
 for codec in zstd lz4; do
-    drop
-    "$ramd" --run-dir "$work/run" serve --name bench --size "$disk" --mount "$work/mnt" \
-        --data-path kernel --compress "$codec" --compress-after 2s \
-        >"$work/logs/ramd-$codec.out" 2>"$work/logs/ramd-$codec.log" &
-    srv_pid=$!
-    wait_until 30 "ramd" mountpoint -q "$work/mnt"
+    drop_caches
+    serve_mount ramd "$work/mnt" 30 "$ramd" --run-dir "$work/run" serve --name bench --size "$disk" \
+        --mount "$work/mnt" --data-path kernel --compress "$codec" --compress-after 2s \
+        >"$work/raw/logs/ramd-$codec.out" 2>"$work/raw/logs/ramd-$codec.log"
+    srv_pid=$spawned
     rss0=$(($(proc_kib "$srv_pid" VmRSS) * 1024))
     cp "$work/src"/* "$work/mnt"/
     wait_until 600 "every file cold" all_cold
@@ -146,31 +119,28 @@ for codec in zstd lz4; do
     secs=$(timed_read "$work/mnt" "ramd-$codec")
     record "ramd-$codec" $((rss - rss0 + hot)) "$secs"
     umount "$work/mnt"
-    wait "$srv_pid" || die "ramd exited with an error"
-    srv_pid=""
+    reap_server "$srv_pid" || die "ramd exited with an error"
 done
 
-drop
-zram_used=1
-echo lz4 >"$zram/comp_algorithm"
-echo "$disk" >"$zram/disksize"
+drop_caches
+zram_setup lz4 "$disk"
 mkfs.ext4 -q -F /dev/zram0
-mount /dev/zram0 "$work/mnt" && mounted=$work/mnt
+mount /dev/zram0 "$work/mnt"
 cp "$work/src"/* "$work/mnt"/
-drop
+drop_caches
 used=$(awk '{ print $3 }' "$zram/mm_stat")
 secs=$(timed_read "$work/mnt" zram-lz4)
 record zram-lz4 "$used" "$secs"
-umount "$work/mnt" && mounted=""
-echo 1 >"$zram/reset" && zram_used=0
+umount "$work/mnt"
+zram_reset
 
-drop
+drop_caches
 before=$(shmem)
-mount -t tmpfs -o size="$disk" tmpfs "$work/mnt" && mounted=$work/mnt
+mount -t tmpfs -o size="$disk" tmpfs "$work/mnt"
 cp "$work/src"/* "$work/mnt"/
 used=$(($(shmem) - before))
 secs=$(timed_read "$work/mnt" tmpfs)
 record tmpfs "$used" "$secs"
-umount "$work/mnt" && mounted=""
+umount "$work/mnt"
 
-column -t "$work/results.tsv"
+column -t "$work/raw/results.tsv"

@@ -41,27 +41,13 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" files=64 quick=0 dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --size) size=${2:?--size needs a value}; shift 2 ;;
-    --files) files=${2:?--files needs a number}; shift 2 ;;
-    --quick) quick=1; shift ;;
-    --dir) dir=${2:?--dir needs a directory}; shift 2 ;;
-    --out) out=${2:?--out needs a directory}; shift 2 ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --files= --quick --dir= --out= -- "$@"
 ((quick)) && size=${size:-256M}
 size=${size:-2G}
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': a number with an optional K, M, G or T suffix"
-[[ $files =~ ^[1-9][0-9]*$ ]] || die "--files '$files': a positive number"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
-((EUID == 0)) || die "run as root: it mounts and writes /proc/sys/vm/drop_caches"
-need cargo "cargo (or rustup)"
+want_size --size "$size"
+want_count --files "$files"
+want_dir --dir "$dir"
+want_root "it mounts and writes /proc/sys/vm/drop_caches"
 need python3 python3
 need jq jq
 need numfmt coreutils
@@ -73,49 +59,35 @@ bench_lock
 size_bytes=$(numfmt --from=iec "$size")
 per_file=$((size_bytes / files))
 ((per_file >= 4096 && per_file % 4096 == 0)) || die "--size $size / --files $files: each file must be a whole number of 4 KiB pages"
-case $(findmnt -n -o FSTYPE --target "$dir") in
-tmpfs | ramfs) die "--dir $dir is a memory filesystem: images must go to a real disk" ;;
-esac
+want_disk "$dir" images
 
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-ramd=$CARGO_TARGET_DIR/release/ramd
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+build_ramd
+ramd=$built
 
 work=$(mktemp -d /tmp/ramd-fs-persist.XXXXXX)
+bench_trap "$work" "$out"
 disk_dir=$(mktemp -d "$dir/ramd-fs-persist.XXXXXX")
-pid=""
-cleanup() {
-    [[ -n $pid ]] && { stop_pid "$pid" ramd || true; }
-    for m in "$work"/mnt "$work"/src "$work"/back; do
-        mountpoint -q "$m" 2>/dev/null && umount -l "$m"
-    done
-    rm -rf "$work" "$disk_dir"
-}
-trap cleanup EXIT
-mkdir -p "$work/mnt" "$work/src" "$work/back" "$work/run"
-mount -t tmpfs -o "size=$((size_bytes + (64 << 20)))" tmpfs "$work/src"
+at_exit rm -rf "$disk_dir"
+mkdir -p "$work/mnt" "$work/run" "$work/raw"
+at_exit unmount "$work/mnt"
+mount_tmpfs "$((size_bytes + (64 << 20)))" "$work/src"
 note "making $files files of $((per_file >> 20)) MiB of random data"
 for i in $(seq 1 "$files"); do
     head -c "$per_file" /dev/urandom >"$work/src/f$i"
 done
 (cd "$work/src" && sha256sum f*) >"$work/sums"
 
-results=$work/results.tsv
+results=$work/raw/results.tsv
 printf 'path\tmeasure\tvalue\tunit\n' >"$results"
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
 now() { date +%s.%N; }
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$2"; }
 
 serve() { # serve PATH
-    "$ramd" serve --name bench --mount "$work/mnt" --size "$((2 * size_bytes))" \
-        --image "$disk_dir/img-$1" --data-path "$1" --run-dir "$work/run" \
-        >>"$work/ramd-$1.log" 2>&1 &
-    pid=$!
-    _mounted() { alive "$pid" ramd && mountpoint -q "$work/mnt"; }
-    wait_until 600 "ramd --data-path $1 (mounted)" _mounted
+    serve_mount "ramd --data-path $1" "$work/mnt" 600 "$ramd" serve --name bench --mount "$work/mnt" \
+        --size "$((2 * size_bytes))" --image "$disk_dir/img-$1" --data-path "$1" --run-dir "$work/run" \
+        >>"$work/raw/ramd-$1.log" 2>&1
+    pid=$spawned
 }
 
 for path in store kernel; do
@@ -124,12 +96,12 @@ for path in store kernel; do
     cp -a "$work/src/." "$work/mnt/"
     sync -f "$work/mnt"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
-    "$ramd" snapshot bench --full --json --run-dir "$work/run" >"$work/full-$path.json"
+    "$ramd" snapshot bench --full --json --run-dir "$work/run" >"$work/raw/full-$path.json"
     t1=$(now)
     record "$path" full_save_s "$(elapsed "$t0" "$t1")" s
-    record "$path" full_save_bytes "$(jq .bytes "$work/full-$path.json")" B
+    record "$path" full_save_bytes "$(jq .bytes "$work/raw/full-$path.json")" B
     # 1% of the pages, rewritten in place.
     python3 - "$work/mnt" "$files" "$per_file" <<'EOF'
 import os, random, sys
@@ -144,17 +116,16 @@ for p in rng.sample(range(pages), pages // 100):
 EOF
     (cd "$work/mnt" && sha256sum f*) >"$work/sums-$path"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
-    "$ramd" snapshot bench --json --run-dir "$work/run" >"$work/incr-$path.json"
+    "$ramd" snapshot bench --json --run-dir "$work/run" >"$work/raw/incr-$path.json"
     t1=$(now)
     record "$path" incr_save_s "$(elapsed "$t0" "$t1")" s
-    record "$path" incr_save_bytes "$(jq .bytes "$work/incr-$path.json")" B
+    record "$path" incr_save_bytes "$(jq .bytes "$work/raw/incr-$path.json")" B
     "$ramd" down bench --run-dir "$work/run" >/dev/null
-    wait "$pid" || die "ramd --data-path $path exited with an error: $(tail -n 3 "$work/ramd-$path.log")"
-    pid=""
+    reap_server "$pid" || die "ramd --data-path $path exited with an error: $(tail -n 3 "$work/raw/ramd-$path.log")"
     wait_quiet
-    drop
+    drop_caches
     t0=$(now)
     serve "$path"
     t1=$(now)
@@ -166,21 +137,20 @@ EOF
     # ramd's RSS: what df shows the disk using (the tmpfs's own statfs).
     record "$path" df_used_after_load "$(df -B1 --output=used "$work/mnt" | tail -n 1 | tr -d ' ')" B
     "$ramd" down bench --run-dir "$work/run" >/dev/null
-    wait "$pid" || true
-    pid=""
+    reap_server "$pid" || true
 done
 
 note "baseline: cp -a"
 wait_quiet
-drop
+drop_caches
 t0=$(now)
 cp -a "$work/src" "$disk_dir/copy"
 sync -f "$disk_dir/copy"
 t1=$(now)
 record cp save_s "$(elapsed "$t0" "$t1")" s
-mount -t tmpfs -o "size=$((size_bytes + (64 << 20)))" tmpfs "$work/back"
+mount_tmpfs "$((size_bytes + (64 << 20)))" "$work/back"
 wait_quiet
-drop
+drop_caches
 t0=$(now)
 cp -a "$disk_dir/copy/." "$work/back/"
 t1=$(now)
@@ -212,7 +182,3 @@ rss = {p: mib(v[(p, "rss_after_load")]) for p in ("store", "kernel")}
 used = {p: mib(v[(p, "df_used_after_load")]) for p in ("store", "kernel")}
 print(f"| memory after the load: ramd's RSS (+ the tmpfs's pages, kernel path) | {rss['store']:.0f} MiB | {rss['kernel'] + used['kernel']:.0f} MiB ({rss['kernel']:.0f} + {used['kernel']:.0f}) | | |")
 EOF
-if [[ -n $out ]]; then
-    mkdir -p "$out"
-    cp "$results" "$work"/*.log "$work"/*.json "$out"/
-fi

@@ -54,41 +54,14 @@ repo=$(dirname "$here")
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 
-runs="" threads="" out="" quick=0 ramd_opts=()
-while (($#)); do
-    case $1 in
-    --quick)
-        quick=1
-        shift
-        ;;
-    --runs)
-        runs=${2:?--runs needs a value}
-        shift 2
-        ;;
-    --threads)
-        threads=${2:?--threads needs a value}
-        shift 2
-        ;;
-    --ramd-opts)
-        read -ra ramd_opts <<<"${2?--ramd-opts needs a value}"
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+runs="" threads="" out="" quick=0 ramd_opts=""
+bench_args --quick --runs= --threads= --ramd-opts= --out= -- "$@"
+read -ra ramd_opts <<<"$ramd_opts"
 # One benchmark at a time: two on 2 cores would measure each other.
 bench_lock
 [[ -n $runs ]] || { if ((quick)); then runs=1; else runs=3; fi; }
-[[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
-[[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' must be a positive integer"
+want_count --runs "$runs"
+[[ -z $threads ]] || want_count --threads "$threads"
 
 if ((quick)); then
     dd_mib=256 bench_size=256M fio_size=128M fio_time=3 fio_warm_time=2
@@ -97,8 +70,7 @@ else
 fi
 
 # --- tools -------------------------------------------------------------------
-((EUID == 0)) || die "run as root: it mounts tmpfs and writes /proc/sys/vm/drop_caches"
-need cargo "cargo (or rustup)"
+want_root "it mounts tmpfs and writes /proc/sys/vm/drop_caches"
 need fio fio
 need python3 python3
 need findmnt util-linux
@@ -109,14 +81,7 @@ avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 ((avail_kib > 6 * 1024 * 1024)) || die "needs 6 GiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
 
 # --- build --------------------------------------------------------------------
-note "building ramd (release)"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-built=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
-[[ -x $built ]] || die "$built was not built"
-# What was measured: the commit, whether the sources differ from it, and the
-# binary's hash (a copy, so a rebuild during the run cannot swap it).
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+build_ramd
 
 # passthrough_hp: libfuse's own example of a fast passthrough filesystem, as
 # the FUSE peer. Debian's archive keeps libfuse's release tarball (as the
@@ -170,47 +135,11 @@ for t in "${targets[@]}"; do mnt_of[$t]=$work/mnt-$t; done
 # pthp's source directory: a tmpfs of its own.
 pthp_src=$work/pthp-src
 
-mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
-
-cleanup() {
-    local rc=$? ok=0 t m
-    trap - EXIT INT TERM
-    cd /
-    for t in ramd ramd-dev pthp; do
-        # SIGTERM: ramd, and passthrough_hp (libfuse's signal handlers),
-        # unmount their mount point and exit.
-        # passthrough_hp exits 1 when a signal ends its loop.
-        [[ -n ${pid_of[$t]:-} ]] && { stop_pid "${pid_of[$t]}" "${what_of[$t]}" "$([[ $t != pthp ]] || echo 1)" || ok=1; }
-    done
-    # FUSE mounts before pthp's source below them.
-    for m in "$work"/mnt-* "$work/src" "$pthp_src"; do
-        [[ -d $m ]] || continue
-        if mounted "$m"; then
-            umount "$m" 2>/dev/null || umount -l "$m" || { note "could not unmount $m"; ok=1; }
-        fi
-    done
-    if ((rc != 0)); then
-        for log in "$work"/ramd*.log "$work"/pthp.log; do
-            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
-    if [[ -n $out && -d $work/raw ]]; then
-        mkdir -p "$out" && cp -r "$work"/raw/. "$out"/ && cp "$work"/ramd*.log "$work"/pthp.log "$out"/ 2>/dev/null &&
-            note "raw results kept in $out"
-    fi
-    # --one-file-system: never reach into a mount that refused to go.
-    rm -rf --one-file-system "$work" || ok=1
-    ((rc == 0 && ok != 0)) && rc=1
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
+bench_trap "$work" "$out"
 mkdir -p "$work/raw" "${mnt_of[@]}" "$work/src" "$pthp_src"
-ramd=$work/ramd
-cp "$built" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+# FUSE mounts a server left behind go after the servers stop.
+for t in "${targets[@]}"; do at_exit unmount "${mnt_of[$t]}"; done
+copy_ramd
 
 # start_ramd TARGET [ramd options...]: serve a 2 GiB fs disk at TARGET's mount
 # point; ready once it has printed the mount point and the mount is there.
@@ -218,10 +147,10 @@ start_ramd() {
     local t=$1 m=${mnt_of[$1]}
     shift
     mkdir -p "$work/run-$t"
-    RAMD_RUN_DIR=$work/run-$t "$ramd" serve --mount "$m" --size 2G ${threads:+--threads "$threads"} \
+    RAMD_RUN_DIR=$work/run-$t spawn "ramd ($t)" "$ramd" serve --mount "$m" --size 2G ${threads:+--threads "$threads"} \
         "${ramd_opts[@]}" "$@" \
-        >"$work/ramd-$t.out" 2>"$work/ramd-$t.log" &
-    pid_of[$t]=$!
+        >"$work/ramd-$t.out" 2>"$work/raw/ramd-$t.log"
+    pid_of[$t]=$spawned
 }
 ramd_ready() {
     local t=$1
@@ -240,11 +169,13 @@ fuse_transport() {
 # defaults (no --nopassthrough, --nocache, --direct-io).
 pthp_opts=(--foreground --clone-fd)
 start_pthp() {
-    mount -t tmpfs -o size=2G tmpfs "$pthp_src"
-    # Not its stdin, nor the benchmark lock: a leftover must not hold it.
-    "$pthp_built" "${pthp_opts[@]}" "$pthp_src" "${mnt_of[pthp]}" \
-        </dev/null >"$work/pthp.out" 2>"$work/pthp.log" {bench_lock_fd}>&- &
-    pid_of[pthp]=$!
+    mount_tmpfs 2G "$pthp_src"
+    # Not its stdin: a leftover must not hold it.
+    spawn passthrough_hp "$pthp_built" "${pthp_opts[@]}" "$pthp_src" "${mnt_of[pthp]}" \
+        </dev/null >"$work/pthp.out" 2>"$work/raw/pthp.log"
+    pid_of[pthp]=$spawned
+    # It exits 1 when a signal ends its loop.
+    clean_status "$spawned" 1
 }
 pthp_ready() {
     alive "${pid_of[pthp]}" passthrough_hp
@@ -255,8 +186,8 @@ pthp_ready() {
 start_ramd ramd
 start_ramd ramd-dev --fuse-transport dev
 start_pthp
-mount -t tmpfs -o size=2G tmpfs "${mnt_of[tmpfs]}"
-mount -t tmpfs -o size=$((dd_mib + 64))M tmpfs "$work/src"
+mount_tmpfs 2G "${mnt_of[tmpfs]}"
+mount_tmpfs $((dd_mib + 64))M "$work/src"
 wait_until 30 "ramd mount at ${mnt_of[ramd]}" ramd_ready ramd
 wait_until 30 "ramd --fuse-transport dev mount at ${mnt_of[ramd-dev]}" ramd_ready ramd-dev
 wait_until 30 "passthrough_hp mount at ${mnt_of[pthp]}" pthp_ready
@@ -265,10 +196,10 @@ wait_until 30 "passthrough_hp mount at ${mnt_of[pthp]}" pthp_ready
 # and read a file once and refuse to measure that fallback.
 pthp_probe=${mnt_of[pthp]}/probe
 if ! { dd if=/dev/zero of="$pthp_probe" bs=1M count=4 conv=fsync 2>/dev/null && cat "$pthp_probe" >/dev/null; }; then
-    die "passthrough_hp: probe write/read failed: $(cat "$work/pthp.log")"
+    die "passthrough_hp: probe write/read failed: $(cat "$work/raw/pthp.log")"
 fi
 rm -f "$pthp_probe"
-! grep -qi passthrough "$work/pthp.log" || die "passthrough_hp runs without FUSE passthrough: $(cat "$work/pthp.log")"
+! grep -qi passthrough "$work/raw/pthp.log" || die "passthrough_hp runs without FUSE passthrough: $(cat "$work/raw/pthp.log")"
 for t in "${targets[@]}"; do
     got=$(df -B1 --output=size "${mnt_of[$t]}" | tail -n 1 | tr -d ' ')
     [[ $got == $((2 << 30)) ]] || die "$t: ${mnt_of[$t]} is $got bytes, expected 2 GiB"
@@ -282,10 +213,6 @@ results=$work/raw/results.tsv
 # record KEY LABEL UNIT GOAL TARGET RUN VALUE: one measured figure.
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }
 
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
 
 # dd_mibs FILE: MiB/s from dd's last stderr line ("N bytes (...) copied, S s, ...").
 dd_mibs() {
@@ -446,10 +373,10 @@ alive "${pid_of[pthp]}" passthrough_hp
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report -------------------------------------------------------------------
-warnings=$(cat "$work"/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
+warnings=$(cat "$work"/raw/ramd-*.log | grep -c ' \(WARN\|ERROR\) ' || true)
 # passthrough_hp writes to stderr only when something went wrong (a fallback
 # from passthrough, a failed request).
-pthp_lines=$(grep -c . "$work/pthp.log" || true)
+pthp_lines=$(grep -c . "$work/raw/pthp.log" || true)
 {
     echo "# ramd fs (FUSE) vs kernel tmpfs and passthrough_hp, $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t_start)) s"
     echo "# host: $(nproc) CPUs ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), $(awk '$1 == "MemTotal:" { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
@@ -556,9 +483,9 @@ EOF
     echo "passthrough_hp stderr lines: $pthp_lines"
 } | tee "$work/raw/summary.md"
 if ((warnings)); then
-    grep -h ' \(WARN\|ERROR\) ' "$work"/ramd-*.log | sort | uniq -c | head -n 20 >&2
+    grep -h ' \(WARN\|ERROR\) ' "$work"/raw/ramd-*.log | sort | uniq -c | head -n 20 >&2
 fi
 if ((pthp_lines)); then
     note "passthrough_hp wrote to stderr (pthp.log); first lines:"
-    head -n 20 "$work/pthp.log" >&2
+    head -n 20 "$work/raw/pthp.log" >&2
 fi

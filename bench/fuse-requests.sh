@@ -14,31 +14,31 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 
 ramd=${RAMD:-$here/../target/release/ramd}
-flags=()
+# Everything after -- goes to `ramd serve`.
+args=() flags=()
 while (($#)); do
-    case $1 in
-    --ramd) ramd=$2; shift 2 ;;
-    --) shift; flags=("$@"); break ;;
-    *) die "unknown argument $1 (see the header of $0)" ;;
-    esac
+    if [[ $1 == -- ]]; then
+        shift
+        flags=("$@")
+        break
+    fi
+    args+=("$1")
+    shift
 done
+bench_args --ramd= -- "${args[@]}"
 need perf linux-perf
 need python3 python3
 need tar tar
 [[ -x $ramd ]] || die "$ramd: no ramd binary (cargo build --release -p ramd, or --ramd BIN)"
+bench_lock
 
 work=$(mktemp -d)
+bench_trap "$work" ""
 mnt=$work/mnt
 mkdir "$mnt"
-pid=
-cleanup() {
-    [[ -n $pid ]] && { umount "$mnt" 2>/dev/null || true; stop_pid "$pid" ramd || true; }
-    rm -rf "$work"
-}
-trap cleanup EXIT
-"$ramd" serve --size 1G --mount "$mnt" --run-dir "$work" "${flags[@]}" >"$work/ramd.log" 2>&1 &
-pid=$!
-wait_until 20 "ramd mount at $mnt" mountpoint -q "$mnt"
+at_exit unmount "$mnt"
+serve_mount ramd "$mnt" 20 "$ramd" serve --size 1G --mount "$mnt" --run-dir "$work" "${flags[@]}" \
+    >"$work/ramd.log" 2>&1
 wait_until 20 "ramd serving $mnt" stat "$mnt/."
 dev=$(stat -c %d "$mnt")
 

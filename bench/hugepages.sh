@@ -23,34 +23,22 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size=1G runtime=10 runs=2 modes="default madvise always never"
-while (($#)); do
-    case $1 in
-    --size) size=${2:?--size needs a value}; shift 2 ;;
-    --runtime) runtime=${2:?--runtime needs a value}; shift 2 ;;
-    --runs) runs=${2:?--runs needs a value}; shift 2 ;;
-    --modes) modes=${2:?--modes needs a value}; shift 2 ;;
-    *) die "unknown argument $1 (see the usage at the top of $0)" ;;
-    esac
-done
+bench_args --size= --runtime= --runs= --modes= -- "$@"
+want_size --size "$size"
+want_count --runtime "$runtime"
+want_count --runs "$runs"
 
 bench_lock
-need fio fio
+want_fio_nbd
 need nbdinfo libnbd-bin
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
 [[ -r /sys/kernel/mm/transparent_hugepage/enabled ]] ||
     die "this kernel has no transparent huge pages"
 
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-ramd=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
+build_ramd
+ramd=$built
 
 work=$(mktemp -d)
-ramd_pid=""
-cleanup() {
-    [[ -n $ramd_pid ]] && stop_pid "$ramd_pid" ramd || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_trap "$work" ""
 
 # one MODE RUN: one ramd, the three jobs; appends to results.tsv.
 one() {
@@ -76,8 +64,7 @@ one() {
     huge=$(awk '$1 == "AnonHugePages:" { print int($2 / 1024) }' "/proc/$ramd_pid/smaps_rollup")
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$r" "$fill_mibs" "$rd" "$wr" "$huge" >>"$work/results.tsv"
     note "$mode run $r: fill ${fill_mibs} MiB/s ($(((t1 - t0) / 1000000)) ms), randread $rd IOPS, randwrite $wr IOPS, AnonHugePages ${huge} MiB"
-    stop_pid "$ramd_pid" ramd || die "ramd ($mode) did not stop cleanly"
-    ramd_pid=""
+    stop_server "$ramd_pid" || die "ramd ($mode) did not stop cleanly"
     rm -rf "$work/run"
 }
 

@@ -26,21 +26,15 @@ repo=$(dirname "$here")
 # shellcheck source=bench/lib.sh
 source "$here/lib.sh"
 
-size_mb=1024
-secs=20
-runs=3
-while [[ $# -gt 0 ]]; do
-    case $1 in
-    --size) size_mb=${2:?}; shift 2 ;;
-    --time) secs=${2:?}; shift 2 ;;
-    --runs) runs=${2:?}; shift 2 ;;
-    --quick) secs=5; runs=1; shift ;;
-    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
-    *) die "unknown option $1" ;;
-    esac
-done
-[[ $size_mb =~ ^[1-9][0-9]*$ && $secs =~ ^[1-9][0-9]*$ && $runs =~ ^[1-9][0-9]*$ ]] ||
-    die "--size, --time and --runs take positive integers"
+size_mb=1024 secs="" runs="" quick=0
+bench_args --size=size_mb --time=secs --runs= --quick -- "$@"
+if ((quick)); then
+    secs=${secs:-5} runs=${runs:-1}
+fi
+secs=${secs:-20} runs=${runs:-3}
+want_count --size "$size_mb"
+want_count --time "$secs"
+want_count --runs "$runs"
 for t in iscsi-perf:libiscsi-bin iscsi-ls:libiscsi-bin tgtd:tgt tgtadm:tgt \
     qemu-img:qemu-utils qemu-nbd:qemu-utils fio:fio; do
     need "${t%%:*}" "${t#*:}"
@@ -48,19 +42,12 @@ done
 [[ -e /usr/lib/x86_64-linux-gnu/qemu/block-iscsi.so ]] ||
     die "qemu's iscsi driver is missing: apt-get install qemu-block-extra"
 
-note "building ramd (release)"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-ramd=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
-[[ -x $ramd ]] || die "$ramd was not built"
-revision=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo unknown)
+bench_lock
+build_ramd
+ramd=$built
 
 work=$(mktemp -d /tmp/ramd-bench-iscsi.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do stop_pid "$p" server || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_trap "$work" ""
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -73,14 +60,11 @@ port_tgt=$(free_port)
 # tgtd's management socket number (not a TCP port; below 32768).
 control=$((RANDOM % 20000 + 10000))
 
-"$ramd" --run-dir "$work/run" serve --size "${size_mb}M" --name bench \
-    --iscsi "$port_ramd" --iscsi-target "$iqn_ramd" >"$work/ramd.out" 2>"$work/ramd.log" &
-pids+=($!)
-"$repo/scripts/iscsi-tgt-target" "$port_tgt" "$control" "$size_mb" "$iqn_tgt" \
-    >"$work/tgt.out" 2>&1 &
-pids+=($!)
+spawn ramd "$ramd" --run-dir "$work/run" serve --size "${size_mb}M" --name bench \
+    --iscsi "$port_ramd" --iscsi-target "$iqn_ramd" >"$work/ramd.out" 2>"$work/ramd.log"
+ramd_pid=$spawned
+start_tgt "$port_tgt" "$control" "$size_mb" "$iqn_tgt" "$work/tgt.out"
 wait_until 20 "ramd" iscsi-ls "iscsi://127.0.0.1:$port_ramd"
-wait_until 20 "tgt" grep -q ready "$work/tgt.out"
 
 declare -A url=(
     [ramd]="iscsi://127.0.0.1:$port_ramd/$iqn_ramd/0"
@@ -106,15 +90,15 @@ perf() {
 # mix SERVER: fio's read+write IOPS through qemu-nbd.
 mix() {
     local sock=$work/$1.nbd pid
-    qemu-nbd -f raw -t --socket="$sock" --cache=none "${url[$1]}" 2>"$work/qemu-nbd-$1.log" &
-    pid=$!
+    spawn qemu-nbd qemu-nbd -f raw -t --socket="$sock" --cache=none "${url[$1]}" 2>"$work/qemu-nbd-$1.log"
+    pid=$spawned
     wait_until 20 "qemu-nbd for $1" test -S "$sock"
     fio --name=iometer --ioengine=nbd --uri="nbd+unix:///?socket=$sock" \
         --rw=randrw --rwmixread=80 --percentage_random=80 --bs=4k --iodepth=32 \
         --size="${size_mb}M" --time_based --runtime="$secs" \
         --output-format=json --output="$work/fio-$1.json" >/dev/null 2>&1 ||
         die "fio against $1 failed (see $work/fio-$1.json)"
-    stop_pid "$pid" qemu-nbd || true
+    stop_server "$pid" || true
     python3 -c 'import json, sys
 t = json.load(open(sys.argv[1]))["jobs"][0]
 print(int(t["read"]["iops"] + t["write"]["iops"]))' "$work/fio-$1.json"
@@ -125,7 +109,7 @@ for ((r = 1; r <= runs; r++)); do
     order=(ramd tgt)
     ((r % 2 == 0)) && order=(tgt ramd)
     for s in "${order[@]}"; do
-        alive "${pids[0]}" ramd
+        alive "$ramd_pid" ramd
         note "round $r/$runs: $s"
         res[$s,qd32]+="$(perf "$s" 32) "
         res[$s,qd1]+="$(perf "$s" 1) "

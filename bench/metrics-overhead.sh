@@ -15,48 +15,44 @@
 # its nbd engine) and python3.
 set -euo pipefail
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+
+# shellcheck disable=SC2034 # read as ${!b}
 old=${OLD:?set OLD to the ramd binary without recording}
+# shellcheck disable=SC2034 # read as ${!b}
 new=${NEW:?set NEW to the ramd binary with recording}
 rounds=${1:-3} runtime=${2:-10}
-for tool in fio python3; do
-    command -v "$tool" >/dev/null || { echo "metrics-overhead: $tool is missing" >&2; exit 1; }
-done
+want_count rounds "$rounds"
+want_count runtime "$runtime"
+need fio fio
+need python3 python3
+need nbdinfo libnbd-bin
+bench_lock
 
 dir=$(mktemp -d)
-pids=()
-cleanup() {
-    ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+bench_trap "$dir" ""
 
 # fio prints a line before its JSON with the nbd engine.
 figure() { # FILE EXPR -> the value of EXPR over the job `j`
     python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(eval(sys.argv[2]),1))' "$1" "$2"
 }
 
-declare -A uri
+declare -A uri_of
 for b in old new; do
     bin=${!b}
-    mkdir -p "$dir/$b"
-    "$bin" --run-dir "$dir/$b" serve --size 1G --name "$b" >"$dir/$b.uri" 2>"$dir/$b.log" &
-    pids+=($!)
-    for _ in $(seq 200); do
-        [[ -s $dir/$b.uri ]] && break
-        sleep 0.1
-    done
-    [[ -s $dir/$b.uri ]] || { echo "metrics-overhead: $bin did not start:" >&2; cat "$dir/$b.log" >&2; exit 1; }
-    uri[$b]=$(head -1 "$dir/$b.uri")
+    serve_nbd "$bin" "$dir/$b" 1G --name "$b"
+    uri_of[$b]=$uri
     # Every page written once: the timed jobs run over warm pages.
-    fio --name=fill --ioengine=nbd --uri="${uri[$b]}" --rw=write --bs=1M --size=1G \
+    fio --name=fill --ioengine=nbd --uri="${uri_of[$b]}" --rw=write --bs=1M --size=1G \
         --iodepth=8 --output-format=terse >/dev/null
 done
 
 job() { # SERVER FIO-ARGS... -> $dir/out.json
     local b=$1
     shift
-    fio --name=j --ioengine=nbd --uri="${uri[$b]}" --size=1G --bs=4k --time_based \
+    fio --name=j --ioengine=nbd --uri="${uri_of[$b]}" --size=1G --bs=4k --time_based \
         --runtime="$runtime" --ramp_time=2 --output-format=json "$@" >"$dir/out.json"
 }
 

@@ -48,62 +48,26 @@ repo=$(dirname "$here")
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 
-size=1G runs=3 runtime=10 ramp=2 out="" ramd_threads="" nbdkit_threads="" profile=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --quick)
-        runs=1 runtime=3 ramp=1
-        shift
-        ;;
-    --runs)
-        runs=${2:?--runs needs a value}
-        shift 2
-        ;;
-    --runtime)
-        runtime=${2:?--runtime needs a value}
-        shift 2
-        ;;
-    --ramd-threads)
-        ramd_threads=${2:?--ramd-threads needs a value}
-        shift 2
-        ;;
-    --nbdkit-threads)
-        nbdkit_threads=${2:?--nbdkit-threads needs a value}
-        shift 2
-        ;;
-    --profile)
-        profile=${2:?--profile needs a job name}
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ $runs =~ ^[1-9][0-9]*$ ]] || die "--runs '$runs' must be a positive integer"
-[[ $runtime =~ ^[1-9][0-9]*$ ]] || die "--runtime '$runtime' must be a positive number of seconds"
+size=1G runs="" runtime="" out="" ramd_threads="" nbdkit_threads="" profile="" quick=0
+bench_args --size= --quick --runs= --runtime= --ramd-threads= --nbdkit-threads= --profile= --out= -- "$@"
+ramp=2
+if ((quick)); then
+    runs=${runs:-1} runtime=${runtime:-3} ramp=1
+fi
+runs=${runs:-3} runtime=${runtime:-10}
+want_size --size "$size"
+want_count --runs "$runs"
+want_count --runtime "$runtime"
 case $profile in
 "" | mix4k | mix4k-2conn | qd1-randread | qd1-randwrite | seq-write | seq-read) ;;
 *) die "--profile '$profile': use mix4k, mix4k-2conn, qd1-randread, qd1-randwrite, seq-write or seq-read" ;;
 esac
-[[ -z $ramd_threads || $ramd_threads =~ ^[1-9][0-9]*$ ]] || die "--ramd-threads '$ramd_threads' must be a positive integer"
-[[ -z $nbdkit_threads || $nbdkit_threads =~ ^[1-9][0-9]*$ ]] || die "--nbdkit-threads '$nbdkit_threads' must be a positive integer"
-[[ ${BENCH_QUIET_WAIT:-0} =~ ^[0-9]+$ ]] || die "BENCH_QUIET_WAIT must be a number of seconds"
+[[ -z $ramd_threads ]] || want_count --ramd-threads "$ramd_threads"
+[[ -z $nbdkit_threads ]] || want_count --nbdkit-threads "$nbdkit_threads"
+want_quiet_wait
 
 # --- tools -------------------------------------------------------------------
-need cargo "cargo (or rustup)"
-need fio fio
+want_fio_nbd
 need nbdkit "nbdkit"
 need nbdinfo libnbd-bin
 need python3 python3
@@ -113,25 +77,18 @@ if [[ -n $profile ]]; then
     perf stat -e task-clock true >/dev/null 2>&1 ||
         die "perf cannot count events here (kernel.perf_event_paranoid is $(cat /proc/sys/kernel/perf_event_paranoid)): run as root"
 fi
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
 nbdkit memory --dump-plugin >/dev/null 2>&1 ||
     die "nbdkit has no memory plugin: apt-get install nbdkit"
 
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
 tck=$(getconf CLK_TCK)
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # Both disks end up full, at the same time, plus room for everything else.
-((avail_kib * 1024 > 2 * size_bytes + (1 << 30))) ||
-    die "--size $size: both servers need 2 x $size of RAM plus 1 GiB; MemAvailable is $((avail_kib / 1024)) MiB"
+want_memory $((2 * size_bytes + (1 << 30))) "--size $size (both servers' disks)"
 
 # --- build --------------------------------------------------------------------
-note "building ramd (release)"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-ramd=$repo/target/release/ramd
-[[ -x $ramd ]] || die "$ramd was not built"
-revision=$(git -C "$repo" describe --always --dirty 2>/dev/null || echo "unknown revision")
+build_ramd
+ramd=$built
 # Unless told otherwise each server runs with its own default thread count
 # (per connection): ramd's from its --help, nbdkit's documented 16 for
 # parallel plugins such as memory.
@@ -159,57 +116,20 @@ fi
 # the "cold" pass below measures each server's own first touch (page fault
 # and zeroing). The speed of this pass is printed to show what the VM did.
 note "pre-touching $((2 * size_bytes / 1048576 + 256)) MiB so both servers get the same kind of fresh memory"
-pretouch=$(python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' $((2 * size_bytes + (256 << 20))))
+pretouch=$(pretouch $((2 * size_bytes + (256 << 20))))
 
 # --- servers ------------------------------------------------------------------
 work=$(mktemp -d -t ramd-bench.XXXXXX)
-ramd_pid="" nbdkit_pid=""
-cleanup() {
-    local rc=$? ok=0
-    trap - EXIT INT TERM
-    [[ -n $ramd_pid ]] && { stop_pid "$ramd_pid" ramd || ok=1; }
-    [[ -n $nbdkit_pid ]] && { stop_pid "$nbdkit_pid" nbdkit || ok=1; }
-    if ((rc != 0)); then
-        for log in "$work"/ramd.log "$work"/nbdkit.log; do
-            [[ -s $log ]] && { echo "--- last lines of $(basename "$log")" >&2; tail -n 20 "$log" >&2; }
-        done
-    fi
-    rm -rf "$work"
-    ((rc == 0 && ok != 0)) && rc=1
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/run" "$work/fio"
-RAMD_RUN_DIR=$work/run "$ramd" serve --size "$size" "${ramd_threads_opt[@]}" \
-    --listen "unix:$work/ramd.sock" \
-    >"$work/ramd.uri" 2>"$work/ramd.log" {bench_lock_fd}>&- &
-ramd_pid=$!
-# The memory plugin's default allocator (sparse). Threads are per connection
-# for both servers, and both default to what each project ships.
-nbdkit --foreground --exit-with-parent "${nbdkit_threads_opt[@]}" \
-    --unix "$work/nbdkit.sock" memory "$size" \
-    2>"$work/nbdkit.log" {bench_lock_fd}>&- &
-nbdkit_pid=$!
-
-ramd_has_uri() {
-    alive "$ramd_pid" ramd
-    [[ -s $work/ramd.uri ]]
-}
-wait_until 30 "ramd (URI line on stdout)" ramd_has_uri
-ramd_uri=$(head -n 1 "$work/ramd.uri")
-nbdkit_uri="nbd+unix:///?socket=$work/nbdkit.sock"
-wait_until 30 "ramd at $ramd_uri" nbdinfo --size "$ramd_uri"
-wait_until 30 "nbdkit at $nbdkit_uri" nbdinfo --size "$nbdkit_uri"
+# Raw results are kept below (fio/, cpu.tsv...), not through the trap's raw/.
+bench_trap "$work" ""
+mkdir -p "$work/fio"
+# ramd's and nbdkit's threads are per connection, and both default to what
+# each project ships; nbdkit's memory plugin with its default allocator
+# (sparse).
+serve_nbd "$ramd" "$work/ramd" "$size" "${ramd_threads_opt[@]}"
+ramd_uri=$uri
+nbdkit_opts=("${nbdkit_threads_opt[@]}")
+start_nbdkit "$work/nbdkit.sock" "$size" "$work/nbdkit.log"
 for s in ramd nbdkit; do
     uri_var=${s}_uri
     got=$(nbdinfo --size "${!uri_var}")
@@ -227,7 +147,7 @@ mem() {
     pid=$(pid_of "$1")
     alive "$pid" "$1"
     if [[ $1 == ramd ]]; then
-        used=$(RAMD_RUN_DIR=$work/run "$ramd" status --json |
+        used=$(RAMD_RUN_DIR=$work/ramd/run "$ramd" status --json |
             python3 -c 'import json,sys; print(json.load(sys.stdin)["disks"][0]["memory_used"])')
     fi
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(proc_kib "$pid" VmRSS)" "$(proc_kib "$pid" VmHWM)" \

@@ -27,30 +27,19 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 calls=400 runs=3
-while (($#)); do
-    case $1 in
-    --calls) calls=${2:?--calls needs a value}; shift 2 ;;
-    --runs) runs=${2:?--runs needs a value}; shift 2 ;;
-    *) die "unknown argument $1 (see the usage at the top of $0)" ;;
-    esac
-done
+bench_args --calls= --runs= -- "$@"
+want_count --calls "$calls"
+want_count --runs "$runs"
 
 bench_lock
 need taskset util-linux
 need nbdinfo libnbd-bin
-# Debian's python3-libnbd is for the system python, which may not be the
-# first python3 on PATH.
-py=""
-for cand in /usr/bin/python3 python3; do
-    "$cand" -c 'import nbd' 2>/dev/null && { py=$cand; break; }
-done
-[[ -n $py ]] || die "no python3 can import nbd: apt-get install python3-libnbd"
+need_pynbd
 
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-ramd=${CARGO_TARGET_DIR:-$repo/target}/release/ramd
+build_ramd
+ramd=$built
 
-nodes=$(cd /sys/devices/system/node && ls -d node[0-9]* | sed 's/node//' | sort -n)
-read -r -a node_list <<<"$(echo $nodes)"
+mapfile -t node_list < <(cd /sys/devices/system/node && printf '%s\n' node[0-9]* | sed 's/node//' | sort -n)
 local_node=${node_list[0]}
 cpus_of() { cat "/sys/devices/system/node/node$1/cpulist"; }
 first_cpu() { cpus_of "$1" | cut -d, -f1 | cut -d- -f1; }
@@ -68,13 +57,8 @@ else
 fi
 
 work=$(mktemp -d)
-ramd_pid="" hog_pid=""
-cleanup() {
-    [[ -n $hog_pid ]] && kill "$hog_pid" 2>/dev/null || true
-    [[ -n $ramd_pid ]] && stop_pid "$ramd_pid" ramd || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench_trap "$work" ""
+hog_pid=""
 
 cat >"$work/loop.py" <<'EOF'
 import sys, time, nbd
@@ -109,21 +93,19 @@ one() {
     serve_nbd "$ramd" "$work" 64M "${flags[@]}"
     wait_quiet
     if [[ $hog == hog ]]; then
-        taskset -c "$hog_cpu" dd if=/dev/zero of=/dev/null bs=64M 2>/dev/null {bench_lock_fd}>&- &
-        hog_pid=$!
+        spawn hog taskset -c "$hog_cpu" dd if=/dev/zero of=/dev/null bs=64M 2>/dev/null
+        hog_pid=$spawned
     fi
     for op in write read; do
-        us=$(taskset -c "$loop_cpu" "$py" "$work/loop.py" "$uri" "$op" "$calls")
+        us=$(taskset -c "$loop_cpu" "$pynbd" "$work/loop.py" "$uri" "$op" "$calls")
         printf '%s\t%s\t%s\t%s\t%s\n' "$placement" "$hog" "$op" "$r" "$us" >>"$work/results.tsv"
         note "$placement, $hog, $op run $r: median $us µs per 8 MiB call"
     done
     if [[ -n $hog_pid ]]; then
-        kill "$hog_pid"
-        wait "$hog_pid" 2>/dev/null || true
+        stop_server "$hog_pid" || true
         hog_pid=""
     fi
-    stop_pid "$ramd_pid" ramd || die "ramd did not stop cleanly"
-    ramd_pid=""
+    stop_server "$ramd_pid" || die "ramd did not stop cleanly"
     rm -rf "$work/run"
 }
 

@@ -56,54 +56,27 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" quick=0 dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --quick)
-        quick=1
-        shift
-        ;;
-    --dir)
-        dir=${2:?--dir needs a directory}
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --quick --dir= --out= -- "$@"
 if ((quick)); then
     size=${size:-512M} runtime=8 ramp=1
 else
     size=${size:-4G} runtime=20 ramp=2
 fi
 autosave=2s
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ ${BENCH_QUIET_WAIT:-0} =~ ^[0-9]+$ ]] || die "BENCH_QUIET_WAIT must be a number of seconds"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
+want_size --size "$size"
+want_quiet_wait
+want_dir --dir "$dir"
 
 # --- tools and host -----------------------------------------------------------
-((EUID == 0)) || die "run as root: it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
-need cargo "cargo (or rustup)"
+want_root "it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
 need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
-need fio fio
 need jq jq
 need python3 python3
 need numfmt coreutils
 need sha256sum coreutils
 need findmnt util-linux
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
+want_fio_nbd
 
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
@@ -113,59 +86,27 @@ pages=$((size_bytes / 4096))
 changed=$((pages / 100)) # step 2: 1% of the pages
 tck=$(getconf CLK_TCK)
 
-fstype=$(findmnt -n -o FSTYPE --target "$dir")
-case $fstype in
-tmpfs | ramfs) die "--dir $dir is on $fstype: images and copies must go to a real disk" ;;
-esac
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # At most one disk and one SIZE file in the tmpfs at a time, plus the
 # page cache's share and room for everyone else.
-((avail_kib * 1024 > 2 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((2 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
-free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
+want_memory $((2 * size_bytes + (1 << 30))) "--size $size"
 # The image (a full save, incremental saves: autosave can rewrite much of
 # the disk) and the cp file.
-((free_bytes > 4 * size_bytes)) ||
-    die "--dir $dir: needs 4 x $size of free space; it has $((free_bytes >> 20)) MiB"
+want_disk "$dir" "images and copies" $((4 * size_bytes))
 
 # --- build --------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $CARGO_TARGET_DIR/release/ramd ]] || die "$CARGO_TARGET_DIR/release/ramd was not built"
-"$CARGO_TARGET_DIR/release/ramd" serve --help | grep -q -- '--image' ||
+build_ramd
+"$built" serve --help | grep -q -- '--image' ||
     die "this ramd has no 'serve --image': persistence is not built in yet"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
 
-# --- work directory and teardown ----------------------------------------------
+# --- work directory -----------------------------------------------------------
 work=$(mktemp -d "$dir/ramd-persist.XXXXXX")
+# On a failure ramd may be killed during its stop save; the image goes anyway.
+bench_trap "$work" "$out"
 tmpfs=$work/tmpfs
 image=$work/image
 ramd_pid="" ramd_what="" ramd_tag=""
-
-mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
-
-cleanup() {
-    local rc=$? ok=0
-    trap - EXIT INT TERM
-    cd /
-    # On a failure ramd may be killed during its stop save; the image goes anyway.
-    [[ -n $ramd_pid ]] && { stop_pid "$ramd_pid" "$ramd_what" || ok=1; }
-    if mounted "$tmpfs"; then
-        umount "$tmpfs" 2>/dev/null || umount -l "$tmpfs" || { note "could not unmount $tmpfs"; ok=1; }
-    fi
-    finish_run "$rc" "$ok" "$work" "$out"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/raw" "$work/run" "$tmpfs"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+mkdir -p "$work/raw" "$work/run"
+copy_ramd
 export RAMD_RUN_DIR=$work/run
 results=$work/raw/results.tsv
 : >"$results"
@@ -174,16 +115,11 @@ record() { printf '%s\t%s\n' "$1" "$2" >>"$results"; }
 record size_bytes "$size_bytes"
 record changed_pages "$changed"
 
-mount -t tmpfs -o "size=$((size_bytes + (64 << 20)))" tmpfs "$tmpfs"
+mount_tmpfs "$((size_bytes + (64 << 20)))" "$tmpfs"
 note "writing $size of /dev/urandom to $tmpfs/data"
 head -c "$size_bytes" /dev/urandom >"$tmpfs/data"
 
 # --- helpers ------------------------------------------------------------------
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
-
 # step_begin PID: before a timed step, waits for a quiet host, drops the
 # page cache, then notes the clocks. PID is the ramd whose CPU counts as the
 # server's ("" if none runs yet or none is involved).
@@ -217,41 +153,14 @@ step_end() {
     record "${key}_other_cores" "$(awk -v o="$other" -v t="$tck" -v ns="$ns" 'BEGIN { printf "%.3f", o / t / (ns / 1e9) }')"
 }
 
-# start_ramd WHAT OPTS...: starts `ramd serve --name bench OPTS` in the
-# background and returns once it has printed its URI line; sets ramd_pid and
-# uri. stdout is a FIFO that this shell reads, so the moment the line comes
-# is seen without polling (the load is timed up to it); the shell keeps the
-# FIFO open until ramd stops.
-start_ramd() {
-    local what=$1 deadline=$((SECONDS + 600))
-    shift
-    rm -f "$work/ramd.out"
-    mkfifo "$work/ramd.out"
-    exec {ramd_out}<>"$work/ramd.out"
-    "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>"$work/raw/$what.log" \
-        {bench_lock_fd}>&- {ramd_out}>&- &
-    ramd_pid=$! ramd_tag=$what ramd_what="ramd ($what)"
-    uri=""
-    until read -r -t 1 -u "$ramd_out" uri; do
-        alive "$ramd_pid" "$ramd_what"
-        ((SECONDS < deadline)) || die "$ramd_what: no URI line after 600 s"
-    done
-}
 # stop_ramd: saves what changed first (untimed; the stop save then has
 # nothing to do, so stop_pid's 10 s are plenty), then SIGTERM.
 stop_ramd() {
     "$ramd" snapshot bench --json >"$work/raw/$ramd_tag.stop-snapshot.json" ||
         die "$ramd_what: ramd snapshot before the stop failed"
-    stop_pid "$ramd_pid" "$ramd_what" || die "$ramd_what did not stop cleanly"
+    stop_server "$ramd_pid" || die "$ramd_what did not stop cleanly"
     ramd_pid=""
     exec {ramd_out}>&-
-}
-ready() { nbdinfo --size "$uri"; }
-check_size() {
-    wait_until 30 "$ramd_what at $uri" ready
-    local got
-    got=$(nbdinfo --size "$uri")
-    [[ $got == "$size_bytes" ]] || die "$ramd_what exports $got bytes, expected $size_bytes"
 }
 # status FILE: this disk's `ramd status --json` object.
 status() {
@@ -272,23 +181,8 @@ snapshot() {
     record "${key}_pages" "$(jq -e .pages "$file")"
     record "${key}_full" "$(jq .full "$file")"
 }
-disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
-# pretouch BYTES: touches and frees BYTES of memory, printing GiB/s. Memory
-# the VM has never backed faults in much slower than memory it handed out
-# before, and page cache counts too: both sides of a comparison get this.
-pretouch() {
-    python3 -c '
-import sys, time
-n = int(sys.argv[1])
-t = time.perf_counter()
-b = b"\1" * n
-dt = time.perf_counter() - t
-del b
-print(f"{n / dt / 2**30:.2f}")' "$1"
-}
-
 # --- 1. full save ---------------------------------------------------------------
-start_ramd A --size "$size" --image "$image"
+serve_loaded A --size "$size" --image "$image"
 check_size
 note "filling disk A with the data (nbdcopy)"
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk A failed"
@@ -329,7 +223,7 @@ record pretouch_gibs "$(pretouch $((2 * size_bytes + (256 << 20))))"
 
 note "load: ramd serve --image (time to the URI line)"
 step_begin ""
-start_ramd B --image "$image"
+serve_loaded B --image "$image"
 step_end load "$ramd_pid"
 check_size
 record load_rss_kib "$(proc_kib "$ramd_pid" VmRSS)"
@@ -366,7 +260,7 @@ note "I/O: ${runtime}s of 4 KiB randrw 50/50 QD16 on disk B (no autosave)"
 fio_mix mix_plain
 stop_ramd
 
-start_ramd C --image "$image" --autosave "$autosave"
+serve_loaded C --image "$image" --autosave "$autosave"
 check_size
 status "$work/raw/C.before.status.json"
 note "I/O: the same on disk C (--autosave $autosave)"

@@ -71,58 +71,26 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 size="" reps=3 quick=0 dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --size)
-        size=${2:?--size needs a value}
-        shift 2
-        ;;
-    --reps)
-        reps=${2:?--reps needs a number}
-        shift 2
-        ;;
-    --quick)
-        quick=1
-        shift
-        ;;
-    --dir)
-        dir=${2:?--dir needs a directory}
-        shift 2
-        ;;
-    --out)
-        out=${2:?--out needs a directory}
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --size= --reps= --quick --dir= --out= -- "$@"
 ((quick)) && size=${size:-256M}
 size=${size:-1G}
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix (powers of 1024)"
-[[ $reps =~ ^[1-9][0-9]*$ ]] || die "--reps '$reps': use a positive number"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
+want_size --size "$size"
+want_count --reps "$reps"
+want_dir --dir "$dir"
 
 # --- tools and host -----------------------------------------------------------
-((EUID == 0)) || die "run as root: it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
-need cargo "cargo (or rustup)"
+want_root "it writes /proc/sys/vm/drop_caches and mounts a tmpfs"
 need nbdcopy libnbd-bin
 need nbdinfo libnbd-bin
-need fio fio
 need jq jq
 need python3 python3
 need numfmt coreutils
 need sha256sum coreutils
 need findmnt util-linux
 need mountpoint util-linux
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
+want_fio_nbd
 
-weed=$(find_go_tool weed) ||
-    die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
+need_weed
 # RCLONE=PATH picks one rclone among several (Debian's and a go install).
 if [[ -n ${RCLONE:-} ]]; then
     [[ -x $RCLONE ]] || die "RCLONE=$RCLONE: not an executable"
@@ -142,59 +110,24 @@ pages=$((size_bytes / 4096))
 changed=$((pages / 100)) # 1% of the pages
 tck=$(getconf CLK_TCK)
 
-fstype=$(findmnt -n -o FSTYPE --target "$dir")
-case $fstype in
-tmpfs | ramfs) die "--dir $dir is on $fstype: SeaweedFS's volumes and the local image must go to a real disk" ;;
-esac
-avail_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)
 # The data file, one disk, the peer's copy in the tmpfs, the page cache's share.
-((avail_kib * 1024 > 3 * size_bytes + (1 << 30))) ||
-    die "--size $size: needs $(((3 * size_bytes + (1 << 30)) >> 20)) MiB of available memory; MemAvailable is $((avail_kib / 1024)) MiB"
-free_bytes=$(df -B1 --output=avail "$dir" | tail -n 1 | tr -d ' ')
+want_memory $((3 * size_bytes + (1 << 30))) "--size $size"
 # SeaweedFS keeps deleted objects' bytes in its volumes until a vacuum:
 # every full save and every peer copy stays on disk for the run.
-((free_bytes > (3 * reps + 4) * size_bytes)) ||
-    die "--dir $dir: needs $(((3 * reps + 4) * size_bytes >> 20)) MiB of free space; it has $((free_bytes >> 20)) MiB"
+want_disk "$dir" "SeaweedFS's volumes and the local image" $(((3 * reps + 4) * size_bytes))
 
 # --- build --------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-[[ -x $CARGO_TARGET_DIR/release/ramd ]] || die "$CARGO_TARGET_DIR/release/ramd was not built"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+build_ramd
 
-# --- work directory and teardown ----------------------------------------------
+# --- work directory -------------------------------------------------------------
 work=$(mktemp -d "$dir/ramd-s3.XXXXXX")
+bench_trap "$work" "$out"
 tmpfs=$work/tmpfs
 mnt=$work/mnt
-ramd_pid="" ramd_what="" ramd_out="" weed_pid=""
-
-mounted() { findmnt -n --mountpoint "$1" >/dev/null 2>&1; }
-
-cleanup() {
-    local rc=$? ok=0
-    trap - EXIT INT TERM
-    cd /
-    [[ -n $ramd_pid ]] && { stop_pid "$ramd_pid" "$ramd_what" || ok=1; }
-    mounted "$mnt" && { umount "$mnt" 2>/dev/null || umount -l "$mnt" || ok=1; }
-    # A slow stop of SeaweedFS (over 10 s now and then on a busy host)
-    # does not spoil the figures: stop_pid says so and kills it.
-    [[ -z $weed_pid ]] || stop_pid "$weed_pid" "weed mini" || true
-    if mounted "$tmpfs"; then
-        umount "$tmpfs" 2>/dev/null || umount -l "$tmpfs" || { note "could not unmount $tmpfs"; ok=1; }
-    fi
-    finish_run "$rc" "$ok" "$work" "$out"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-mkdir -p "$work/raw" "$work/run" "$work/weed" "$tmpfs" "$mnt"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
-ramd_sha=$(sha256sum "$ramd" | cut -c1-12)
+ramd_pid="" ramd_what="" ramd_out=""
+mkdir -p "$work/raw" "$work/run" "$work/weed" "$mnt"
+at_exit unmount "$mnt"
+copy_ramd
 export RAMD_RUN_DIR=$work/run
 results=$work/raw/results.tsv
 : >"$results"
@@ -205,7 +138,7 @@ record changed_pages "$changed"
 record reps "$reps"
 record loadavg_start "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-mount -t tmpfs -o "size=$((2 * size_bytes + (64 << 20)))" tmpfs "$tmpfs"
+mount_tmpfs "$((2 * size_bytes + (64 << 20)))" "$tmpfs"
 note "writing $size of data (3 MiB random, 1 MiB zeros, repeated) to $tmpfs/data"
 python3 - "$tmpfs/data" "$size_bytes" <<'EOF'
 import os, sys
@@ -219,6 +152,7 @@ EOF
 bucket=ramdbench
 key_id=ramdbench secret=ramdbenchsecret0123456789
 start_weed "$weed" "$work/weed" "$work/raw/weed.log" "$bucket" "$key_id" "$secret"
+lenient "$weed_pid"
 
 # rclone's remote "peer", from the environment only (no config file).
 export RCLONE_CONFIG=$work/rclone.conf
@@ -234,10 +168,6 @@ note "starting SeaweedFS (weed mini) on $endpoint"
 wait_until 120 "weed mini's S3 at $endpoint (rclone lsf peer:$bucket)" weed_up
 
 # --- helpers ------------------------------------------------------------------
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
 now_ns() { date +%s%N; }
 
 # step_begin: before a timed step, waits for a quiet host, drops the page
@@ -280,25 +210,6 @@ step_end() {
     record "${key}_loadavg" "$step_load"
 }
 
-# start_ramd WHAT OPTS...: starts `ramd serve --name bench OPTS` in the
-# background and returns once it has printed its URI line (ramd prints it
-# once the image is loaded; stdout is a FIFO read here, so the moment is
-# seen without polling); sets ramd_pid and uri.
-start_ramd() {
-    local what=$1 deadline=$((SECONDS + 600))
-    shift
-    rm -f "$work/ramd.out"
-    mkfifo "$work/ramd.out"
-    exec {ramd_out}<>"$work/ramd.out"
-    "$ramd" serve --name bench "$@" >"$work/ramd.out" 2>>"$work/raw/$what.log" \
-        {bench_lock_fd}>&- {ramd_out}>&- &
-    ramd_pid=$! ramd_what="ramd ($what)"
-    uri=""
-    until read -r -t 1 -u "$ramd_out" uri; do
-        alive "$ramd_pid" "$ramd_what"
-        ((SECONDS < deadline)) || die "$ramd_what: no URI line after 600 s"
-    done
-}
 # stop_ramd: `ramd down` (saves what changed, releases the lease), then
 # waits for the process.
 stop_ramd() {
@@ -308,18 +219,11 @@ stop_ramd() {
         ((SECONDS < deadline)) || die "$ramd_what still running 120 s after ramd down"
         sleep 0.05
     done
-    wait "$ramd_pid" || die "$ramd_what exited with status $?"
+    reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
     ramd_pid=""
     [[ -z $ramd_out ]] || exec {ramd_out}>&-
     ramd_out=""
 }
-check_size() {
-    wait_until 30 "$ramd_what at $uri" nbdinfo --size "$uri"
-    local got
-    got=$(nbdinfo --size "$uri")
-    [[ $got == "$size_bytes" ]] || die "$ramd_what exports $got bytes, expected $size_bytes"
-}
-disk_sha() { nbdcopy "$uri" - | sha256sum | cut -d' ' -f1; }
 # snapshot KEY [--full]: a timed `ramd snapshot bench --json`; its bytes,
 # pages and ramd's own seconds to the results.
 snapshot() {
@@ -339,13 +243,9 @@ snapshot() {
 newest_segment_bytes() {
     peer lsjson "peer:$bucket/$1" | jq -e '[.[] | select(.Name | test("^seg-[0-9]+-[0-9a-f]+$"))] | sort_by(.Name) | last | .Size'
 }
-# pretouch BYTES: touches and frees BYTES of memory, so that a load fills
-# memory the VM has backed before (fresh memory faults in much slower).
-pretouch() { python3 -c 'b = b"\1" * int(__import__("sys").argv[1]); del b' "$1"; }
-
 # --- 0. the peer's local copy of the image ---------------------------------------
 note "making the local image the peer copies (disk L, --image $work/local)"
-start_ramd L --size "$size" --image "$work/local"
+serve_loaded L --size "$size" --image "$work/local"
 check_size
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk L failed"
 "$ramd" snapshot bench --full --json >"$work/raw/local-save.json" || die "ramd snapshot --full of disk L failed"
@@ -354,7 +254,7 @@ record local_bytes "$(du -sb "$work/local" | cut -f1)"
 record local_files "$(find "$work/local" -type f | wc -l)"
 
 # --- 1. full save -----------------------------------------------------------------
-start_ramd A --size "$size" --image "s3://$bucket/ramd"
+serve_loaded A --size "$size" --image "s3://$bucket/ramd"
 check_size
 note "filling disk A with the data (nbdcopy)"
 nbdcopy "$tmpfs/data" "$uri" || die "nbdcopy to disk A failed"
@@ -398,9 +298,9 @@ record prefix_objects "$(peer size --json "peer:$bucket/ramd" | jq -e .count)"
 
 # --- 3. load --------------------------------------------------------------------
 ramd_load() {
-    pretouch $((size_bytes + (256 << 20)))
+    pretouch $((size_bytes + (256 << 20))) >/dev/null # a load fills memory the VM has backed before
     step_begin
-    start_ramd "B$1" --image "s3://$bucket/ramd"
+    serve_loaded "B$1" --image "s3://$bucket/ramd"
     step_end "load_ramd_$1"
     check_size
     log_s=$(sed -n 's/^.*loaded image .* in \([0-9.]*\) *s.*$/\1/p' "$work/raw/B$1.log" | tail -n 1)
@@ -415,7 +315,7 @@ ramd_load() {
 peer_load() {
     local key=$1
     shift
-    pretouch $((size_bytes + (256 << 20)))
+    pretouch $((size_bytes + (256 << 20))) >/dev/null # a load fills memory the VM has backed before
     step_begin
     peer copy "$@" "peer:$bucket/ramd" "$tmpfs/copy" 2>>"$work/raw/rclone.log" || die "rclone copy $* peer:$bucket/ramd $tmpfs/copy failed"
     step_end "$key"
@@ -448,11 +348,10 @@ fi
 
 # --- 4. filesystem disk -------------------------------------------------------------
 note "filesystem disk: ramd serve --mount (default data path) --image s3://$bucket/fs"
-"$ramd" serve --name bench --mount "$mnt" --size "$((2 * size_bytes))" --image "s3://$bucket/fs" \
-    >"$work/raw/F.out" 2>"$work/raw/F.log" {bench_lock_fd}>&- &
-ramd_pid=$! ramd_what="ramd (filesystem disk)"
-fs_mounted() { alive "$ramd_pid" "$ramd_what" && mountpoint -q "$mnt"; }
-wait_until 120 "$ramd_what (mounted)" fs_mounted
+ramd_what="ramd (filesystem disk)"
+serve_mount "$ramd_what" "$mnt" 120 "$ramd" serve --name bench --mount "$mnt" --size "$((2 * size_bytes))" \
+    --image "s3://$bucket/fs" >"$work/raw/F.out" 2>"$work/raw/F.log"
+ramd_pid=$spawned
 record fs_data_path "$("$ramd" status --json bench | jq -r '.disks[0].data_path // "?"')"
 fs_files=8
 per_file=$((size_bytes / fs_files))
@@ -481,7 +380,7 @@ EOF
 done
 "$ramd" down bench >/dev/null || die "ramd down bench ($ramd_what) failed"
 wait_until 120 "$ramd_what to stop" bash -c "! kill -0 $ramd_pid"
-wait "$ramd_pid" || die "$ramd_what exited with status $?"
+reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
 ramd_pid=""
 record loadavg_end "$(cut -d' ' -f1-3 /proc/loadavg)"
 

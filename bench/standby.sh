@@ -58,20 +58,7 @@ repo=$(dirname "$here")
 . "$here/lib.sh"
 
 autosave=5s poll=2s lease=10 duration=60 runs=3 rate=1000 size=256M dir=/var/tmp out=""
-while (($#)); do
-    case $1 in
-    --autosave | --poll | --lease | --duration | --runs | --rate | --size | --dir | --out)
-        [[ $# -ge 2 ]] || die "$1 needs a value"
-        declare "${1#--}=$2"
-        shift 2
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
-        exit 0
-        ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-    esac
-done
+bench_args --autosave= --poll= --lease= --duration= --runs= --rate= --size= --dir= --out= -- "$@"
 secs_of() {
     [[ $1 =~ ^([0-9]+(\.[0-9]+)?)(ms|s|m)$ ]] || die "'$1': use a duration like 500ms, 5s or 1m"
     awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
@@ -80,65 +67,32 @@ secs_of() {
 autosave_s=$(secs_of "$autosave")
 secs_of "$poll" >/dev/null # checked here, passed to ramd as given
 for v in lease duration runs rate; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--$v '${!v}': use a positive whole number"
+    want_count "--$v" "${!v}"
 done
-[[ $size =~ ^[1-9][0-9]*[KMGT]?$ ]] || die "--size '$size': use a number with an optional K, M, G or T suffix"
-[[ -d $dir ]] || die "--dir $dir: no such directory"
+want_size --size "$size"
+want_dir --dir "$dir"
 
 # --- tools and host -----------------------------------------------------------
-need cargo "cargo (or rustup)"
 need nbdinfo libnbd-bin
-need fio fio
 need jq jq
 need python3 python3
 need numfmt coreutils
-# The system's python3 has libnbd's binding; another one first on PATH
-# (pyenv) may not.
-pynbd=""
-for p in /usr/bin/python3 python3; do
-    "$p" -c 'import nbd' 2>/dev/null && { pynbd=$p; break; }
-done
-[[ -n $pynbd ]] || die "no python3 (/usr/bin/python3 nor on PATH) can import nbd: apt-get install python3-libnbd"
-fio --enghelp=nbd >/dev/null 2>&1 ||
-    die "this fio has no nbd engine: install Debian's fio (apt-get install fio), built with libnbd"
-weed=$(find_go_tool weed) ||
-    die "SeaweedFS's weed not found (not on PATH nor in \$(go env GOPATH)/bin): run scripts/install-test-tools (it builds github.com/seaweedfs/seaweedfs/weed with go install)"
+need_pynbd
+want_fio_nbd
+need_weed
 
 bench_lock
 size_bytes=$(numfmt --from=iec "$size")
 
 # --- build --------------------------------------------------------------------
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
-note "building ramd (release) in $CARGO_TARGET_DIR"
-(cd "$repo" && cargo build --release --quiet -p ramd) || die "cargo build failed"
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit+=" + uncommitted changes"
+build_ramd
 
-# --- work directory and teardown ----------------------------------------------
+# --- work directory -------------------------------------------------------------
 work=$(mktemp -d "$dir/ramd-standby.XXXXXX")
-weed_pid="" fio_pid="" pids=()
-
-cleanup() {
-    local rc=$? ok=0 p
-    trap - EXIT INT TERM
-    cd /
-    [[ -z $fio_pid ]] || kill -KILL "$fio_pid" 2>/dev/null || true
-    for p in "${pids[@]}"; do
-        kill -0 "$p" 2>/dev/null && { stop_pid "$p" "ramd" || ok=1; }
-    done
-    # A slow stop of SeaweedFS (it takes over 10 s now and then on a busy
-    # host) does not spoil the figures: stop_pid says so and kills it.
-    [[ -z $weed_pid ]] || stop_pid "$weed_pid" "weed mini" || true
-    finish_run "$rc" "$ok" "$work" "$out"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
+bench_trap "$work" "$out"
+fio_pid=""
 mkdir -p "$work/raw"
-ramd=$work/ramd
-# A copy, so that a rebuild during the run cannot swap the binary.
-cp "$CARGO_TARGET_DIR/release/ramd" "$ramd"
+copy_ramd
 export RAMD_LEASE_SECS=$lease
 results=$work/raw/results.tsv
 : >"$results"
@@ -147,7 +101,9 @@ record loadavg_start "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 bucket=ramdbench
 start_weed "$weed" "$work/weed" "$work/raw/weed.log" "$bucket" ramdbench ramdbenchsecret0123456789
+lenient "$weed_pid"
 # Ready once it answers a listing: "no image here" comes from the server.
+# shellcheck disable=SC2317 # called by wait_until
 weed_up() {
     local said
     alive "$weed_pid" "weed mini"
@@ -169,36 +125,40 @@ ctl() {
 pair() {
     local img=s3://$bucket/$1
     serve_nbd "$ramd" "$work/$2" "$size" --name bench --image "$img" --autosave "$autosave"
-    w_pid=$ramd_pid pids+=("$ramd_pid")
+    w_pid=$ramd_pid
     local w_uri=$uri
     ctl "$2" snapshot bench >/dev/null || die "the first save to $img failed"
     serve_nbd "$ramd" "$work/$3" - --name bench --image "$img" --standby --standby-poll "$poll"
-    s_pid=$ramd_pid s_uri=$uri pids+=("$ramd_pid")
+    s_pid=$ramd_pid s_uri=$uri
     pair_s=$3
+    # shellcheck disable=SC2317 # called by wait_until
     _applied() { [[ $(ctl "$pair_s" status --json | jq '.disks[0].standby.applied_seq') -ge 1 ]]; }
     wait_until 60 "the standby of $img (save 1 applied)" _applied
     # --thread: a job process (fio's default) starts its own session, so
     # it outlives a signal to fio. Its output is capped (SIGXFSZ ends it):
     # once its server is gone, fio 3.33's nbd engine logs "nothing to poll
     # for in state DEAD" in a tight loop, gigabytes a minute.
-    (
-        ulimit -f 1024
-        exec fio --name=steady --ioengine=nbd --uri="$w_uri" --thread --rw=randwrite --bs=4k \
-            --iodepth=4 --rate_iops="$rate" --time_based --runtime=3600 --size="$size_bytes" \
-            --output="$work/raw/fio-$1.out"
-    ) >/dev/null 2>&1 {bench_lock_fd}>&- &
-    fio_pid=$!
+    # Started last, so that at exit it stops before the servers.
+    spawn fio steady_fio "$w_uri" "$work/raw/fio-$1.out" >/dev/null 2>&1
+    fio_pid=$spawned
+}
+# shellcheck disable=SC2317 # called by spawn
+steady_fio() {
+    ulimit -f 1024
+    exec fio --name=steady --ioengine=nbd --uri="$1" --thread --rw=randwrite --bs=4k \
+        --iodepth=4 --rate_iops="$rate" --time_based --runtime=3600 --size="$size_bytes" \
+        --output="$2"
 }
 stop_fio() {
     kill -KILL "$fio_pid" 2>/dev/null || true
-    wait "$fio_pid" 2>/dev/null || true
+    reap_server "$fio_pid" 2>/dev/null || true
     fio_pid=""
 }
 # down NAME PID: a clean stop through the CLI.
 down() {
     ctl "$1" down bench >/dev/null || die "ramd down bench ($1) failed"
     wait_until 120 "ramd ($1) to stop" bash -c "! kill -0 $2 2>/dev/null"
-    wait "$2" 2>/dev/null || die "ramd ($1) exited with status $?"
+    reap_server "$2" 2>/dev/null || die "ramd ($1) exited with status $?"
 }
 
 # --- 1. lag under steady writes -----------------------------------------------------
@@ -282,7 +242,7 @@ for mode in wait force; do
         promote_pid=$!
         t_write=$(first_write "$s_uri") || die "$key: the promoted standby took no write"
         wait "$promote_pid" || die "$key: ramd promote ${flags[*]} failed"
-        wait "$w_pid" 2>/dev/null || true
+        reap_server "$w_pid" 2>/dev/null || true
         stop_fio
         p_seq=$(jq -e .seq "$work/raw/$key-promote.json")
         cp "$work/$key-s/ramd.log" "$work/raw/$key-standby.log"

@@ -75,7 +75,7 @@ pub type Handler = Arc<dyn Fn(Request) + Send + Sync>;
 /// A listening control socket. Dropping it stops accepting and removes the
 /// file (if it is still ours).
 pub struct ControlServer {
-    _file: ramd_nbd::SocketFile,
+    _file: ramd_frontend::SocketFile,
     stop: Arc<AtomicBool>,
     fd: i32,
     thread: Option<JoinHandle<()>>,
@@ -83,7 +83,7 @@ pub struct ControlServer {
 
 impl ControlServer {
     pub fn start(path: PathBuf, handler: Handler) -> Result<ControlServer> {
-        let (listener, file) = ramd_nbd::bind_unix_socket(&path)
+        let (listener, file) = ramd_frontend::bind_unix_socket(&path)
             .with_context(|| format!("control socket {}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let fd = listener.as_raw_fd();

@@ -20,41 +20,14 @@ use serde_json::{json, Value};
 use ramd_store::Budget;
 
 use crate::args::DiskArgs;
-use crate::config::{self, DaemonSettings, Plan};
+use crate::config::{DaemonSettings, Plan};
 use crate::control::{self, ControlServer, Request};
 use crate::disk::{self, Disk, LoadProgress, Shared};
+pub use crate::event::Event;
 use crate::frontend::{Claim, Registry};
 use crate::metrics::MetricsServer;
 use crate::notify;
 use crate::status::{DaemonStatus, DiskStatus};
-
-/// What the daemon's loop acts on.
-pub enum Event {
-    /// A stopping signal (SIGINT, SIGTERM, SIGQUIT, and SIGHUP where it
-    /// stops), by number.
-    Signal(i32),
-    /// SIGHUP: `ramd up` reloads its config file.
-    Hangup,
-    /// A disk asked to stop could not save first: it serves on.
-    StopRefused { disk: String, error: String },
-    /// A frontend's `serve` returned.
-    FrontendEnded { disk: String },
-    /// A disk's save at stop failed: it holds its data and tries again.
-    StillHeld { disk: String, error: String },
-    /// A disk's finisher is done: the disk is gone.
-    Finished { disk: String, result: Result<()> },
-    /// `stop` (`stop force`: even if its save fails) on a disk's control
-    /// socket.
-    StopDisk {
-        disk: String,
-        req: Request,
-        force: bool,
-    },
-    /// `wait` on a disk's control socket: answered once it is gone.
-    WaitDisk { disk: String, req: Request },
-    /// A request on the daemon's control socket.
-    Daemon(Request),
-}
 
 struct Running {
     disk: Arc<Disk>,
@@ -691,169 +664,6 @@ impl Daemon {
             req.answer(answer.clone());
         }
     }
-
-    fn daemon_request(&mut self, req: Request) {
-        let line = req.line().to_string();
-        // `down [NAME] [--force]`
-        let force = line.split_whitespace().any(|w| w == "--force");
-        let words: Vec<&str> = line
-            .split_whitespace()
-            .filter(|w| *w != "--force")
-            .collect();
-        let how = if force { Stop::Force } else { Stop::Ask };
-        let (verb, arg) = match words.as_slice() {
-            [v] => (*v, None),
-            [v, a] => (*v, Some(*a)),
-            _ => ("", None),
-        };
-        match (verb, arg) {
-            ("status", None) => {
-                let status = self.status();
-                req.answer(Ok(json!({ "daemon": status })))
-            }
-            ("down", None) => {
-                self.end();
-                self.down_all.push(req);
-                self.finish_all_as(how);
-            }
-            ("down", Some(name)) => {
-                if self.disks.contains_key(name) {
-                    self.finish(name, Some(req), how);
-                } else if self.published.failed.lock().remove(name).is_some() {
-                    // A disk that never started: nothing to stop or save.
-                    req.answer(Ok(json!({ "stopped": name, "saved": false })))
-                } else {
-                    let names: Vec<&str> = self.disks.keys().map(String::as_str).collect();
-                    req.answer(Err(format!(
-                        "no disk named {name:?} in this daemon (its disks: {})",
-                        if names.is_empty() {
-                            "none".to_string()
-                        } else {
-                            names.join(", ")
-                        }
-                    )))
-                }
-            }
-            ("reload", path) => {
-                let r = self.reload(path.map(PathBuf::from));
-                req.answer(r)
-            }
-            _ => req.answer(Err(format!("unknown daemon request {line:?}"))),
-        }
-    }
-
-    fn status(&self) -> DaemonStatus {
-        let used = self
-            .disks
-            .values()
-            .map(|r| r.disk.store().stats().memory_used)
-            .sum();
-        self.published.daemon(used)
-    }
-
-    /// `ramd reload`: reads the config file again (or `path`), checks all
-    /// of it, then starts the disks it adds and stops those it removes.
-    /// Disks in both are not touched, even if their settings changed (that
-    /// takes `ramd down NAME` and another reload). A file that does not
-    /// parse or check changes nothing.
-    fn reload(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
-        notify::reloading();
-        let r = self.reload_inner(path);
-        notify::ready(&self.summary());
-        r
-    }
-
-    fn reload_inner(&mut self, path: Option<PathBuf>) -> std::result::Result<Value, String> {
-        let Mode::Up {
-            config,
-            settings,
-            all_or_nothing,
-        } = &self.mode
-        else {
-            return Err("only `ramd up` reloads".into());
-        };
-        let all_or_nothing = *all_or_nothing;
-        let path = path.unwrap_or_else(|| config.clone());
-        let plan = config::load(&path).map_err(|e| format!("{e:#} (nothing was changed)"))?;
-        let mut notes = Vec::new();
-        if plan.daemon != *settings {
-            notes.push(format!(
-                "[daemon] of {} changed: it takes effect when the daemon restarts",
-                path.display()
-            ));
-        }
-        let wanted: BTreeMap<String, DiskArgs> = plan
-            .disks
-            .into_iter()
-            .map(|(a, _)| (a.name.clone(), a))
-            .collect();
-        let removed: Vec<String> = self
-            .disks
-            .iter()
-            .filter(|(n, r)| !wanted.contains_key(*n) && !r.finishing)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let mut added = Vec::new();
-        let mut unchanged = Vec::new();
-        for (name, args) in &wanted {
-            match self.disks.get(name) {
-                None => added.push(args.clone()),
-                Some(r) if r.finishing => {
-                    return Err(format!(
-                        "disk {name:?} is still stopping: reload again once it is gone \
-                         (nothing was changed)"
-                    ))
-                }
-                Some(r) => {
-                    if r.disk.args().fingerprint() != args.fingerprint() {
-                        notes.push(format!(
-                            "disk {name:?} changed in {}: its new settings take effect once \
-                             it is restarted (`ramd down {name}` then `ramd reload`)",
-                            path.display()
-                        ));
-                    }
-                    unchanged.push(name.clone());
-                }
-            }
-        }
-        self.check_claims(&added, &path, all_or_nothing)
-            .map_err(|e| format!("{e:#} (nothing was changed)"))?;
-        for n in &notes {
-            log::warn!("{n}");
-        }
-        for n in &removed {
-            self.finish(n, None, Stop::Ask);
-        }
-        // Failed disks the file no longer names are forgotten.
-        self.published
-            .failed
-            .lock()
-            .retain(|n, _| wanted.contains_key(n));
-        let names = if all_or_nothing {
-            self.open(added)
-                .map_err(|e| format!("{e:#} (disks removed from the file are stopping)"))?
-        } else {
-            self.open_each(added)
-        };
-        if let Mode::Up { config, .. } = &mut self.mode {
-            *self.published.config.lock() = Some(path.display().to_string());
-            *config = path;
-        }
-        if !self.published.failed.lock().is_empty() {
-            return Err(format!(
-                "{} (started: {})",
-                self.failed_text(),
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            ));
-        }
-        Ok(json!({
-            "added": names, "removed": removed, "unchanged": unchanged, "notes": notes,
-        }))
-    }
 }
 
 /// How a disk is asked to stop.
@@ -870,40 +680,7 @@ enum Stop {
     Force,
 }
 
-/// SIGINT, SIGTERM and SIGQUIT stop (a second one cuts clients off; the
-/// save still happens); SIGHUP as `hangup` says. Every signal a terminal
-/// or an init system sends is caught: none ends the process unsaved.
-fn on_signals(tx: Sender<Event>, hangup: Hangup) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGQUIT, SIGHUP])
-        .context("installing signal handlers")?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                let event = match (sig, hangup) {
-                    (SIGHUP, Hangup::Reload) => {
-                        log::info!("signal {sig} (SIGHUP): reloading");
-                        Event::Hangup
-                    }
-                    (SIGHUP, Hangup::Ignore) => {
-                        log::warn!(
-                            "signal {sig} (SIGHUP) ignored: this daemon has no terminal \
-                             (`ramd down NAME` or `umount` stops it)"
-                        );
-                        continue;
-                    }
-                    _ => {
-                        // A load under way (the loop hears this once the
-                        // disks are open) stops now.
-                        ramd_store::persist::stop_loading(true);
-                        Event::Signal(sig)
-                    }
-                };
-                if tx.send(event).is_err() {
-                    return;
-                }
-            }
-        })?;
-    Ok(())
-}
+mod requests;
+mod signals;
+
+use signals::on_signals;

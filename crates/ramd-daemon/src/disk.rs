@@ -29,21 +29,20 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use parking_lot::{Condvar, Mutex};
 
-use ramd_fs::{Fs, FsConfig};
+use ramd_fs::Fs;
 use ramd_store::metrics::DiskMetrics;
 use ramd_store::numa::Placement;
 use ramd_store::persist::{DiskKind, ImageDir};
 use ramd_store::DiskId;
-use ramd_store::{Codec, ScanHandle, Store, StoreConfig, PAGE_SIZE};
+use ramd_store::{ScanHandle, Store};
 
-use crate::args::{DataPath, DiskArgs, DiskSize};
-use crate::control::{ControlServer, Request};
-use crate::daemon::Event;
+use crate::args::{DiskArgs, DiskSize};
+use crate::control::ControlServer;
+use crate::event::Event;
+pub use crate::event::Events;
 use crate::frontend::{Claim, DiskContext, Frontend, Registry};
-use crate::status::DiskStatus;
 use ramd_store::human;
-use ramd_store::persist::FlushMode;
-use ramd_store::persist::{self, PersistStatus, Persister, SaveReport};
+use ramd_store::persist::{self, Persister, SaveReport};
 
 /// What the disks of one process share.
 pub struct Shared {
@@ -65,8 +64,6 @@ pub struct Shared {
 
 /// Makes the reporter of one image load's progress.
 pub type LoadProgress = fn() -> Box<dyn FnMut(persist::Progress)>;
-
-pub type Events = std::sync::mpsc::Sender<Event>;
 
 /// A disk's saving: its persister and the thread of --autosave and
 /// --flush persist.
@@ -255,11 +252,11 @@ impl Disk {
         )?;
         let io = DiskMetrics::default();
         let ctx = DiskContext {
-            args: &args,
+            settings: &args,
             kind,
             id,
             store: &store,
-            fs: fs.as_ref(),
+            content: fs.as_ref().map(|f| f as &(dyn std::any::Any + Send + Sync)),
             run_dir: &shared.run_dir,
             metrics: &io,
         };
@@ -576,109 +573,6 @@ impl Disk {
         }
     }
 
-    /// `mount -o remount,...` of a filesystem disk (the `remount OPTIONS`
-    /// control request; the mount helper has already applied the VFS
-    /// flags): a new size (growing always; shrinking when what is stored
-    /// fits), max_memory, and the atime rule. Other settings may be given
-    /// (an fstab line's) but must equal the running ones. Nothing changes
-    /// unless everything can.
-    pub fn remount(&self, options: &str) -> Result<serde_json::Value> {
-        let (Some(fs), Some(dir)) = (&self.fs, &self.args.mount) else {
-            bail!(
-                "disk {:?} is not a filesystem disk: nothing to remount",
-                self.args.name
-            );
-        };
-        let source = self.args.mount_flags().source;
-        let req = crate::mount_opts::parse(&source, dir, options)?;
-        let new = &req.disk;
-        if self.store.standby() && !new.read_only {
-            bail!(
-                "disk {:?} is a standby: its mount stays read-only (give `ro`) until `ramd \
-                 promote {}` makes it the writer",
-                self.args.name,
-                self.args.name
-            );
-        }
-        let mut size = fs.size();
-        let mut max_memory = self.args.max_memory;
-        for key in &req.given {
-            match key.as_str() {
-                "size" => {
-                    size = match new.size {
-                        Some(DiskSize::Bytes(n)) => Some(n),
-                        _ => None,
-                    }
-                }
-                "max_memory" => max_memory = new.max_memory,
-                k => {
-                    let (now, asked) = (self.args.setting(k), new.setting(k));
-                    if now != asked {
-                        bail!(
-                            "option {k}: cannot change on a mounted disk (it is {}, asked for {}): \
-                             umount it and mount it again",
-                            now.unwrap_or_default(),
-                            asked.unwrap_or_default()
-                        );
-                    }
-                }
-            }
-        }
-        let resize = req.given.iter().any(|k| k == "size" || k == "max_memory");
-        let budget = match max_memory {
-            Some(m) => m,
-            // The default for the new size, plus whatever the disk was
-            // given beyond the default for its old one (an image's slack).
-            None => {
-                let before = fs_max_memory(&self.args, fs.size(), false);
-                let extra = self.store.max_memory().saturating_sub(before);
-                fs_max_memory(&self.args, size, false).saturating_add(extra)
-            }
-        };
-        if resize {
-            self.store
-                .set_limits(size.map(|n| n.div_ceil(PAGE_SIZE as u64)), budget)
-                .with_context(|| match size {
-                    Some(n) => format!("resizing to {}", human(n)),
-                    None => "resizing to unlimited".to_string(),
-                })?;
-            fs.set_size(size)
-                .context("resizing the file data's tmpfs")?;
-            // The cold tier's store has the same budget of its own.
-            if let Some(cold) = fs.cold_store() {
-                cold.set_limits(None, budget)
-                    .context("the cold tier's memory budget")?;
-            }
-            // The kernel's dirty cap and the write reserve follow the size.
-            if let (true, Some(dev)) = (self.args.writeback_cache(), ramd_fs::mount_device(dir)) {
-                fs.set_write_reserve(crate::frontends::bdi::limit_dirty(dev, size));
-            }
-            if let Some(s) = &self.saving {
-                s.persister.set_size(size.unwrap_or(0));
-            }
-        }
-        // Without an atime word the rule stays (`MountRequest::atime_given`).
-        let atime = if req.atime_given {
-            new.atime()
-        } else {
-            fs.atime()
-        };
-        fs.set_atime(atime);
-        let budget = self.store.max_memory();
-        log::info!(
-            "disk {:?} remounted: size {}, max memory {}, atime {:?}",
-            self.args.name,
-            size.map_or("unlimited".into(), human),
-            human(budget),
-            atime
-        );
-        Ok(serde_json::json!({
-            "remounted": self.args.name,
-            "size": size.unwrap_or(0),
-            "max_memory": budget,
-        }))
-    }
-
     /// Saves now (`ramd snapshot`), to a new image directory with `to`
     /// (which then becomes the disk's image). A disk holding unsaved data
     /// stops once this succeeds.
@@ -709,7 +603,8 @@ impl Disk {
             )
         };
         let r = s.persister.promote(force, wait)?;
-        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.mount, self.args.read_only) {
+        if let (Some(_), Some(dir), false) = (&self.fs, &self.args.fuse.mount, self.args.read_only)
+        {
             ramd_fs::remount_read_write(dir).with_context(|| {
                 format!(
                     "promoted: disk {:?} is the writer of its image, but its mount {} stays \
@@ -723,188 +618,6 @@ impl Disk {
         log::info!("{}", self.describe());
         Ok(r)
     }
-
-    /// The image directory saves go to now.
-    fn image_path(&self) -> Option<String> {
-        self.saving
-            .as_ref()
-            .and_then(|s| s.persister.status().image)
-    }
-
-    pub fn status(&self) -> DiskStatus {
-        let mut store = self.store.stats();
-        let (pages_per_node, pages_per_node_sample) = self.store.pages_per_node();
-        let (memory_limit, by) = self.store.effective_limit();
-        let frontends: Vec<_> = self.frontends.iter().map(|f| f.status()).collect();
-        let connections = frontends
-            .iter()
-            .filter_map(|f| f.connections)
-            .reduce(|a, b| a + b);
-        let mut page_limit = None;
-        if self.kind == DiskKind::Fs {
-            // A filesystem's size is its capacity, not the store's address space.
-            // With --data-path kernel, what its tmpfs holds.
-            let (used, limit) = self
-                .fs
-                .as_ref()
-                .map_or(self.store.pages_used(), |f| f.pages_used());
-            store.size = self.current_size().unwrap_or(0);
-            store.used_bytes = used * PAGE_SIZE as u64;
-            page_limit = Some(limit);
-            // With a cold tier, its codec is the disk's (this store holds
-            // no file data).
-            if let Some(cold) = self.fs.as_ref().and_then(|f| f.cold_store()) {
-                store.compress = cold.stats().compress;
-            }
-        }
-        DiskStatus {
-            name: self.args.name.clone(),
-            kind: self.kind.name().into(),
-            id: self.id.to_string(),
-            pid: std::process::id(),
-            uri: frontends
-                .first()
-                .map_or(String::new(), |f| f.endpoint.clone()),
-            connections,
-            // A filesystem disk's may change with `mount -o remount,ro`.
-            read_only: match (&self.fs, &self.args.mount) {
-                (Some(_), Some(dir)) => {
-                    ramd_fs::mount_read_only(dir).unwrap_or(self.args.read_only)
-                }
-                _ => self.args.read_only || self.store.standby(),
-            },
-            mount: self.args.mount.as_ref().and(
-                frontends
-                    .iter()
-                    .find(|f| f.protocol == "fuse")
-                    .map(|f| f.endpoint.clone()),
-            ),
-            data_path: self.fs.as_ref().map(|f| {
-                if f.hot_tier().is_some() {
-                    "kernel"
-                } else {
-                    "store"
-                }
-                .to_string()
-            }),
-            unlimited: self.kind == DiskKind::Fs && self.current_size().is_none(),
-            page_limit,
-            metrics: self.metrics_url.clone(),
-            frontends,
-            store,
-            fs: self.fs.as_ref().map(|f| f.stats()),
-            io: self.io.snapshot(),
-            persist: self
-                .saving
-                .as_ref()
-                .map_or_else(PersistStatus::none, |s| s.persister.status()),
-            pages_per_node,
-            pages_per_node_sample,
-            memory_limit,
-            memory_limit_by: by.into(),
-            numa_policy: self.placement.as_ref().map(|p| p.policy.to_string()),
-            numa_nodes: self
-                .placement
-                .as_ref()
-                .map(|p| ramd_store::numa::list_text(&p.nodes)),
-            process: ramd_store::ProcessMemory::now(),
-            blocked: self.blocked(),
-            stopping: self.leaving.load(Ordering::SeqCst) || self.stopped(),
-        }
-    }
-}
-
-/// The control socket's answers for one disk.
-fn disk_handler(target: Arc<OnceLock<Weak<Disk>>>, events: Events) -> crate::control::Handler {
-    let events = Mutex::new(events);
-    Arc::new(move |req: Request| {
-        let disk = target.get().and_then(Weak::upgrade);
-        let Some(disk) = disk else {
-            return req.answer(Err("the disk is starting or stopping".into()));
-        };
-        match req.line() {
-            "status" => {
-                let status = disk.status();
-                req.answer(Ok(serde_json::json!({ "disks": [status] })))
-            }
-            line if line == "snapshot" || line.starts_with("snapshot ") => {
-                // `snapshot [full] [to DIR]`
-                let line = line.to_string();
-                let rest = line["snapshot".len()..].trim_start();
-                let (full, rest) = match rest.strip_prefix("full") {
-                    Some(r) => (true, r.trim_start()),
-                    None => (false, rest),
-                };
-                let to = rest.strip_prefix("to ").map(Path::new);
-                if to.is_none() && !rest.is_empty() {
-                    return req.answer(Err(format!("unknown control request {line:?}")));
-                }
-                let r = disk
-                    .snapshot(full, to)
-                    .map(|r| {
-                        let mut v = serde_json::to_value(r).expect("report serializes");
-                        v["path"] = disk.image_path().into();
-                        v
-                    })
-                    .map(|v| serde_json::json!({ "snapshot": v }))
-                    .map_err(|e| format!("{e:#}"));
-                req.answer(r)
-            }
-            // `promote [force] [wait SECS]`
-            line if line == "promote" || line.starts_with("promote ") => {
-                let line = line.to_string();
-                let words: Vec<&str> = line.split_whitespace().skip(1).collect();
-                let (mut force, mut wait) = (false, Duration::ZERO);
-                let mut it = words.iter();
-                while let Some(w) = it.next() {
-                    match (*w, it.clone().next()) {
-                        ("force", _) => force = true,
-                        ("wait", Some(v)) => match v.parse::<f64>() {
-                            Ok(secs) if secs >= 0.0 && secs.is_finite() => {
-                                wait = Duration::from_secs_f64(secs);
-                                it.next();
-                            }
-                            _ => return req.answer(Err(format!("promote: bad wait {v:?}"))),
-                        },
-                        _ => return req.answer(Err(format!("unknown control request {line:?}"))),
-                    }
-                }
-                let r = disk
-                    .promote(force, wait)
-                    .map(|r| {
-                        let mut v = serde_json::to_value(r).expect("report serializes");
-                        v["path"] = disk.image_path().into();
-                        v["id"] = disk.id.to_string().into();
-                        serde_json::json!({ "promoted": v })
-                    })
-                    .map_err(|e| format!("{e:#}"));
-                req.answer(r)
-            }
-            // Answered once the disk is gone (the umount helper waits for
-            // the save at stop this way); nothing is stopped.
-            "wait" => {
-                let disk = disk.args.name.clone();
-                let _ = events.lock().send(Event::WaitDisk { disk, req });
-            }
-            line if line.starts_with("remount ") => {
-                let r = disk
-                    .remount(&line["remount ".len()..])
-                    .map_err(|e| format!("{e:#}"));
-                req.answer(r)
-            }
-            // Stopping is the daemon's business: it owns the disk.
-            "stop" | "stop force" => {
-                let force = req.line() == "stop force";
-                // Unsent (the daemon is gone), the request answers itself.
-                let disk = disk.args.name.clone();
-                let _ = events.lock().send(Event::StopDisk { disk, req, force });
-            }
-            other => {
-                let msg = format!("unknown control request {other:?}");
-                req.answer(Err(msg))
-            }
-        }
-    })
 }
 
 /// Why a disk does not stop (`why`), and how often its held finisher was
@@ -929,380 +642,17 @@ fn replica_wait() -> Duration {
     Duration::from_secs(secs)
 }
 
-/// Settings that are wrong together, caught before anything is built.
-fn check_args(args: &DiskArgs) -> Result<()> {
-    if args.autosave.is_some_and(|d| d.is_zero()) {
-        bail!("--autosave must be longer than 0s");
-    }
-    if args.image.is_none() && args.flush == FlushMode::Persist {
-        bail!("--flush persist needs --image DIR: a flush has nowhere to persist to");
-    }
-    if args.standby {
-        if args.standby_poll.is_zero() {
-            bail!("--standby-poll must be longer than 0s");
-        }
-        match &args.image {
-            Some(i) if persist::is_url(i) => {}
-            Some(i) => bail!(
-                "--standby --image {}: a standby follows an image in object storage \
-                 (s3://BUCKET/PREFIX), whose lease it can take over at promotion; a directory \
-                 has no lease (a second ramd on one directory is refused while the first \
-                 holds it)",
-                i.display()
-            ),
-            None => bail!("--standby needs --image s3://BUCKET/PREFIX: the image to follow"),
-        }
-        if args.mount.is_some() && args.data_path == DataPath::Kernel {
-            bail!(
-                "--standby with --data-path kernel: a standby serves file data from the store, \
-                 where each applied save puts it (the kernel path keeps it in backing files the \
-                 kernel reads directly); leave --data-path out or give store"
-            );
-        }
-        if let Some(url) = &args.replicate {
-            bail!(
-                "--standby with --replicate {url}: a standby saves nothing until promoted, \
-                 and its image is in object storage already"
-            );
-        }
-        if args.read_only {
-            bail!(
-                "--standby with --read-only: a standby is read-only until promoted, and \
-                 writable after; leave --read-only out"
-            );
-        }
-    }
-    if let (Some(url), Some(image)) = (&args.replicate, &args.image) {
-        if !persist::is_url(Path::new(url)) {
-            bail!(
-                "--replicate {url}: not an object-storage URL: give s3://BUCKET/PREFIX (a \
-                 second directory is no replica: it dies with the host)"
-            );
-        }
-        if image.as_os_str() == url.as_str() {
-            bail!("--replicate {url} is the disk's --image itself: give another prefix");
-        }
-        if persist::is_url(image) {
-            bail!(
-                "--replicate {url} needs --image DIR, a local directory: image {} is in object \
-                 storage already",
-                image.display()
-            );
-        }
-    }
-    Ok(())
-}
+mod build;
+mod remount;
+mod requests;
+mod status;
 
-/// The store's settings for this disk.
-fn store_config(
-    args: &DiskArgs,
-    kind: DiskKind,
-    size: Option<u64>,
-    loading: bool,
-    shared: &Shared,
-    placement: &Option<Placement>,
-) -> StoreConfig {
-    let base = StoreConfig {
-        warm_pool: args.warm_pool,
-        host_reserve: shared.host_reserve,
-        track_changes: args.image.is_some(),
-        shared_budget: shared.budget.clone(),
-        compress: args.compress,
-        compress_after: args.compress_after.unwrap_or_default(),
-        recompress: args.recompress,
-        idle_after: args.idle_after,
-        memory: ramd_store::MemoryPolicy {
-            mlock: args.mlock,
-            numa: placement.clone(),
-            huge_pages: args.huge_pages,
-        },
-        ..StoreConfig::new(size.unwrap_or(ramd_store::MAX_SIZE))
-    };
-    match kind {
-        DiskKind::Block => {
-            let size = size.expect("a block disk has a size");
-            StoreConfig {
-                max_memory: args
-                    .max_memory
-                    .or(loading.then(|| ramd_store::default_max_memory(size, true))),
-                ..base
-            }
-        }
-        DiskKind::Fs => {
-            let max_memory = args
-                .max_memory
-                .unwrap_or_else(|| fs_max_memory(args, size, loading));
-            let base = match crate::frontends::fuse::data_path(args).0 {
-                // File data is in the tmpfs, or compressed in the cold
-                // tier's own store: this one holds none.
-                DataPath::Kernel => StoreConfig {
-                    compress: Codec::None,
-                    compress_after: Duration::ZERO,
-                    ..base
-                },
-                DataPath::Store | DataPath::Auto => base,
-            };
-            StoreConfig {
-                max_memory: Some(max_memory),
-                page_limit: size.map(|n| n.div_ceil(PAGE_SIZE as u64)),
-                size: ramd_store::MAX_SIZE,
-                ..base
-            }
-        }
-    }
-}
-
-/// How long a closed file of `--data-path kernel --compress` stays
-/// untouched before it moves to the cold tier, if --compress-after does
-/// not say.
-pub const COLD_AFTER: Duration = Duration::from_secs(60);
-
-/// `--data-path kernel --compress`: the cold tier, a store of its own
-/// (compressed as pages are written, never saved: a save reads cold files
-/// from it as file data), under the disk's memory budget and the daemon's.
-fn start_cold_tier(
-    args: &DiskArgs,
-    fs: &Arc<Fs>,
-    size: Option<u64>,
-    shared: &Shared,
-    placement: &Option<Placement>,
-) -> Result<()> {
-    if crate::frontends::fuse::data_path(args).0 != DataPath::Kernel || args.compress.is_none() {
-        return Ok(());
-    }
-    let cfg = StoreConfig {
-        warm_pool: args.warm_pool,
-        host_reserve: shared.host_reserve,
-        shared_budget: shared.budget.clone(),
-        compress: args.compress,
-        max_memory: Some(
-            args.max_memory
-                .unwrap_or_else(|| fs_max_memory(args, size, false)),
-        ),
-        memory: ramd_store::MemoryPolicy {
-            mlock: args.mlock,
-            numa: placement.clone(),
-            huge_pages: args.huge_pages,
-        },
-        ..StoreConfig::new(ramd_store::MAX_SIZE)
-    };
-    let after = args.compress_after.unwrap_or(COLD_AFTER);
-    let store = Arc::new(Store::new(cfg)?);
-    fs.set_cold_tier(store, after)
-        .map_err(|e| anyhow::anyhow!("--data-path kernel: the cold tier: errno {}", e.get()))?;
-    log::info!(
-        "disk {:?}: closed files untouched {after:?} move to the cold tier, compressed with {}",
-        args.name,
-        args.compress
-    );
-    Ok(())
-}
-
-/// A filesystem disk's default budget: every page of `size`, plus room for
-/// the page tables of many small files and for inodes and names (1/8 of
-/// size, ≥ 64 MiB). ramfs mode: the host's memory, still guarded by the
-/// host reserve. `loaded`: it may hold compressed pages from an image.
-fn fs_max_memory(args: &DiskArgs, size: Option<u64>, loaded: bool) -> u64 {
-    let compressed = args.compresses() || loaded;
-    match size {
-        Some(n) => {
-            ramd_store::default_max_memory(n, compressed).saturating_add((n / 8).max(64 << 20))
-        }
-        None => mem_total(),
-    }
-}
-
-/// The disk's NUMA placement, if --numa-nodes or --numa-policy asks for
-/// one: checked against the host's nodes and probed with a real `mbind`,
-/// so every mistake fails here, at start.
-fn placement(args: &DiskArgs) -> Result<Option<Placement>> {
-    if args.numa_nodes.is_none() && args.numa_policy.is_none() {
-        return Ok(None);
-    }
-    let topo = ramd_store::numa::Topology::host()?;
-    let p = Placement::new(
-        args.numa_policy.unwrap_or_default(),
-        args.numa_nodes.as_ref(),
-        &topo,
-    )?;
-    p.probe()?;
-    log::info!(
-        "disk {:?}: page memory {} on NUMA node(s) {}, serving threads on CPU(s) {}",
-        args.name,
-        p.policy,
-        ramd_store::numa::list_text(&p.nodes),
-        match p.cpus.is_empty() {
-            true => "anywhere (the nodes have none)".to_string(),
-            false => ramd_store::numa::list_text(&p.cpus),
-        }
-    );
-    Ok(Some(p))
-}
-
-fn mem_total() -> u64 {
-    ramd_store::mem_total().unwrap_or(1 << 30)
-}
-
-/// The filesystem of an `fs` disk: loaded from its image, or new.
-fn open_fs(
-    args: &DiskArgs,
-    store: &Arc<Store>,
-    size: Option<u64>,
-    image: Option<(ImageDir, u64)>,
-    load_progress: LoadProgress,
-) -> Result<(Fs, Option<ImageDir>, Option<Vec<u8>>)> {
-    let cfg = FsConfig {
-        size,
-        nr_inodes: args.nr_inodes.unwrap_or(mem_total() / PAGE_SIZE as u64 / 2),
-        mode: args.mode,
-        uid: args.uid,
-        gid: args.gid,
-        atime: args.atime(),
-    };
-    // `--data-path kernel`: file data in a private kernel tmpfs, made
-    // before a load, which writes into it.
-    let tier = match crate::frontends::fuse::data_path(args).0 {
-        DataPath::Kernel => Some(
-            ramd_fs::hot::HotTier::new(&crate::frontends::fuse::hot_config(args, &cfg))
-                .context("--data-path kernel: making the private tmpfs for file data")?,
-        ),
-        DataPath::Store | DataPath::Auto => None,
-    };
-    match (image, tier) {
-        (Some((image, _)), Some(tier)) if image.manifest().is_some() => {
-            let (fs, tree) = Fs::load_kernel(store.clone(), cfg, tier, &image)?;
-            Ok((fs, Some(image), Some(tree)))
-        }
-        (Some((image, _)), None) if image.manifest().is_some() => {
-            let tree =
-                persist::load(&image, store, &mut load_progress())?.expect("fs images have a tree");
-            let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
-                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
-            })?;
-            Ok((fs, Some(image), Some(tree)))
-        }
-        (image, tier) => {
-            let fs = Fs::new(store.clone(), cfg)
-                .map_err(|e| anyhow::anyhow!("creating the filesystem: errno {}", e.get()))?;
-            if let Some(tier) = tier {
-                fs.set_hot_tier(tier).map_err(|e| {
-                    anyhow::anyhow!("--data-path kernel: setting the tier up: errno {}", e.get())
-                })?;
-            }
-            Ok((fs, image.map(|(i, _)| i), None))
-        }
-    }
-}
-
-/// Sets up saving: the persister, the store's flush hook with --flush
-/// persist, and the save thread.
-fn start_saving(
-    args: &DiskArgs,
-    store: &Arc<Store>,
-    image: ImageDir,
-    kind: DiskKind,
-    size: Option<u64>,
-    fs: &Option<Arc<Fs>>,
-    loaded_tree: Option<Vec<u8>>,
-) -> Result<Saving> {
-    let persist = args.flush == FlushMode::Persist;
-    // Before any save: a replica that is refused (another writer holds
-    // it, it holds another disk) stops the start.
-    let replica = match &args.replicate {
-        Some(url) => Some(persist::Replica::start(Path::new(url), &image)?),
-        None => None,
-    };
-    let mut p = Persister::new(
-        store.clone(),
-        image,
-        kind,
-        size.unwrap_or(0),
-        args.autosave,
-        persist,
-    );
-    if let Some(r) = replica {
-        p.set_replica(r);
-    }
-    if args.standby {
-        p.set_standby(args.standby_poll);
-    }
-    if let Some(fs) = fs {
-        if let Some(outer) = fs.outer_pages() {
-            p.set_outer(outer);
-        }
-        if args.standby {
-            p.set_follow_tree(Box::new(ramd_fs::fs::StandbyTree(fs.clone())));
-        }
-        let fs = fs.clone();
-        p.set_meta(Box::new(move || fs.save_meta()), loaded_tree.as_deref());
-    }
-    let p = Arc::new(p);
-    if persist {
-        // Weak: the store must not keep its own persister alive.
-        let weak = Arc::downgrade(&p);
-        store.set_flush_hook(Box::new(move || match weak.upgrade() {
-            Some(p) => p.flush(),
-            None => Ok(()),
-        }));
-    }
-    let thread = p.start().context("starting the save thread")?;
-    Ok(Saving {
-        persister: p,
-        thread: Mutex::new(thread),
-    })
-}
-
-/// Background compression and compaction, if the disk compresses, and the
-/// warm pool's decay, on the daemon's shared threads; they run until the
-/// returned handle is dropped.
-fn start_scanner(store: &Arc<Store>, args: &DiskArgs, shared: &Shared) -> Option<ScanHandle> {
-    if args.compresses() && crate::frontends::fuse::data_path(args).0 == DataPath::Store {
-        log::info!(
-            "disk {:?}: compression {} ({}), pages idle {:?} {}, {} background thread(s)",
-            args.name,
-            args.compress,
-            match args.compress_after.unwrap_or_default() {
-                d if d.is_zero() => "as pages are written".to_string(),
-                d => format!("once untouched {d:?}"),
-            },
-            args.idle_after,
-            if args.recompress.is_none() {
-                "are kept as they are".to_string()
-            } else {
-                format!("are re-packed with {}", args.recompress)
-            },
-            shared.compress_threads
-        );
-    }
-    Some(shared.scanners.add(store.clone()))
-}
-
-/// A sparse disk may promise more than the host has (as tmpfs may); say so.
-fn warn_if_overcommitted(store: &Store, reserve: u64) {
-    if let Some(avail) = ramd_store::mem_available() {
-        if store.max_memory() > avail {
-            let total = ramd_store::mem_total().unwrap_or(0);
-            log::warn!(
-                "max memory {} exceeds the host's available memory {} (of {} RAM): the disk \
-                 is thin, as tmpfs's size= is; writes will get ENOSPC once the host is down \
-                 to its reserve of {}",
-                human(store.max_memory()),
-                human(avail),
-                human(total),
-                human(reserve)
-            );
-        }
-    }
-}
-
-pub fn make_run_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating run directory {}", dir.display()))
-}
+pub use build::make_run_dir;
+use build::{
+    check_args, open_fs, placement, start_cold_tier, start_saving, start_scanner, store_config,
+    warn_if_overcommitted,
+};
+use requests::disk_handler;
 
 #[cfg(test)]
 mod tests {
@@ -1310,9 +660,10 @@ mod tests {
     //! one factory, one registration, no lifecycle code of its own.
 
     use super::*;
-    use crate::frontend::{Frontend, FrontendFactory, FrontendStatus};
+    use crate::frontend::{DiskSettings, Frontend, FrontendFactory, FrontendStatus};
     use clap::{Args, FromArgMatches};
     use parking_lot::Condvar;
+    use ramd_store::PAGE_SIZE;
 
     #[derive(Default)]
     struct Log(Mutex<Vec<String>>, Condvar);
@@ -1333,7 +684,7 @@ mod tests {
     }
 
     impl FrontendFactory for Probe {
-        fn claims(&self, _: &DiskArgs, _: &Path) -> Result<Vec<Claim>> {
+        fn claims(&self, _: &dyn DiskSettings, _: &Path) -> Result<Vec<Claim>> {
             Ok(vec![Claim("probe".into())])
         }
 

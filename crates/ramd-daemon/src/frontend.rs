@@ -1,112 +1,57 @@
-//! How a protocol plugs into a disk. A frontend translates its protocol into
-//! the store's calls and declares where clients reach it; it holds no
-//! storage, persistence or lifecycle logic (that is [`crate::disk::Disk`]'s).
-//!
-//! Adding a frontend = one [`FrontendFactory`] (in its own crate if it likes)
-//! plus one line in the binary's registry. The disk calls, in order:
-//! [`FrontendFactory::claims`] (before anything is allocated, so that two
-//! disks cannot share a socket or a mount point), [`FrontendFactory::build`]
-//! (binds or mounts: everything that can fail, before any client), then
-//! [`Frontend::serve`] on a thread of its own, and [`Frontend::stop`] at the
-//! end.
+//! How a protocol plugs into a disk: the seam's traits and types (see
+//! `ramd_frontend`), re-exported here, and a disk's settings as the seam's
+//! [`DiskSettings`]: the common ones, and each protocol's group by type.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::any::{Any, TypeId};
 
-use ramd_fs::Fs;
-use ramd_store::metrics::DiskMetrics;
 use ramd_store::persist::DiskKind;
-use ramd_store::{DiskId, Store};
-use serde::{Deserialize, Serialize};
 
-use crate::args::DiskArgs;
+pub use ramd_frontend::{
+    bind_unix_socket, Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus,
+    Registry, SocketFile,
+};
 
-/// What a frontend reports for `ramd status`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FrontendStatus {
-    /// The protocol: `nbd`, `fuse`...
-    pub protocol: String,
-    /// Where clients reach it: an NBD URI, a mount point...
-    pub endpoint: String,
-    /// Clients connected now, where the protocol has connections.
-    pub connections: Option<u64>,
-    /// How requests travel, where the protocol has a choice: FUSE's
-    /// `io-uring` or `dev` (/dev/fuse).
-    #[serde(default)]
-    pub transport: Option<String>,
-}
+use crate::args::{DiskArgs, FuseArgs, IscsiArgs, NbdArgs};
 
-/// A disk's content as a frontend sees it.
-pub struct DiskContext<'a> {
-    pub args: &'a DiskArgs,
-    pub kind: DiskKind,
-    /// The disk's identity: what a protocol's device identifiers (iSCSI
-    /// NAA and serial, NBD description) come from.
-    pub id: DiskId,
-    pub store: &'a Arc<Store>,
-    /// The filesystem of an `fs` disk.
-    pub fs: Option<&'a Arc<Fs>>,
-    pub run_dir: &'a Path,
-    /// Where frontends count and time their requests: each takes
-    /// `metrics.frontend("PROTOCOL")` once and calls `record` per request
-    /// (see `ramd_store::metrics`); `ramd status --json` and `/metrics`
-    /// report them.
-    pub metrics: &'a DiskMetrics,
-}
-
-/// One serving instance: a listening socket, a mount.
-pub trait Frontend: Send + Sync {
-    /// Serves until [`Frontend::stop`] or until it ends by itself (a FUSE
-    /// mount unmounted by the user); returns once its clients are gone.
-    fn serve(&self) -> anyhow::Result<()>;
-
-    /// Asks `serve` to return; `force` (a second stop signal) may fail the
-    /// I/O of clients still there rather than wait for them.
-    fn stop(&self, force: bool);
-
-    fn status(&self) -> FrontendStatus;
-}
-
-/// Something a disk's frontends take for themselves; two disks of one daemon
-/// claiming the same thing is refused before either starts.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Claim(pub String);
-
-/// Makes a protocol's frontends for the disks that use it.
-pub trait FrontendFactory: Send + Sync {
-    /// What the disk's settings claim (socket paths, ports, mount points),
-    /// checked without side effects; an error here (a mount point that does
-    /// not exist) stops the disk before anything is allocated.
-    fn claims(&self, args: &DiskArgs, run_dir: &Path) -> anyhow::Result<Vec<Claim>>;
-
-    /// The disk's frontends of this protocol (none if it does not use it),
-    /// bound or mounted and ready to serve.
-    fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>>;
-}
-
-/// The protocols a daemon knows, in the order their frontends are built.
-#[derive(Clone, Default)]
-pub struct Registry(Vec<Arc<dyn FrontendFactory>>);
-
-impl Registry {
-    pub fn new() -> Registry {
-        Registry(Vec::new())
+impl DiskSettings for DiskArgs {
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Registers a protocol.
-    pub fn with(mut self, f: impl FrontendFactory + 'static) -> Registry {
-        self.0.push(Arc::new(f));
-        self
+    fn kind(&self) -> DiskKind {
+        DiskArgs::kind(self)
     }
 
-    /// NBD for block disks and FUSE for filesystem disks.
-    pub fn builtin() -> Registry {
-        Registry::new()
-            .with(crate::frontends::nbd::Nbd)
-            .with(crate::frontends::fuse::Fuse)
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn FrontendFactory>> {
-        self.0.iter()
+    fn threads(&self) -> u16 {
+        self.threads
+    }
+
+    fn max_connections(&self) -> u16 {
+        self.max_connections
+    }
+
+    fn has_image(&self) -> bool {
+        self.image.is_some()
+    }
+
+    /// Each protocol's group; and the whole of a disk's settings, for the
+    /// FUSE frontend, which sizes its kernel tmpfs and picks its data path
+    /// from the disk's memory and compression settings.
+    fn group(&self, t: TypeId) -> Option<&dyn Any> {
+        if t == TypeId::of::<NbdArgs>() {
+            Some(&self.nbd)
+        } else if t == TypeId::of::<IscsiArgs>() {
+            Some(&self.iscsi)
+        } else if t == TypeId::of::<FuseArgs>() {
+            Some(&self.fuse)
+        } else if t == TypeId::of::<DiskArgs>() {
+            Some(self)
+        } else {
+            self.more.get(t)
+        }
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! - [`disk::Disk`]: a disk's one lifecycle (image, store, filesystem,
 //!   saves, background work, control socket, frontends, final save);
-//! - [`frontend`]: how a protocol plugs in ([`frontend::FrontendFactory`]),
-//!   and the built-in NBD and FUSE frontends in `frontends/` (and iSCSI,
-//!   [`Iscsi`], which the binary registers);
+//! - [`frontend`]: how a protocol plugs in (the `ramd_frontend` seam,
+//!   re-exported, and a disk's settings as its `DiskSettings`), and in
+//!   [`frontends`] the built-in registry: NBD (`ramd_nbd::frontend`) and
+//!   the FUSE frontend, which stays here while the disk builds its `Fs`
+//!   (iSCSI, [`Iscsi`], the binary registers);
 //! - [`daemon::Daemon`]: one process for one disk (`ramd serve`) or many
 //!   (`ramd up`, `down`, `reload`);
 //! - [`status`]: typed status, [`metrics`]: the same as Prometheus
@@ -22,13 +24,14 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod disk;
+pub mod event;
 pub mod frontend;
 pub mod frontends;
 pub mod metrics;
 pub mod mount_opts;
 /// The iSCSI target, registered by the binary (one factory per daemon: it
 /// holds the target its disks share).
-pub use frontends::iscsi::Iscsi;
+pub use ramd_iscsi::frontend::Iscsi;
 pub mod notify;
 pub mod status;
 pub mod units;

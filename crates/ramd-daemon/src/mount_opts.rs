@@ -386,11 +386,11 @@ mod tests {
         assert_eq!(r.disk.size, Some(crate::args::DiskSize::Bytes(2 << 30)));
         assert_eq!(r.disk.compress.to_string(), "zstd:3");
         assert_eq!(r.disk.image.as_deref(), Some(Path::new("/var/lib/ramd/x")));
-        assert_eq!(r.disk.mode, 0o1777);
-        assert_eq!(r.disk.mount.as_deref(), Some(Path::new("/mnt/x")));
-        assert_eq!(r.disk.source.as_deref(), Some("src"));
+        assert_eq!(r.disk.fuse.mode, 0o1777);
+        assert_eq!(r.disk.fuse.mount.as_deref(), Some(Path::new("/mnt/x")));
+        assert_eq!(r.disk.fuse.source.as_deref(), Some("src"));
         assert_eq!(r.disk.name, "mnt-x");
-        assert!(r.disk.nosuid && !r.disk.read_only && !r.remount);
+        assert!(r.disk.fuse.nosuid && !r.disk.read_only && !r.remount);
         assert_eq!(r.given, ["size", "compress", "image", "mode"]);
     }
 
@@ -407,7 +407,12 @@ mod tests {
     #[test]
     fn the_last_word_wins_and_both_spellings_work() {
         let r = ok("ro,rw,nosuid,suid,noatime,strictatime,max-memory=1G,name=db,size=1G,size=2G");
-        assert!(!r.disk.read_only && !r.disk.nosuid && !r.disk.noatime && r.disk.strictatime);
+        assert!(
+            !r.disk.read_only
+                && !r.disk.fuse.nosuid
+                && !r.disk.fuse.noatime
+                && r.disk.fuse.strictatime
+        );
         assert!(r.atime_given);
         assert_eq!(r.disk.max_memory, Some(1 << 30));
         assert_eq!(r.disk.size, Some(crate::args::DiskSize::Bytes(2 << 30)));
@@ -417,13 +422,13 @@ mod tests {
             "rw,relatime,remount,user_id=0,group_id=0,default_permissions,allow_other,\
                     helper=fuse.ramd,size=4G,writeback_cache,run_dir=/tmp/r",
         );
-        assert!(r.remount && r.disk.writeback_cache && !r.sync);
+        assert!(r.remount && r.disk.fuse.writeback_cache && !r.sync);
         assert_eq!(r.run_dir.as_deref(), Some(Path::new("/tmp/r")));
         assert!(ok("sync,dirsync").sync && !ok("sync,async").sync && ok("dirsync").dirsync);
         assert!(ok("lazytime").lazytime && !ok("lazytime,nolazytime").lazytime);
         assert!(!ok("remount,size=1G").atime_given);
         let r = ok("remount,size=1G,nodiratime");
-        assert!(r.atime_given && r.disk.nodiratime && !r.disk.noatime);
+        assert!(r.atime_given && r.disk.fuse.nodiratime && !r.disk.fuse.noatime);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::fs::{AtimeMode, Ino};
+use crate::fs::types::{AtimeMode, Ino};
 
 /// What the private tmpfs is made with (tmpfs's own mount options).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,6 +8,7 @@ pub mod fs;
 pub mod fuse;
 pub mod hot;
 pub mod ll;
+pub mod settings;
 
 use std::io;
 use std::path::Path;

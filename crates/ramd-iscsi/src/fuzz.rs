@@ -92,6 +92,19 @@ pub fn canned_login() -> Vec<u8> {
     v
 }
 
+/// [`canned_login`] with `extra` (`key=value\0` pairs) added to its text.
+#[cfg(test)]
+fn login_with(extra: &str) -> Vec<u8> {
+    let mut v = canned_login();
+    let n = u32::from_be_bytes([0, v[5], v[6], v[7]]) as usize;
+    v.truncate(48 + n);
+    v.extend_from_slice(extra.as_bytes());
+    let n = (n + extra.len()) as u32;
+    v[5..8].copy_from_slice(&n.to_be_bytes()[1..]);
+    v.resize(v.len() + (4 - n as usize % 4) % 4, 0);
+    v
+}
+
 /// Byte 0: bit 0 sends [`canned_login`] first, bit 1 talks to the CHAP
 /// target. The rest is what the initiator sends, then it half-closes.
 /// Returns how many bytes the target answered with.
@@ -183,6 +196,145 @@ mod tests {
         let be = |at: usize| u32::from_be_bytes(r2t[at..at + 4].try_into().unwrap());
         // Offset 1024, 3072 bytes (under MaxBurstLength 16384).
         assert_eq!((be(16), be(40), be(44)), (7, 1024, 3072));
+    }
+
+    /// A SCSI Command PDU for ITT `itt` with CmdSN `cmdsn` (EDTL `edtl`).
+    fn command(flags: u8, itt: u32, cmdsn: u32, edtl: u32, cdb: &[u8]) -> [u8; 48] {
+        let mut c = [0u8; 48];
+        c[0] = 0x01;
+        c[1] = flags;
+        c[16..20].copy_from_slice(&itt.to_be_bytes());
+        c[20..24].copy_from_slice(&edtl.to_be_bytes());
+        c[24..28].copy_from_slice(&cmdsn.to_be_bytes());
+        c[32..32 + cdb.len()].copy_from_slice(cdb);
+        c
+    }
+
+    /// Unsolicited Data-Out for ITT `itt`: `data` at `offset`.
+    fn data_out(fin: bool, itt: u32, data_sn: u32, offset: u32, data: &[u8]) -> Vec<u8> {
+        let mut d = [0u8; 48];
+        d[0] = 0x05;
+        d[1] = if fin { 0x80 } else { 0 };
+        d[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+        d[16..20].copy_from_slice(&itt.to_be_bytes());
+        d[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        d[36..40].copy_from_slice(&data_sn.to_be_bytes());
+        d[40..44].copy_from_slice(&offset.to_be_bytes());
+        let mut v = d.to_vec();
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// Data-Out lands in its command at its offset: what a READ gives
+    /// back is what was sent where.
+    #[test]
+    fn data_out_lands_at_its_offset() {
+        // WRITE(10) of 8 blocks at LBA 1000, all of it unsolicited.
+        let write = [0x2a, 0, 0, 0, 0x03, 0xe8, 0, 0, 8, 0];
+        let read = [0x28, 0, 0, 0, 0x03, 0xe8, 0, 0, 8, 0];
+        let mut input = vec![1u8];
+        input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));
+        input.extend(data_out(false, 7, 0, 0, &[0xab; 2048]));
+        input.extend(data_out(true, 7, 1, 2048, &[0xcd; 2048]));
+        input.extend_from_slice(&command(0xc1, 8, 1, 4096, &read));
+        let got = pdus(&exchange(&input));
+        assert_eq!(got[0].0[36..38], [0, 0], "login status");
+        // SCSI Response GOOD for the write.
+        assert_eq!((got[1].0[0], got[1].0[3]), (0x21, 0), "{:02x?}", got[1].0);
+        let data: Vec<u8> = got[2..]
+            .iter()
+            .filter(|(h, _)| h[0] == 0x25)
+            .flat_map(|(_, d)| d.clone())
+            .collect();
+        assert_eq!(data.len(), 4096);
+        assert!(data[..2048].iter().all(|b| *b == 0xab));
+        assert!(data[2048..].iter().all(|b| *b == 0xcd));
+    }
+
+    /// Data-Out that does not fit its command (past the expected length, a
+    /// DataSN out of order, or, DataPDUInOrder being Yes, an offset out of
+    /// order: a gap, or an overlay that would leave a gap elsewhere) ends
+    /// the connection, writing nothing: the command never runs and the
+    /// NOP-Out after it gets no answer.
+    #[test]
+    fn misfit_data_out_ends_the_connection() {
+        let write = [0x2a, 0, 0, 0, 0x03, 0xf0, 0, 0, 8, 0];
+        let mut nop = [0u8; 48];
+        nop[0] = 0x40;
+        nop[1] = 0x80;
+        nop[16..20].copy_from_slice(&9u32.to_be_bytes());
+        nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        let first = || data_out(false, 7, 0, 0, &[0xdd; 2048]);
+        for bad in [
+            data_out(true, 7, 0, 4000, &[0xee; 512]),
+            data_out(true, 7, 0, u32::MAX - 3, &[0xee; 512]),
+            data_out(true, 7, 1, 0, &[0xee; 512]),
+            data_out(true, 7, 0, 2048, &[0xee; 2048]),
+            [first(), data_out(true, 7, 1, 0, &[0xee; 2048])].concat(),
+            [first(), data_out(true, 7, 1, 1024, &[0xee; 2048])].concat(),
+        ] {
+            let mut input = vec![1u8];
+            input.extend_from_slice(&command(0x21, 7, 0, 4096, &write));
+            input.extend(bad);
+            input.extend_from_slice(&nop);
+            let got = pdus(&exchange(&input));
+            assert_eq!(got.len(), 1, "only the login response: {got:02x?}");
+            assert_eq!(got[0].0[0], 0x23);
+        }
+    }
+
+    /// With DataDigest=CRC32C: Data-Out whose digest is wrong is rejected
+    /// (reason 02h) and its command is lost (later Data-Out for it is
+    /// dropped), while the connection goes on; with the right digest the
+    /// data lands where it was sent.
+    #[test]
+    fn data_out_digests() {
+        // The data digest covers the data and its padding, little-endian.
+        let with_digest = |mut pdu: Vec<u8>, wrong: bool| {
+            let crc = crc32c::crc32c(&pdu[48..]) ^ u32::from(wrong);
+            pdu.extend_from_slice(&crc.to_le_bytes());
+            pdu
+        };
+        let write = [0x2a, 0, 0, 0, 0x03, 0xf2, 0, 0, 1, 0];
+        let read = [0x28, 0, 0, 0, 0x03, 0xf2, 0, 0, 1, 0];
+        let mut input = vec![0u8];
+        input.extend(login_with("DataDigest=CRC32C\0"));
+        input.extend_from_slice(&command(0x21, 7, 0, 512, &write));
+        input.extend(with_digest(data_out(true, 7, 0, 0, &[0x11; 512]), true));
+        let mut nop = [0u8; 48];
+        nop[0] = 0x00;
+        nop[1] = 0x80;
+        nop[16..20].copy_from_slice(&9u32.to_be_bytes());
+        nop[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        nop[24..28].copy_from_slice(&1u32.to_be_bytes());
+        input.extend_from_slice(&nop);
+        // Sound this time, but for a command that is gone: dropped.
+        input.extend(with_digest(data_out(true, 7, 0, 0, &[0x11; 512]), false));
+        input.extend_from_slice(&command(0x21, 10, 2, 512, &write));
+        input.extend(with_digest(data_out(true, 10, 0, 0, &[0x22; 512]), false));
+        input.extend_from_slice(&command(0xc1, 11, 3, 512, &read));
+        let out = exchange(&input);
+        // The login response has no digest; every data segment after it has.
+        let n = u32::from_be_bytes([0, out[5], out[6], out[7]]) as usize;
+        let (login, mut rest) = out.split_at(48 + n + (4 - n % 4) % 4);
+        let mut got = pdus(login);
+        while rest.len() >= 48 {
+            let bhs: [u8; 48] = rest[..48].try_into().unwrap();
+            let n = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+            let digest = if n > 0 { 4 } else { 0 };
+            got.push((bhs, rest[48..48 + n].to_vec()));
+            rest = &rest[48 + n + (4 - n % 4) % 4 + digest..];
+        }
+        assert_eq!(got[0].0[0], 0x23, "login response");
+        assert_eq!(got[0].0[36..38], [0, 0], "login status");
+        let ops: Vec<u8> = got[1..].iter().map(|(h, _)| h[0]).collect();
+        // Reject, NOP-In, the second write's response, the read's Data-In.
+        assert_eq!(ops, [0x3f, 0x20, 0x21, 0x25], "{got:02x?}");
+        assert_eq!(got[1].0[2], 0x02, "reject reason: data digest error");
+        // A Reject carries the header it refuses.
+        assert_eq!(got[1].1, data_out(true, 7, 0, 0, &[0x11; 512])[..48]);
+        assert_eq!(got[3].0[3], 0, "second write GOOD");
+        assert_eq!(got[4].1, vec![0x22; 512]);
     }
 
     /// Replays the kept corpus (and checks that the canned login works).

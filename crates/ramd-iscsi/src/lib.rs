@@ -4,15 +4,20 @@
 //! - the iSCSI layer (PDUs, login, sessions, R2T, task management) which
 //!   collects a command's CDB and Data-Out, hands them to a [`scsi::Lun`],
 //!   and sends back its [`scsi::Reply`]: [`pdu`] (the wire format),
-//!   [`params`] (negotiation), [`target`] (target, sessions, portals) and
-//!   `conn` (one connection's login and full feature phase).
+//!   [`params`] (negotiation), [`target`] (target, sessions), [`portal`]
+//!   (listening sockets) and `conn` (one connection's login and full
+//!   feature phase).
 
 mod conn;
+pub mod frontend;
 pub mod fuzz;
 pub mod params;
 pub mod pdu;
+pub mod portal;
 pub mod scsi;
+pub mod settings;
 pub mod target;
 
 pub use conn::decode_lun;
-pub use target::{Chap, Portal, Target, TargetConfig};
+pub use portal::Portal;
+pub use target::{Chap, Target, TargetConfig};

@@ -1,7 +1,9 @@
 //! iSCSI PDUs on the wire (RFC 7143 §11): the 48-byte basic header segment,
 //! additional header segments, the data segment padded to 4 bytes, and the
 //! optional CRC32C header and data digests. Everything a peer sends is
-//! checked here, once: past [`read_pdu`] a PDU's lengths are sound.
+//! checked here, once: past [`read_header`] (which [`read_pdu`] starts
+//! with) a PDU's lengths are sound, and its data segment is read into a
+//! buffer of its own or, for Data-Out, straight into the caller's.
 
 use std::io::{self, Read};
 
@@ -188,8 +190,30 @@ impl Pdu {
     }
 }
 
+/// A PDU whose header (BHS, AHS, header digest) is read and checked and
+/// whose data segment is still on the wire: the caller picks where the data
+/// goes ([`Header::read_data_into`]) or takes it as a whole PDU
+/// ([`Header::read_data`]).
+#[derive(Debug)]
+pub struct Header {
+    /// The PDU with its data segment still empty.
+    pub pdu: Pdu,
+    /// The data segment's length (no padding, no digest), at most the
+    /// reader's `max_data`.
+    pub dlen: usize,
+}
+
 /// Reads one PDU. `Ok(None)` is a clean end of stream between PDUs.
 pub fn read_pdu(r: &mut impl Read, lim: &Limits) -> Result<Option<Pdu>, PduError> {
+    match read_header(r, lim)? {
+        Some(h) => h.read_data(r, lim).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads a PDU's header, up to its data segment. `Ok(None)` is a clean end
+/// of stream between PDUs.
+pub fn read_header(r: &mut impl Read, lim: &Limits) -> Result<Option<Header>, PduError> {
     let mut bhs = [0u8; BHS_LEN];
     // A clean EOF only counts before the first byte of a header.
     let mut got = 0;
@@ -228,21 +252,58 @@ pub fn read_pdu(r: &mut impl Read, lim: &Limits) -> Result<Option<Pdu>, PduError
             return Err(PduError::HeaderDigest);
         }
     }
-    let padded = dlen + pad4(dlen);
-    let mut data = vec![0u8; padded];
-    r.read_exact(&mut data)?;
-    let mut bad_digest = false;
-    if lim.data_digest && dlen > 0 {
+    Ok(Some(Header {
+        pdu: Pdu {
+            bhs,
+            ahs,
+            data: Vec::new(),
+        },
+        dlen,
+    }))
+}
+
+impl Header {
+    /// Reads the data segment into a buffer of its own: the whole PDU, or
+    /// [`PduError::DataDigest`] with it.
+    pub fn read_data(self, r: &mut impl Read, lim: &Limits) -> Result<Pdu, PduError> {
+        let Header { mut pdu, dlen } = self;
+        let mut data = vec![0u8; dlen];
+        let sound = read_segment(r, lim, &mut data)?;
+        pdu.data = data;
+        if !sound {
+            return Err(PduError::DataDigest(Box::new(pdu)));
+        }
+        Ok(pdu)
+    }
+
+    /// Reads the data segment straight into `dst` (exactly
+    /// [`Header::dlen`] bytes long): false if its data digest does not
+    /// match, when `dst` holds the damaged bytes.
+    pub fn read_data_into(
+        &self,
+        r: &mut impl Read,
+        lim: &Limits,
+        dst: &mut [u8],
+    ) -> io::Result<bool> {
+        assert_eq!(dst.len(), self.dlen, "data segment buffer");
+        read_segment(r, lim, dst)
+    }
+}
+
+/// The data segment of `dst.len()` bytes, its padding and its digest.
+fn read_segment(r: &mut impl Read, lim: &Limits, dst: &mut [u8]) -> io::Result<bool> {
+    r.read_exact(dst)?;
+    let mut pad = [0u8; 3];
+    let pad = &mut pad[..pad4(dst.len())];
+    r.read_exact(pad)?;
+    if lim.data_digest && !dst.is_empty() {
         let mut d = [0u8; 4];
         r.read_exact(&mut d)?;
-        bad_digest = crc32c::crc32c(&data) != u32::from_le_bytes(d);
+        // The digest covers the padding too.
+        let crc = crc32c::crc32c_append(crc32c::crc32c(dst), pad);
+        return Ok(crc == u32::from_le_bytes(d));
     }
-    data.truncate(dlen);
-    let pdu = Pdu { bhs, ahs, data };
-    if bad_digest {
-        return Err(PduError::DataDigest(Box::new(pdu)));
-    }
-    Ok(Some(pdu))
+    Ok(true)
 }
 
 /// Text (login and text request) data: `key=value` pairs, each ended by a
@@ -355,6 +416,32 @@ mod tests {
             Err(PduError::DataDigest(p)) => assert_eq!(p.opcode(), op::NOP_OUT),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn data_read_into_a_buffer_of_the_callers() {
+        let mut p = Pdu::new(op::DATA_OUT);
+        p.data = b"hello".to_vec();
+        let lim = Limits {
+            header_digest: true,
+            data_digest: true,
+            ..LIM
+        };
+        let wire = p.encode(true, true);
+        let mut r = &wire[..];
+        let h = read_header(&mut r, &lim).unwrap().unwrap();
+        assert_eq!((h.pdu.opcode(), h.dlen), (op::DATA_OUT, 5));
+        let mut buf = [0u8; 7];
+        assert!(h.read_data_into(&mut r, &lim, &mut buf[1..6]).unwrap());
+        assert_eq!(&buf, b"\0hello\0");
+        // Padding and digest consumed: nothing left.
+        assert!(r.is_empty());
+        // A flipped data bit: the digest says so.
+        let mut bad = wire.clone();
+        bad[53] ^= 1;
+        let mut r = &bad[..];
+        let h = read_header(&mut r, &lim).unwrap().unwrap();
+        assert!(!h.read_data_into(&mut r, &lim, &mut buf[..5]).unwrap());
     }
 
     #[test]

@@ -14,7 +14,10 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use crate::proto::{self, IHAVEOPT, NBDMAGIC, OPTION_REPLY_MAGIC, REQUEST_MAGIC};
+use crate::proto::{
+    self, go_data, option_request, Cmd, OptionReply, Request, SimpleReply, IHAVEOPT, NBDMAGIC,
+    OPT_ABORT, OPT_EXPORT_NAME, OPT_GO,
+};
 use crate::Stream;
 
 /// The default NBD TCP port (IANA).
@@ -232,18 +235,19 @@ impl Client {
         }
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let kind: u16 = match cmd {
-            Command::Read => 0,
-            Command::Write => 1,
-            Command::Flush => 3,
+        let req = Request {
+            flags: 0,
+            cmd: match cmd {
+                Command::Read => Cmd::Read,
+                Command::Write => Cmd::Write,
+                Command::Flush => Cmd::Flush,
+            },
+            cookie,
+            offset,
+            length: len,
         };
         self.out.clear();
-        self.out.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        self.out.extend_from_slice(&0u16.to_be_bytes());
-        self.out.extend_from_slice(&kind.to_be_bytes());
-        self.out.extend_from_slice(&cookie.to_be_bytes());
-        self.out.extend_from_slice(&offset.to_be_bytes());
-        self.out.extend_from_slice(&len.to_be_bytes());
+        self.out.extend_from_slice(&req.encode());
         self.out.extend_from_slice(payload);
         self.writer.write_all(&self.out)?;
         let follows = if cmd == Command::Read { len } else { 0 };
@@ -273,14 +277,12 @@ impl Client {
     pub fn next_reply(&mut self, data: &mut Vec<u8>) -> io::Result<Reply> {
         let mut h = [0u8; proto::SIMPLE_REPLY_LEN];
         self.reader.read_exact(&mut h)?;
-        let magic = u32::from_be_bytes(h[0..4].try_into().expect("4 bytes"));
-        if magic != proto::SIMPLE_REPLY_MAGIC {
+        let Some(SimpleReply { error, cookie }) = SimpleReply::parse(&h) else {
+            let magic = u32::from_be_bytes(h[0..4].try_into().expect("4 bytes"));
             return Err(protocol_error(format!(
                 "reply magic {magic:#x} is not the simple reply's (structured replies were not asked for)"
             )));
-        }
-        let error = u32::from_be_bytes(h[4..8].try_into().expect("4 bytes"));
-        let cookie = u64::from_be_bytes(h[8..16].try_into().expect("8 bytes"));
+        };
         let (command, follows) = self
             .in_flight
             .remove(&cookie)
@@ -344,12 +346,14 @@ impl Client {
         while !self.in_flight.is_empty() {
             self.next_reply(&mut data)?;
         }
-        let mut req = Vec::with_capacity(proto::REQUEST_LEN);
-        req.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        req.extend_from_slice(&0u16.to_be_bytes());
-        req.extend_from_slice(&2u16.to_be_bytes());
-        req.extend_from_slice(&[0u8; 20]);
-        self.writer.write_all(&req)?;
+        let req = Request {
+            flags: 0,
+            cmd: Cmd::Disc,
+            cookie: 0,
+            offset: 0,
+            length: 0,
+        };
+        self.writer.write_all(&req.encode())?;
         self.writer.shutdown()
     }
 }
@@ -368,17 +372,8 @@ fn read_u16(r: &mut impl Read) -> io::Result<u16> {
 }
 
 fn send_option(w: &mut impl Write, opt: u32, data: &[u8]) -> io::Result<()> {
-    let mut m = Vec::with_capacity(16 + data.len());
-    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    m.extend_from_slice(&opt.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    w.write_all(&m)
+    w.write_all(&option_request(opt, data))
 }
-
-const OPT_EXPORT_NAME: u32 = 1;
-const OPT_ABORT: u32 = 2;
-const OPT_GO: u32 = 7;
 
 /// Fixed newstyle negotiation; returns the export's size and flags.
 fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &str) -> io::Result<(u64, u16)> {
@@ -409,21 +404,14 @@ fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &str) -> io::Result<
         ));
     }
 
-    // NBD_OPT_GO: export name, then no information requests (the server
-    // sends NBD_INFO_EXPORT regardless).
-    let mut data = Vec::new();
-    data.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    data.extend_from_slice(export.as_bytes());
-    data.extend_from_slice(&0u16.to_be_bytes());
-    send_option(w, OPT_GO, &data)?;
+    send_option(w, OPT_GO, &go_data(export))?;
     let mut info: Option<(u64, u16)> = None;
     loop {
-        if proto::read_u64(r)? != OPTION_REPLY_MAGIC {
+        let mut h = [0u8; proto::OPTION_REPLY_LEN];
+        r.read_exact(&mut h)?;
+        let Some(OptionReply { opt, kind, len }) = OptionReply::parse(&h) else {
             return Err(protocol_error("bad option reply magic"));
-        }
-        let opt = proto::read_u32(r)?;
-        let kind = proto::read_u32(r)?;
-        let len = proto::read_u32(r)?;
+        };
         if opt != OPT_GO {
             return Err(protocol_error(format!(
                 "option reply for option {opt}, expected NBD_OPT_GO"
@@ -449,7 +437,7 @@ fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &str) -> io::Result<
                 // server just hangs up on an unknown export).
                 return export_name(r, w, export, no_zeroes);
             }
-            k if k & (1 << 31) != 0 => {
+            k if k & proto::REP_ERR != 0 => {
                 let msg = String::from_utf8_lossy(&body);
                 let what = match k {
                     proto::REP_ERR_UNKNOWN => "no such export".to_string(),
@@ -501,6 +489,7 @@ fn export_name(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::option_reply;
 
     /// A server's side of a negotiation: its greeting, then `replies`.
     fn server_bytes(flags: u16, replies: &[u8]) -> Vec<u8> {
@@ -509,15 +498,6 @@ mod tests {
         b.extend_from_slice(b"IHAVEOPT");
         b.extend_from_slice(&flags.to_be_bytes());
         b.extend_from_slice(replies);
-        b
-    }
-
-    fn option_reply(opt: u32, kind: u32, data: &[u8]) -> Vec<u8> {
-        let mut b = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
-        b.extend_from_slice(&opt.to_be_bytes());
-        b.extend_from_slice(&kind.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
         b
     }
 

@@ -157,14 +157,17 @@ mod tests {
     use crate::proto::*;
     use std::path::PathBuf;
 
-    fn request(flags: u16, cmd: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-        let mut v = REQUEST_MAGIC.to_be_bytes().to_vec();
-        v.extend_from_slice(&flags.to_be_bytes());
-        v.extend_from_slice(&cmd.to_be_bytes());
-        v.extend_from_slice(&cookie.to_be_bytes());
-        v.extend_from_slice(&offset.to_be_bytes());
-        v.extend_from_slice(&len.to_be_bytes());
-        v
+    fn request(flags: u16, cmd: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+        let cmd = Cmd::from(cmd);
+        Request {
+            flags,
+            cmd,
+            cookie,
+            offset,
+            length,
+        }
+        .encode()
+        .to_vec()
     }
 
     #[test]

@@ -395,11 +395,7 @@ mod tests {
     }
 
     fn option(opt: u32, data: &[u8]) -> Vec<u8> {
-        let mut v = IHAVEOPT.to_be_bytes().to_vec();
-        v.extend_from_slice(&opt.to_be_bytes());
-        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        v.extend_from_slice(data);
-        v
+        option_request(opt, data)
     }
 
     fn string(s: &str) -> Vec<u8> {
@@ -432,10 +428,11 @@ mod tests {
 
     fn parse_replies(mut out: &[u8]) -> Vec<OptReply> {
         let mut replies = Vec::new();
-        while out.len() >= 20 && out[..8] == OPTION_REPLY_MAGIC.to_be_bytes() {
-            let opt = u32::from_be_bytes(out[8..12].try_into().unwrap());
-            let kind = u32::from_be_bytes(out[12..16].try_into().unwrap());
-            let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+        while let Some(OptionReply { opt, kind, len }) = out
+            .first_chunk::<OPTION_REPLY_LEN>()
+            .and_then(OptionReply::parse)
+        {
+            let len = len as usize;
             replies.push((opt, kind, out[20..20 + len].to_vec()));
             out = &out[20 + len..];
         }

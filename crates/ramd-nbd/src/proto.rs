@@ -1,6 +1,8 @@
 //! NBD wire format: constants from the protocol document
 //! (NetworkBlockDevice/nbd `doc/proto.md`) and the encoders/decoders for
-//! the messages ramd exchanges. All integers are big-endian.
+//! the messages ramd exchanges, as a server ([`crate::handshake`],
+//! [`crate::transmission`]) and as a client ([`crate::client`], and the
+//! integration tests' raw client). All integers are big-endian.
 
 use std::io::{self, Read, Write};
 
@@ -22,7 +24,7 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
 pub const REP_META_CONTEXT: u32 = 4;
-const REP_ERR: u32 = 1 << 31;
+pub const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
@@ -97,6 +99,27 @@ pub const SIMPLE_REPLY_LEN: usize = 16;
 /// Size of a structured reply chunk header.
 pub const STRUCTURED_REPLY_LEN: usize = 20;
 
+// Option codes (NBD_OPT_*).
+pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
+pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
+pub const OPT_INFO: u32 = 6;
+pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+
+// Command codes (NBD_CMD_*).
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+pub const CMD_TRIM: u16 = 4;
+pub const CMD_CACHE: u16 = 5;
+pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
+
 /// Handshake options ramd knows.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Opt {
@@ -115,15 +138,15 @@ pub enum Opt {
 impl From<u32> for Opt {
     fn from(v: u32) -> Opt {
         match v {
-            1 => Opt::ExportName,
-            2 => Opt::Abort,
-            3 => Opt::List,
-            5 => Opt::StartTls,
-            6 => Opt::Info,
-            7 => Opt::Go,
-            8 => Opt::StructuredReply,
-            9 => Opt::ListMetaContext,
-            10 => Opt::SetMetaContext,
+            OPT_EXPORT_NAME => Opt::ExportName,
+            OPT_ABORT => Opt::Abort,
+            OPT_LIST => Opt::List,
+            OPT_STARTTLS => Opt::StartTls,
+            OPT_INFO => Opt::Info,
+            OPT_GO => Opt::Go,
+            OPT_STRUCTURED_REPLY => Opt::StructuredReply,
+            OPT_LIST_META_CONTEXT => Opt::ListMetaContext,
+            OPT_SET_META_CONTEXT => Opt::SetMetaContext,
             n => Opt::Other(n),
         }
     }
@@ -146,15 +169,31 @@ pub enum Cmd {
 impl From<u16> for Cmd {
     fn from(v: u16) -> Cmd {
         match v {
-            0 => Cmd::Read,
-            1 => Cmd::Write,
-            2 => Cmd::Disc,
-            3 => Cmd::Flush,
-            4 => Cmd::Trim,
-            5 => Cmd::Cache,
-            6 => Cmd::WriteZeroes,
-            7 => Cmd::BlockStatus,
+            CMD_READ => Cmd::Read,
+            CMD_WRITE => Cmd::Write,
+            CMD_DISC => Cmd::Disc,
+            CMD_FLUSH => Cmd::Flush,
+            CMD_TRIM => Cmd::Trim,
+            CMD_CACHE => Cmd::Cache,
+            CMD_WRITE_ZEROES => Cmd::WriteZeroes,
+            CMD_BLOCK_STATUS => Cmd::BlockStatus,
             n => Cmd::Other(n),
+        }
+    }
+}
+
+impl From<Cmd> for u16 {
+    fn from(c: Cmd) -> u16 {
+        match c {
+            Cmd::Read => CMD_READ,
+            Cmd::Write => CMD_WRITE,
+            Cmd::Disc => CMD_DISC,
+            Cmd::Flush => CMD_FLUSH,
+            Cmd::Trim => CMD_TRIM,
+            Cmd::Cache => CMD_CACHE,
+            Cmd::WriteZeroes => CMD_WRITE_ZEROES,
+            Cmd::BlockStatus => CMD_BLOCK_STATUS,
+            Cmd::Other(n) => n,
         }
     }
 }
@@ -183,6 +222,85 @@ impl Request {
             length: be32(&b[24..28]),
         })
     }
+
+    /// The header as a client sends it (a WRITE's payload follows it).
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        b[6..8].copy_from_slice(&u16::from(self.cmd).to_be_bytes());
+        b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        b[24..28].copy_from_slice(&self.length.to_be_bytes());
+        b
+    }
+}
+
+/// A simple reply's header, as a client reads it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SimpleReply {
+    pub error: u32,
+    pub cookie: u64,
+}
+
+impl SimpleReply {
+    /// Decodes a header; `None` if the magic is not the simple reply's.
+    pub fn parse(b: &[u8; SIMPLE_REPLY_LEN]) -> Option<SimpleReply> {
+        if be32(&b[0..4]) != SIMPLE_REPLY_MAGIC {
+            return None;
+        }
+        Some(SimpleReply {
+            error: be32(&b[4..8]),
+            cookie: be64(&b[8..16]),
+        })
+    }
+}
+
+/// Size of an option reply header.
+pub const OPTION_REPLY_LEN: usize = 20;
+
+/// An option reply's header (its `len` bytes of data follow), as a client
+/// reads it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OptionReply {
+    pub opt: u32,
+    pub kind: u32,
+    pub len: u32,
+}
+
+impl OptionReply {
+    /// Decodes a header; `None` if the magic is wrong.
+    pub fn parse(b: &[u8; OPTION_REPLY_LEN]) -> Option<OptionReply> {
+        if be64(&b[0..8]) != OPTION_REPLY_MAGIC {
+            return None;
+        }
+        Some(OptionReply {
+            opt: be32(&b[8..12]),
+            kind: be32(&b[12..16]),
+            len: be32(&b[16..20]),
+        })
+    }
+}
+
+/// An option request, as a client sends it: IHAVEOPT, the option, the
+/// length of its data, the data.
+pub fn option_request(opt: u32, data: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(16 + data.len());
+    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    m.extend_from_slice(&opt.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    m
+}
+
+/// NBD_OPT_GO's data: the export name and no information requests (the
+/// server sends NBD_INFO_EXPORT regardless).
+pub fn go_data(name: &str) -> Vec<u8> {
+    let mut d = Vec::with_capacity(6 + name.len());
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&0u16.to_be_bytes());
+    d
 }
 
 fn be16(b: &[u8]) -> u16 {
@@ -408,6 +526,68 @@ mod tests {
             ]
         );
         assert_eq!(option_reply(3, REP_ERR_UNSUP, &[])[12..16], [0x80, 0, 0, 1]);
+    }
+
+    #[test]
+    fn client_side_bytes() {
+        let r = Request {
+            flags: CMD_FLAG_FUA,
+            cmd: Cmd::Write,
+            cookie: 0x0102_0304_0506_0708,
+            offset: 0x1000,
+            length: 512,
+        };
+        let b = r.encode();
+        assert_eq!(
+            b,
+            [
+                0x25, 0x60, 0x95, 0x13, // REQUEST_MAGIC
+                0x00, 0x01, // FUA
+                0x00, 0x01, // WRITE
+                1, 2, 3, 4, 5, 6, 7, 8, // cookie
+                0, 0, 0, 0, 0, 0, 0x10, 0, // offset
+                0, 0, 2, 0, // length
+            ]
+        );
+        assert_eq!(Request::parse(&b), Some(r));
+        // A code ramd does not know goes out as it is.
+        let odd = Request {
+            cmd: Cmd::from(0x42),
+            ..r
+        };
+        assert_eq!(odd.encode()[6..8], [0, 0x42]);
+        let mut h = [0u8; SIMPLE_REPLY_LEN];
+        simple_reply_header(&mut h, EINVAL, 9);
+        assert_eq!(
+            SimpleReply::parse(&h),
+            Some(SimpleReply {
+                error: EINVAL,
+                cookie: 9
+            })
+        );
+        h[0] ^= 1;
+        assert_eq!(SimpleReply::parse(&h), None);
+        let o = option_request(OPT_GO, &go_data("ab"));
+        assert_eq!(
+            o,
+            [
+                b'I', b'H', b'A', b'V', b'E', b'O', b'P', b'T', // IHAVEOPT
+                0, 0, 0, 7, // NBD_OPT_GO
+                0, 0, 0, 8, // data length
+                0, 0, 0, 2, b'a', b'b', // name
+                0, 0, // no information requests
+            ]
+        );
+        let rep = option_reply(OPT_GO, REP_ERR_UNKNOWN, b"xyz");
+        let head: [u8; OPTION_REPLY_LEN] = rep[..20].try_into().unwrap();
+        assert_eq!(
+            OptionReply::parse(&head),
+            Some(OptionReply {
+                opt: OPT_GO,
+                kind: REP_ERR_UNKNOWN,
+                len: 3
+            })
+        );
     }
 
     #[test]

@@ -68,22 +68,23 @@ struct Job {
     payload: Vec<u8>,
 }
 
-/// An error for the client: the NBD error value and a message for logs
-/// and structured error chunks.
-struct Failure(u32, String);
+/// An error for the client: its errno (the store's vocabulary, turned
+/// into an NBD error value only on the wire, by [`nbd_error`]) and a
+/// message for logs and structured error chunks.
+struct Failure(Errno, String);
 
-fn fail<T>(errno: u32, msg: impl Into<String>) -> Result<T, Failure> {
+fn fail<T>(errno: Errno, msg: impl Into<String>) -> Result<T, Failure> {
     Err(Failure(errno, msg.into()))
 }
 
 impl From<ramd_store::Error> for Failure {
     fn from(e: ramd_store::Error) -> Failure {
-        Failure(nbd_error(e.errno()), e.to_string())
+        Failure(e.errno(), e.to_string())
     }
 }
 
-/// The NBD error value for an errno: the protocol has a few; the rest are
-/// EIO.
+/// The NBD error value for an errno, the one mapping from ramd's errors
+/// to NBD's: the protocol has a few; the rest are EIO.
 fn nbd_error(e: Errno) -> u32 {
     match e {
         Errno::EPERM => EPERM,
@@ -175,7 +176,7 @@ impl Conn<'_> {
                 Cmd::Write if req.length > MAX_REQUEST => {
                     discard(r, req.length as u64)?;
                     let msg = format!("write of {len} bytes exceeds the 64 MiB maximum");
-                    self.error_reply(&req, &Failure(EINVAL, msg), &mut out);
+                    self.error_reply(&req, &Failure(Errno::EINVAL, msg), &mut out);
                 }
                 Cmd::Read | Cmd::Write | Cmd::Trim | Cmd::WriteZeroes | Cmd::BlockStatus
                     if req.length > INLINE_MAX =>
@@ -308,25 +309,25 @@ impl Conn<'_> {
             Cmd::WriteZeroes => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
             Cmd::BlockStatus => CMD_FLAG_REQ_ONE,
             Cmd::Disc | Cmd::Other(_) => {
-                return fail(EINVAL, format!("unknown command {:?}", req.cmd));
+                return fail(Errno::EINVAL, format!("unknown command {:?}", req.cmd));
             }
         };
         if req.flags & !allowed != 0 {
             return fail(
-                EINVAL,
+                Errno::EINVAL,
                 format!("flags {:#x} not valid for {:?}", req.flags, req.cmd),
             );
         }
         let writes = matches!(req.cmd, Cmd::Write | Cmd::Trim | Cmd::WriteZeroes);
         if writes && (s.export.read_only || s.export.store.standby()) {
-            return fail(EPERM, "export is read-only");
+            return fail(Errno::EPERM, "export is read-only");
         }
         if req.cmd == Cmd::Flush {
             // "length and offset are reserved, and MUST be set to all-zero"
             // (proto.md, NBD_CMD_FLUSH); nbdkit refuses them the same way.
             if req.offset != 0 || req.length != 0 {
                 return fail(
-                    EINVAL,
+                    Errno::EINVAL,
                     format!(
                         "flush with offset {} length {}: both must be 0",
                         req.offset, req.length
@@ -343,9 +344,9 @@ impl Conn<'_> {
         if !in_range {
             // The protocol asks ENOSPC for writes past the end, EINVAL otherwise.
             let errno = if matches!(req.cmd, Cmd::Write | Cmd::WriteZeroes) {
-                ENOSPC
+                Errno::ENOSPC
             } else {
-                EINVAL
+                Errno::EINVAL
             };
             return fail(
                 errno,
@@ -357,13 +358,13 @@ impl Conn<'_> {
         }
         match req.cmd {
             Cmd::Read if req.length > MAX_REQUEST => fail(
-                EINVAL,
+                Errno::EINVAL,
                 format!("read of {} bytes exceeds the 64 MiB maximum", req.length),
             ),
             Cmd::BlockStatus if !s.block_status => {
-                fail(EINVAL, "base:allocation was not negotiated")
+                fail(Errno::EINVAL, "base:allocation was not negotiated")
             }
-            Cmd::BlockStatus if req.length == 0 => fail(EINVAL, "block status of length 0"),
+            Cmd::BlockStatus if req.length == 0 => fail(Errno::EINVAL, "block status of length 0"),
             _ => Ok(()),
         }
     }
@@ -453,21 +454,22 @@ impl Conn<'_> {
     }
 
     fn error_reply(&self, req: &Request, f: &Failure, out: &mut Vec<u8>) {
+        let error = nbd_error(f.0);
         log::debug!(
             "{}: {:?} offset {} length {}: error {}: {}",
             self.peer,
             req.cmd,
             req.offset,
             req.length,
-            f.0,
+            error,
             f.1
         );
         if self.session.structured {
-            out.extend_from_slice(&structured_error(req.cookie, f.0, &f.1));
+            out.extend_from_slice(&structured_error(req.cookie, error, &f.1));
         } else {
             let at = out.len();
             out.resize(at + SIMPLE_REPLY_LEN, 0);
-            simple_reply_header(&mut out[at..], f.0, req.cookie);
+            simple_reply_header(&mut out[at..], error, req.cookie);
         }
     }
 
@@ -511,5 +513,34 @@ fn read_header<R: Read>(r: &mut BufReader<R>) -> io::Result<Option<Request>> {
             io::ErrorKind::InvalidData,
             "request with bad magic",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errnos_map_to_the_protocols_values() {
+        // The values NBD defines are Linux's errnos.
+        for e in [
+            Errno::EPERM,
+            Errno::EIO,
+            Errno::ENOMEM,
+            Errno::EINVAL,
+            Errno::ENOSPC,
+            Errno::EOVERFLOW,
+            Errno::ENOTSUP,
+            Errno::ESHUTDOWN,
+        ] {
+            assert_eq!(nbd_error(e), e.get() as u32, "{e:?}");
+        }
+        // Other ways of being out of room are ENOSPC; the rest EIO.
+        assert_eq!(nbd_error(Errno::EDQUOT), ENOSPC);
+        assert_eq!(nbd_error(Errno::EFBIG), ENOSPC);
+        assert_eq!(nbd_error(Errno::ENOENT), EIO);
+        // A store error keeps its errno until the wire.
+        let f = Failure::from(ramd_store::Error::ReadOnly);
+        assert_eq!(nbd_error(f.0), EPERM);
     }
 }

@@ -153,6 +153,7 @@ impl Errno {
     pub const ENOTDIR: Errno = Errno::known(libc::ENOTDIR);
     pub const ENOTEMPTY: Errno = Errno::known(libc::ENOTEMPTY);
     pub const ENOTSUP: Errno = Errno::known(libc::ENOTSUP);
+    pub const ENOTTY: Errno = Errno::known(libc::ENOTTY);
     pub const ENXIO: Errno = Errno::known(libc::ENXIO);
     pub const EOPNOTSUPP: Errno = Errno::known(libc::EOPNOTSUPP);
     pub const EOVERFLOW: Errno = Errno::known(libc::EOVERFLOW);

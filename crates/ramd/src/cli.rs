@@ -106,7 +106,7 @@ pub enum Command {
     )]
     InstallSystemd(InstallSystemdArgs),
     /// Measure directories, files, block devices or NBD exports side by
-    /// side with the articles' workloads: dd, sysbench fileio,
+    /// side with the workloads RAM-disk reviews publish: dd, sysbench fileio,
     /// pg_test_fsync, IOMeter, RedHawk's seek+8 MiB loop, untar/stat/rm.
     #[command(
         after_help = "Each measurement runs on every target in turn (A B C, A B C, ...), \

@@ -24,6 +24,9 @@ use ramd_daemon::daemon::{Daemon, Hangup, Setup};
 use ramd_daemon::frontend::Registry;
 
 fn main() {
+    // Before any disk's settings are parsed: registering a protocol adds
+    // its settings group, if it has one, to a disk's flags.
+    let registry = registry();
     // Run as /sbin/mount.fuse.ramd or umount.fuse.ramd by mount(8).
     if let Some(code) = mount_helper::run_if_helper() {
         std::process::exit(code);
@@ -53,7 +56,7 @@ fn main() {
             .clone()
             .or(from_file)
             .unwrap_or_else(default_run_dir),
-        registry: registry(),
+        registry: registry.clone(),
         on_ready: None,
         metrics,
         // A closed terminal or a lost ssh session: save and stop.
@@ -99,7 +102,7 @@ fn init_logging() {
 
 /// The frontends this build knows. A new protocol is one more `.with(...)`.
 fn registry() -> Registry {
-    Registry::builtin().with(ramd_daemon::Iscsi::new())
+    ramd_daemon::frontends::builtin().with(ramd_daemon::Iscsi::new())
 }
 
 /// /run/ramd for root; otherwise the user's runtime dir.

@@ -211,7 +211,12 @@ fn start(mut req: MountRequest, run_dir: &Path) -> Result<()> {
             .context("the current directory (image= is relative)")?
             .join(&*img);
     }
-    let dir = req.disk.mount.clone().expect("parse sets the mount point");
+    let dir = req
+        .disk
+        .fuse
+        .mount
+        .clone()
+        .expect("parse sets the mount point");
     let mut flags = VfsFlags::of(&req);
     // A standby's mount is read-only until its promotion (a remount's
     // `standby` may be a promoted disk's: the daemon refuses `rw` on a
@@ -383,7 +388,11 @@ fn daemon_child(
     };
     log::info!(
         "mount.fuse.ramd: serving {} as disk {:?}",
-        disk.mount.as_deref().unwrap_or(Path::new("")).display(),
+        disk.fuse
+            .mount
+            .as_deref()
+            .unwrap_or(Path::new(""))
+            .display(),
         disk.name
     );
     let result = Daemon::serve(
@@ -466,25 +475,19 @@ struct VfsFlags(libc::c_ulong);
 impl VfsFlags {
     fn of(req: &MountRequest) -> VfsFlags {
         let d = &req.disk;
-        let mut f = 0;
-        for (on, bit) in [
-            (d.read_only, libc::MS_RDONLY),
-            (d.nosuid, libc::MS_NOSUID),
-            (d.nodev, libc::MS_NODEV),
-            (d.noexec, libc::MS_NOEXEC),
-            (d.noatime, libc::MS_NOATIME),
-            (d.strictatime, libc::MS_STRICTATIME),
-            (!d.noatime && !d.strictatime, libc::MS_RELATIME),
-            (d.nodiratime, libc::MS_NODIRATIME),
-            (req.sync, libc::MS_SYNCHRONOUS),
-            (req.dirsync, libc::MS_DIRSYNC),
-            (req.lazytime, libc::MS_LAZYTIME),
-        ] {
-            if on {
-                f |= bit;
-            }
-        }
-        VfsFlags(f)
+        VfsFlags(ramd_fs::ll::mount::ms_flags([
+            (d.read_only, "ro"),
+            (d.fuse.nosuid, "nosuid"),
+            (d.fuse.nodev, "nodev"),
+            (d.fuse.noexec, "noexec"),
+            (d.fuse.noatime, "noatime"),
+            (d.fuse.strictatime, "strictatime"),
+            (!d.fuse.noatime && !d.fuse.strictatime, "relatime"),
+            (d.fuse.nodiratime, "nodiratime"),
+            (req.sync, "sync"),
+            (req.dirsync, "dirsync"),
+            (req.lazytime, "lazytime"),
+        ]))
     }
 }
 

@@ -517,12 +517,7 @@ fn pipelined_requests_are_answered_with_their_own_cookies() {
         // Only a read's reply carries data: the cookie says which it is.
         let mut h = [0u8; 16];
         r.read_exact(&mut h);
-        assert_eq!(
-            u32::from_be_bytes(h[0..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
-        let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
-        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let (err, cookie) = reply_header(&h);
         assert_eq!(err, 0, "request {cookie:#x} failed");
         match cookie {
             0x1000..=0x101f => assert!(writes_done.insert(cookie), "{cookie:#x} twice"),
@@ -566,7 +561,7 @@ fn disconnect_completes_requests_in_flight() {
         got.len()
     );
     for reply in got.chunks(16) {
-        assert_eq!(u32::from_be_bytes(reply[4..8].try_into().unwrap()), 0);
+        assert_eq!(reply_header(reply).0, 0);
     }
     let (mut r, _) = Raw::transmission(&d, "victim");
     for i in 0..8u64 {

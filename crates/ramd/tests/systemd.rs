@@ -136,7 +136,7 @@ fn nbd_greets(sock: &Path) -> bool {
     };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut magic = [0u8; 8];
-    s.read_exact(&mut magic).is_ok() && &magic == b"NBDMAGIC"
+    s.read_exact(&mut magic).is_ok() && magic == common::wire::NBDMAGIC.to_be_bytes()
 }
 
 fn mounted(dir: &Path) -> bool {

@@ -21,7 +21,9 @@ use ramd_fs::{FuseOptions, Session};
 use ramd_store::persist::DiskKind;
 
 use crate::args::{DataPath, DiskArgs, FuseTransport};
-use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use crate::frontend::{
+    Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus,
+};
 use ramd_fs::ll::uring;
 use ramd_store::persist::FlushMode;
 
@@ -100,19 +102,22 @@ fn lazy_umount(dir: &Path) -> std::io::Result<()> {
 }
 
 impl FrontendFactory for Fuse {
-    fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        match &args.mount {
+    fn claims(&self, disk: &dyn DiskSettings, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
+        let Some(args) = disk.get::<DiskArgs>() else {
+            return Ok(Vec::new());
+        };
+        match &args.fuse.mount {
             None => Ok(Vec::new()),
             Some(dir) => {
                 let claim = Claim(format!("mount point {}", check_mount_point(dir)?.display()));
                 // Asked for by name, io_uring that cannot be had stops the
                 // disk before anything is allocated.
-                if args.fuse_transport == FuseTransport::IoUring {
+                if args.fuse.fuse_transport == FuseTransport::IoUring {
                     if let Err(e) = uring::availability() {
                         bail!("FUSE transport io-uring: {e}");
                     }
                 }
-                if args.data_path == DataPath::Kernel {
+                if args.fuse.data_path == DataPath::Kernel {
                     if let Some(why) = kernel_data_path_refusal(args) {
                         bail!("{why}");
                     }
@@ -123,19 +128,23 @@ impl FrontendFactory for Fuse {
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        let (DiskKind::Fs, Some(fs), Some(dir)) = (disk.kind, disk.fs, &disk.args.mount) else {
+        let Some(args) = disk.settings.get::<DiskArgs>() else {
+            return Ok(Vec::new());
+        };
+        let fs = disk
+            .content
+            .and_then(|c| c.downcast_ref::<Arc<ramd_fs::Fs>>());
+        let (DiskKind::Fs, Some(fs), Some(dir)) = (disk.kind, fs, &args.fuse.mount) else {
             return Ok(Vec::new());
         };
         let dir = check_mount_point(dir)?;
-        let sync: Option<ramd_fs::fuse::SyncFn> =
-            (disk.args.flush == FlushMode::Persist).then(|| {
-                let store = disk.store.clone();
-                let f: ramd_fs::fuse::SyncFn =
-                    Arc::new(move || store.flush().map_err(|e| e.errno()));
-                f
-            });
-        let io_uring = want_io_uring(disk.args.fuse_transport, &dir)?;
-        let (path, why) = data_path(disk.args);
+        let sync: Option<ramd_fs::fuse::SyncFn> = (args.flush == FlushMode::Persist).then(|| {
+            let store = disk.store.clone();
+            let f: ramd_fs::fuse::SyncFn = Arc::new(move || store.flush().map_err(|e| e.errno()));
+            f
+        });
+        let io_uring = want_io_uring(args.fuse.fuse_transport, &dir)?;
+        let (path, why) = data_path(args);
         let kernel_data = path == DataPath::Kernel;
         match why {
             Some(why) => log::info!(
@@ -153,16 +162,16 @@ impl FrontendFactory for Fuse {
         let mut session = ramd_fs::mount(
             fs.clone(),
             &dir,
-            disk.args.threads as usize,
+            args.threads as usize,
             FuseOptions {
                 // The kernel refuses passthrough with the write-back cache.
-                writeback_cache: disk.args.writeback_cache() && !kernel_data,
+                writeback_cache: args.writeback_cache() && !kernel_data,
                 sync,
                 metrics: Some(disk.metrics.frontend("fuse")),
                 io_uring,
                 passthrough: kernel_data,
             },
-            &disk.args.mount_flags(),
+            &args.mount_flags(),
         )
         .with_context(|| format!("mounting {}", dir.display()))?;
         if kernel_data && session.init().flags & ramd_fs::ll::abi::init::PASSTHROUGH == 0 {
@@ -175,7 +184,7 @@ impl FrontendFactory for Fuse {
         let ring = Arc::new(AtomicBool::new(false));
         if session.init().io_uring {
             session.set_extra_transport(uring::session_transport(ring.clone()));
-        } else if disk.args.fuse_transport == FuseTransport::IoUring {
+        } else if args.fuse.fuse_transport == FuseTransport::IoUring {
             // Dropping the session unmounts.
             bail!("FUSE transport io-uring: the kernel did not grant it at INIT");
         }
@@ -184,7 +193,7 @@ impl FrontendFactory for Fuse {
         let dev = ramd_fs::mount_device(&dir)
             .with_context(|| format!("{} is not in mountinfo after mounting", dir.display()))?;
         super::bdi::set_read_ahead(dev);
-        if disk.args.writeback_cache() && !kernel_data {
+        if args.writeback_cache() && !kernel_data {
             let reserve = super::bdi::limit_dirty(dev, fs.size());
             fs.set_write_reserve(reserve);
             log::debug!(
@@ -209,7 +218,7 @@ impl FrontendFactory for Fuse {
 /// (kernel unless a setting asks for the store or this host cannot give
 /// passthrough), and, when auto chose the store, why.
 pub(crate) fn data_path(args: &DiskArgs) -> (DataPath, Option<String>) {
-    match args.data_path {
+    match args.fuse.data_path {
         DataPath::Auto => {
             // Compression under auto keeps its meaning from before auto:
             // every page compressed. The kernel path's cold tier (hot
@@ -261,7 +270,7 @@ fn kernel_data_path_refusal(args: &DiskArgs) -> Option<String> {
                 .into(),
         );
     }
-    if args.writeback_cache {
+    if args.fuse.writeback_cache {
         return Some(
             "--data-path kernel cannot use the write-back cache (--writeback-cache): the \
              kernel refuses FUSE passthrough with it; leave the flag out"

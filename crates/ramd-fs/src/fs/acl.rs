@@ -3,6 +3,10 @@
 //! permissions (u16) and id (u32). The kernel checks access with them; `Fs`
 //! only has to pass a directory's default ACL on to what is created in it.
 
+/// Where POSIX ACLs live (the kernel reads and checks them itself).
+pub(super) const ACL_ACCESS: &str = "system.posix_acl_access";
+pub(super) const ACL_DEFAULT: &str = "system.posix_acl_default";
+
 const VERSION: u32 = 2;
 const USER_OBJ: u16 = 0x01;
 const USER: u16 = 0x02;

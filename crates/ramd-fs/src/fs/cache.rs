@@ -15,7 +15,11 @@
 //! coherence between the two); when an uncached period ends, the next
 //! cached open drops the pages cached before it.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use ramd_store::{Store, PAGE_SIZE};
+
+use super::{err, Errno, Fs, Ino, Inode, Result};
 
 /// How an open of a file uses the kernel's page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

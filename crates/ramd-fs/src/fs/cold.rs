@@ -37,8 +37,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use ramd_store::{ExtentKind, Store};
 
-use super::kernel::{fallocate, init_backing, ioerr};
-use super::saves::{next_data, no_atime, read_full};
+use super::kernel::{fallocate, init_backing, ioerr, next_data, no_atime, read_full};
 use super::{base, round_up, Data, Errno, Fs, Ino, Kind, Result};
 
 /// What one copy step reads or writes at once.

@@ -19,13 +19,16 @@
 //! kernel caches a name's absence too).
 
 use std::any::Any;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use ramd_store::persist::FollowTree;
 use ramd_store::CHUNK_BYTES;
 
 use super::meta::parse;
-use super::*;
+use super::{Data, Fs, Ino, State, FILE_SHIFT, ROOT_INO};
 
 /// What the kernel may have cached that an applied save changed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -109,6 +109,55 @@ pub(super) fn fallocate(f: &File, mode: i32, off: u64, len: u64) -> io::Result<(
     Ok(())
 }
 
+/// The next data extent at or after `from`: (its start, its end), or
+/// `None` past the last.
+pub(in crate::fs) fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
+    // SAFETY: lseek on an fd we own.
+    let data = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
+    if data < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+    if hole < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some((data as u64, hole as u64)))
+}
+
+/// A save's reads are no client's: they must not move the file's atime
+/// (the tree's, saved with it), or every save of a file open for writing
+/// would find the tree changed and write a new save. The fd is the
+/// save's own (`HotTier::open` opens anew), so the flag touches no
+/// client's reads. If it cannot be set, the atime moves, nothing worse.
+pub(in crate::fs) fn no_atime(f: &File) {
+    // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NOATIME);
+        }
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns how much was read.
+pub(in crate::fs) fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
 impl Fs {
     /// Puts regular files' data in `tier` from now on (`--data-path
     /// kernel`). Only for a filesystem without regular files yet (a new

@@ -7,13 +7,21 @@
 //! [`META_VERSION`] instead.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::UNIX_EPOCH;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use ramd_store::{ExtentKind, Store, CHUNK_BYTES, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 
-use super::*;
-use ramd_store::CHUNK_BYTES;
+use super::{
+    base, check_name, check_xattr_name, name_cost, round_up, xattr_cost, Data, Entries, Fs,
+    FsConfig, Ino, Inode, Kind, State, FILE_SHIFT, FL_SUPPORTED, INODE_COST, MAX_FILE_SIZE,
+    MAX_SLOTS, ROOT_INO, XATTR_SIZE_MAX,
+};
 
 /// 2: [`SavedMeta`] is followed by [`SavedFlags`]; 1 (still read): not.
 pub(crate) const META_VERSION: u32 = 2;

@@ -29,140 +29,48 @@
 //! files, their store copies stay until it ends, even if a file moves back
 //! or goes meanwhile (`HotSaves::hold_cold`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-use ramd_store::persist::{decode_record, ImageDir, OuterPages, OuterSave, PageRef, Record};
-use ramd_store::{Error, Store, PAGE_SIZE};
+use ramd_store::persist::{OuterPages, OuterSave, PageRef};
+use ramd_store::{Error, PAGE_SIZE};
 
 use super::cold::ColdFile;
-use super::{Data, Fs, FsConfig, Ino, Kind, FILE_SHIFT};
-use crate::hot::HotTier;
+use super::kernel::{next_data, no_atime, read_full};
+use super::marks::{data_chunks, Hash, Inner, SLOT_PAGE_SHIFT};
+use super::{Data, Fs, Ino, Kind, FILE_SHIFT};
 
-/// Image page of a slot's first page.
-const SLOT_PAGE_SHIFT: u32 = FILE_SHIFT - 12;
-/// Pages of an image chunk (a GONE record's unit).
-const CHUNK_PAGES: u64 = 64;
 /// What a save or load reads or writes at once.
-const BLOCK: usize = 1 << 20;
-const PAGE: u64 = PAGE_SIZE as u64;
+pub(super) const BLOCK: usize = 1 << 20;
+pub(super) const PAGE: u64 = PAGE_SIZE as u64;
 
-/// A page's hash; 0: a hole or all zeros.
-type Hash = u128;
-
-fn page_hash(p: &[u8]) -> Hash {
+pub(super) fn page_hash(p: &[u8]) -> Hash {
     if is_zero(p) {
         return 0;
     }
     xxhash_rust::xxh3::xxh3_128(p).max(1)
 }
 
-fn is_zero(p: &[u8]) -> bool {
+pub(super) fn is_zero(p: &[u8]) -> bool {
     p.chunks_exact(8).all(|w| w == [0u8; 8])
 }
 
 /// The 8 bytes that repeat through the page, if they do.
-fn fill_of(p: &[u8]) -> Option<u64> {
+pub(super) fn fill_of(p: &[u8]) -> Option<u64> {
     let first: [u8; 8] = p[..8].try_into().expect("a page has 8 bytes");
     p.chunks_exact(8)
         .all(|w| w == first)
         .then(|| u64::from_ne_bytes(first))
 }
 
-fn file_err(what: impl std::fmt::Display, err: io::Error) -> Error {
+pub(super) fn file_err(what: impl std::fmt::Display, err: io::Error) -> Error {
     Error::File {
         path: PathBuf::from(what.to_string()),
         err,
-    }
-}
-
-/// What the saves of a kernel-path filesystem remember between saves.
-#[derive(Default)]
-pub(crate) struct HotSaves {
-    inner: Mutex<Inner>,
-    /// An image is kept ([`Fs::outer_pages`] was asked for): files are
-    /// held to what an image holds.
-    imaged: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// Files whose data may differ from the image's copy.
-    changed: HashSet<Ino>,
-    /// Per slot: the hashes of the image's copy of its pages (trailing
-    /// holes left out), as of the last committed save or the load.
-    saved: HashMap<u64, Arc<[Hash]>>,
-    /// Chunks that may hold pages in the image but belong to no file now.
-    dead: BTreeSet<u64>,
-    /// A save is between its switch and its end.
-    saving: bool,
-    /// Slots freed since that save's switch: its commit must not adopt them.
-    freed_in_save: HashSet<u64>,
-    /// Slots of cold files that save reads from the cold store.
-    cold_read: HashSet<u64>,
-    /// Of those, the ones whose cold copy is no longer wanted (moved back,
-    /// or the file went), with their sizes: freed when the save ends.
-    deferred: Vec<(u64, u64)>,
-}
-
-/// The chunks of slot `slot` where `hashes` name data.
-fn data_chunks(slot: u64, hashes: &[Hash]) -> impl Iterator<Item = u64> + '_ {
-    let first = (slot << SLOT_PAGE_SHIFT) / CHUNK_PAGES;
-    hashes
-        .chunks(CHUNK_PAGES as usize)
-        .enumerate()
-        .filter(|(_, c)| c.iter().any(|&h| h != 0))
-        .map(move |(i, _)| first + i as u64)
-}
-
-impl HotSaves {
-    /// `ino`'s data may have changed (an open for writing, a truncate...).
-    pub(super) fn mark(&self, ino: Ino) {
-        self.inner.lock().changed.insert(ino);
-    }
-
-    /// The inode went, and its slot with it: the image's copy of the
-    /// slot's pages must go at the next save.
-    pub(super) fn freed(&self, ino: Ino, slot: u64) {
-        let mut inner = self.inner.lock();
-        inner.changed.remove(&ino);
-        if let Some(h) = inner.saved.remove(&slot) {
-            let chunks: Vec<u64> = data_chunks(slot, &h).collect();
-            inner.dead.extend(chunks);
-        }
-        if inner.saving {
-            inner.freed_in_save.insert(slot);
-        }
-    }
-
-    pub(super) fn imaged(&self) -> bool {
-        self.imaged.load(Relaxed)
-    }
-
-    /// Slot `slot`'s cold copy (`size` bytes) is no longer wanted: true if
-    /// a save reads it now, which then frees it when done; false: the
-    /// caller frees it. The caller holds the state lock, so no save
-    /// switches meanwhile.
-    pub(super) fn hold_cold(&self, slot: u64, size: u64) -> bool {
-        let mut inner = self.inner.lock();
-        if inner.saving && inner.cold_read.contains(&slot) {
-            inner.deferred.push((slot, size));
-            return true;
-        }
-        false
-    }
-
-    /// Whether slot `slot` still has a cold copy a save reads (so no new
-    /// one may be written there yet).
-    pub(super) fn cold_held(&self, slot: u64) -> bool {
-        self.inner.lock().deferred.iter().any(|&(s, _)| s == slot)
     }
 }
 
@@ -536,269 +444,10 @@ fn holes(
     Ok(())
 }
 
-/// The next data extent at or after `from`: (its start, its end), or
-/// `None` past the last.
-pub(super) fn next_data(f: &File, from: u64) -> io::Result<Option<(u64, u64)>> {
-    // SAFETY: lseek on an fd we own.
-    let data = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
-    if data < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENXIO) => Ok(None),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: as above.
-    let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
-    if hole < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Some((data as u64, hole as u64)))
-}
-
-/// A save's reads are no client's: they must not move the file's atime
-/// (the tree's, saved with it), or every save of a file open for writing
-/// would find the tree changed and write a new save. The fd is the
-/// save's own (`HotTier::open` opens anew), so the flag touches no
-/// client's reads. If it cannot be set, the atime moves, nothing worse.
-pub(super) fn no_atime(f: &File) {
-    // SAFETY: fcntl on an fd we own; F_GETFL and F_SETFL take ints.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NOATIME);
-        }
-    }
-}
-
-/// Reads until `buf` is full or the file ends; returns how much was read.
-pub(super) fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match f.read_at(&mut buf[got..], at + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
 /// Hashes of a whole file's pages as it is (trailing holes left out): what
 /// a save of it into an empty image records.
-fn hash_file(what: &str, f: &File, buf: &mut [u8]) -> io::Result<Arc<[Hash]>> {
+pub(super) fn hash_file(what: &str, f: &File, buf: &mut [u8]) -> io::Result<Arc<[Hash]>> {
     save_pages(what, 0, Some(f), &[], buf, &mut |_, _| Ok(()), &mut 0).map_err(io::Error::other)
-}
-
-/// Writes an image's pages into per-slot files of the hot tier (named
-/// `s<slot>`) as a load reads them; later records win, as in the store.
-struct SlotFiles<'a> {
-    hot: &'a HotTier,
-    /// The file being written (records come in page order within a save).
-    cur: Option<(u64, File)>,
-    /// Slots with a file.
-    made: HashSet<u64>,
-    /// Consecutive data pages not written yet: slot, byte offset, bytes.
-    pending: Option<(u64, u64)>,
-    buf: Vec<u8>,
-}
-
-impl SlotFiles<'_> {
-    fn file(&mut self, slot: u64, create: bool) -> io::Result<Option<&File>> {
-        if self.cur.as_ref().is_none_or(|(s, _)| *s != slot) {
-            self.cur = None;
-            if !create && !self.made.contains(&slot) {
-                return Ok(None);
-            }
-            let f = self
-                .hot
-                .open_named(&slot_name(slot), true)?
-                .expect("created");
-            self.made.insert(slot);
-            self.cur = Some((slot, f));
-        }
-        Ok(self.cur.as_ref().map(|(_, f)| f))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if let Some((slot, off)) = self.pending.take() {
-            let buf = std::mem::take(&mut self.buf);
-            let r = match self.file(slot, true)? {
-                Some(f) => f.write_all_at(&buf, off),
-                None => Ok(()),
-            };
-            self.buf = buf;
-            self.buf.clear();
-            r?;
-        }
-        Ok(())
-    }
-
-    fn page(&mut self, page: u64, bytes: &[u8]) -> io::Result<()> {
-        let slot = page >> SLOT_PAGE_SHIFT;
-        let off = (page & ((1 << SLOT_PAGE_SHIFT) - 1)) * PAGE;
-        if is_zero(bytes) {
-            self.flush()?;
-            return self.punch(slot, off, PAGE);
-        }
-        match self.pending {
-            Some((s, o))
-                if s == slot && o + self.buf.len() as u64 == off && self.buf.len() < BLOCK => {}
-            _ => {
-                self.flush()?;
-                self.pending = Some((slot, off));
-            }
-        }
-        self.buf.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    /// Makes `len` bytes at `off` of the slot's file a hole, if it has one.
-    fn punch(&mut self, slot: u64, off: u64, len: u64) -> io::Result<()> {
-        let Some(f) = self.file(slot, false)? else {
-            return Ok(());
-        };
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        super::kernel::fallocate(f, mode, off, len)
-    }
-}
-
-fn slot_name(slot: u64) -> String {
-    format!("s{slot}")
-}
-
-impl Fs {
-    /// Loads `image` (an fs image) with its files' data in `tier`
-    /// (`--data-path kernel`): the pages go straight from the image into
-    /// the tier's files, never through the store. Returns the filesystem
-    /// and its tree as the image holds it.
-    pub fn load_kernel(
-        store: Arc<Store>,
-        cfg: FsConfig,
-        tier: HotTier,
-        image: &ImageDir,
-    ) -> ramd_store::Result<(Fs, Vec<u8>)> {
-        let t0 = std::time::Instant::now();
-        let path = image.path().display().to_string();
-        let mut files = SlotFiles {
-            hot: &tier,
-            cur: None,
-            made: HashSet::new(),
-            pending: None,
-            buf: Vec::with_capacity(BLOCK),
-        };
-        let mut meta = None;
-        let mut logged = 0;
-        let io = |e: io::Error| {
-            let hint = if e.raw_os_error() == Some(libc::ENOSPC) {
-                ": the image holds more than the disk's size allows: give a larger --size SIZE"
-            } else {
-                ""
-            };
-            Error::Context {
-                what: format!("loading image {path} into the kernel's tmpfs"),
-                inner: Box::new(Error::File {
-                    path: PathBuf::from("the private tmpfs"),
-                    err: e,
-                }),
-                hint,
-            }
-        };
-        image.read_chain(
-            |rec| {
-                if ramd_store::persist::loading_stopped() {
-                    return Err(Error::Unusable(
-                        "stopped by a signal (the image is untouched)".into(),
-                    ));
-                }
-                match rec {
-                    Record::Meta(m) => {
-                        meta = Some(m.to_vec());
-                        Ok(())
-                    }
-                    Record::Gone(key) => {
-                        let page = key.saturating_mul(CHUNK_PAGES);
-                        let slot = page >> SLOT_PAGE_SHIFT;
-                        let off = (page & ((1 << SLOT_PAGE_SHIFT) - 1)) * PAGE;
-                        files.flush().map_err(io)?;
-                        files.punch(slot, off, CHUNK_PAGES * PAGE).map_err(io)
-                    }
-                    rec => decode_record(&rec, |page, bytes| files.page(page, bytes).map_err(io)),
-                }
-            },
-            |done, total| {
-                let quarter = done * 4 / total.max(1);
-                if quarter > logged && quarter < 4 {
-                    logged = quarter;
-                    log::info!("loading: {}%", quarter * 25);
-                }
-            },
-        )?;
-        files.flush().map_err(io)?;
-        files.cur = None;
-        let meta = meta.ok_or_else(|| {
-            Error::Unusable(format!(
-                "image {path}: an fs image without its tree (no META record)"
-            ))
-        })?;
-        let fs = Fs::load_tree(store, cfg, &meta)
-            .map_err(|e| Error::Unusable(format!("loading image {path}: the tree: {e}")))?;
-        let made = std::mem::take(&mut files.made);
-        fs.adopt_slot_files(&tier, made).map_err(io)?;
-        fs.hot
-            .set(tier)
-            .unwrap_or_else(|_| unreachable!("a new filesystem has no tier"));
-        log::info!(
-            "loaded image {path} into the kernel's tmpfs: {} in {:.2} s",
-            ramd_store::human(fs.hot.get().expect("set").used_bytes()),
-            t0.elapsed().as_secs_f64()
-        );
-        Ok((fs, meta))
-    }
-
-    /// Gives each file of the loaded tree its slot's file (renamed to its
-    /// inode's name, cut to its size, with its times), records the hashes
-    /// of what the image holds, and marks the chunks of slots no file owns
-    /// as dead (their files go).
-    fn adopt_slot_files(&self, tier: &HotTier, mut made: HashSet<u64>) -> io::Result<()> {
-        let st = self.state.read();
-        let mut inner = self.saves.inner.lock();
-        let mut buf = vec![0u8; BLOCK];
-        for (&ino, inode) in &st.inodes {
-            let Data::File { slot, .. } = inode.data else {
-                continue;
-            };
-            let f = if made.remove(&slot) {
-                let f = tier.open_named(&slot_name(slot), false)?.expect("made");
-                // What the image holds, before the cut: pages past the end
-                // stay in the image until a save writes them as holes.
-                let hashes = hash_file(&format!("inode {ino}"), &f, &mut buf)?;
-                if !hashes.is_empty() {
-                    inner.saved.insert(slot, hashes);
-                }
-                tier.rename_named(&slot_name(slot), &ino.0.to_string())?;
-                f
-            } else if inode.size > 0 {
-                tier.open(ino, true)?.expect("created")
-            } else {
-                // Made at its first open, as for a new file.
-                continue;
-            };
-            f.set_len(inode.size)?;
-            super::kernel::init_backing(&f, inode.atime, inode.mtime, inode.flags)
-                .map_err(|e| io::Error::from_raw_os_error(e.get()))?;
-        }
-        for slot in made {
-            if let Some(f) = tier.open_named(&slot_name(slot), false)? {
-                let hashes = hash_file(&format!("file slot {slot}"), &f, &mut buf)?;
-                let chunks: Vec<u64> = data_chunks(slot, &hashes).collect();
-                inner.dead.extend(chunks);
-            }
-            tier.remove_named(&slot_name(slot));
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -810,6 +459,7 @@ mod tests {
     use crate::fs::{Caller, ROOT_INO};
     use crate::hot::{HotConfig, HotTier};
     use crate::tests::fs_with;
+    use ramd_store::Store;
     use std::ffi::OsStr;
 
     const ME: Caller = Caller {

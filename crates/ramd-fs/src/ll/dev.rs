@@ -111,7 +111,7 @@ impl Session {
             unmounted: false,
         };
         // Read before INIT: mountinfo never asks the filesystem.
-        s.device = crate::fuse::mount_device(dir);
+        s.device = crate::ll::mountinfo::mount_device(dir);
         s.init = s.handshake()?;
         Ok(s)
     }
@@ -296,7 +296,7 @@ impl Drop for Session {
         // what someone mounted over it since.
         if !self.unmounted
             && self.device.is_some()
-            && crate::fuse::mount_device(&self.dir) == self.device
+            && crate::ll::mountinfo::mount_device(&self.dir) == self.device
         {
             super::mount::unmount(&self.dir);
         }

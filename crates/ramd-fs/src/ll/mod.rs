@@ -19,6 +19,7 @@ use std::io;
 pub mod abi;
 pub mod dev;
 pub mod mount;
+pub mod mountinfo;
 pub mod notify;
 pub mod uring;
 

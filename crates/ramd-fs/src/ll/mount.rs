@@ -21,21 +21,47 @@ pub struct MountSpec {
     pub noatime: bool,
 }
 
+/// mount(8)'s names of the VFS flags ramd sets, and their `MS_*` bits for
+/// mount(2): the one table every mount and remount of a ramd disk reads.
+pub const MS_FLAGS: [(&str, libc::c_ulong); 11] = [
+    ("ro", libc::MS_RDONLY),
+    ("nosuid", libc::MS_NOSUID),
+    ("nodev", libc::MS_NODEV),
+    ("noexec", libc::MS_NOEXEC),
+    ("noatime", libc::MS_NOATIME),
+    ("strictatime", libc::MS_STRICTATIME),
+    ("relatime", libc::MS_RELATIME),
+    ("nodiratime", libc::MS_NODIRATIME),
+    ("sync", libc::MS_SYNCHRONOUS),
+    ("dirsync", libc::MS_DIRSYNC),
+    ("lazytime", libc::MS_LAZYTIME),
+];
+
+/// The `MS_*` bit of the mount(8) option `name`, if [`MS_FLAGS`] has it.
+pub fn ms_flag(name: &str) -> Option<libc::c_ulong> {
+    MS_FLAGS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+/// The `MS_*` bits of the options in `set` whose flag is true.
+///
+/// # Panics
+/// If a name is not in [`MS_FLAGS`]: the callers' names are literals.
+pub fn ms_flags<'a>(set: impl IntoIterator<Item = (bool, &'a str)>) -> libc::c_ulong {
+    set.into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| ms_flag(name).unwrap_or_else(|| panic!("no MS_* flag for {name:?}")))
+        .fold(0, |f, bit| f | bit)
+}
+
 impl MountSpec {
     fn ms_flags(&self) -> libc::c_ulong {
-        let mut f = 0;
-        for (on, flag) in [
-            (self.read_only, libc::MS_RDONLY),
-            (self.nosuid, libc::MS_NOSUID),
-            (self.nodev, libc::MS_NODEV),
-            (self.noexec, libc::MS_NOEXEC),
-            (self.noatime, libc::MS_NOATIME),
-        ] {
-            if on {
-                f |= flag;
-            }
-        }
-        f
+        ms_flags([
+            (self.read_only, "ro"),
+            (self.nosuid, "nosuid"),
+            (self.nodev, "nodev"),
+            (self.noexec, "noexec"),
+            (self.noatime, "noatime"),
+        ])
     }
 
     /// The fuse mount data for `fd`: `rootmode` needs only the type bits
@@ -154,6 +180,8 @@ mod tests {
             spec.ms_flags(),
             libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOATIME
         );
+        assert_eq!(ms_flag("sync"), Some(libc::MS_SYNCHRONOUS));
+        assert_eq!(ms_flag("rw"), None);
         assert_eq!(
             spec.data(5, 0, 0),
             "fd=5,rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other,subtype=ramd"

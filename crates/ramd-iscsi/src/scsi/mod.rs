@@ -12,8 +12,11 @@
 //! - `data_out` may be longer than the CDB asks for (an expected data
 //!   transfer length above it): the extra bytes are ignored, except by
 //!   WRITE SAME and COMPARE AND WRITE, which refuse a Data-Out of the wrong
-//!   size. Shorter than the CDB asks for: the command is refused with
-//!   INVALID FIELD IN COMMAND INFORMATION UNIT and nothing is written.
+//!   size. Shorter than the CDB asks for: WRITE(6/10/12/16) and WRITE AND
+//!   VERIFY write what came and leave the rest of the range alone; the
+//!   other commands that take Data-Out (WRITE SAME, COMPARE AND WRITE,
+//!   UNMAP, VERIFY with BYTCHK, PERSISTENT RESERVE OUT) are refused with
+//!   INVALID FIELD IN COMMAND INFORMATION UNIT and write nothing.
 //!   Either way [`Reply::expected_out`] says what the CDB called for, so
 //!   that the residual can be reported.
 //! - REPORT LUNS (A0h) goes to [`report_luns`], never to a [`Lun`]; LUN

@@ -171,31 +171,27 @@ pub enum Outcome {
     Skipped(String),
 }
 
-/// xorshift64*: deterministic data and offsets, no dependency.
-pub struct Rng(u64);
+/// Deterministic data and offsets from a seed (fastrand's wyrand): the
+/// same run twice writes the same bytes to the same places.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+        Rng(fastrand::Rng::with_seed(seed))
     }
     pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.u64(..)
     }
+    /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.u64(..n.max(1))
     }
     /// True with probability `pct`%.
     pub fn percent(&mut self, pct: u64) -> bool {
         self.below(100) < pct
     }
     pub fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
+        self.0.fill(buf);
     }
 }
 
@@ -428,7 +424,7 @@ fn io_next(rng: &mut Rng, last: u64, blocks: u64) -> u64 {
     }
 }
 
-/// IOMeter's access specification from article 001: 4 KiB transfers,
+/// The IOMeter access specification RAM-disk reviews use: 4 KiB transfers,
 /// 80% random, 80% read, `--qd` outstanding I/Os.
 fn iometer(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {
     let span = plan.io_span();
@@ -559,7 +555,7 @@ fn iometer_nbd(
     Ok((start.elapsed(), lat))
 }
 
-/// RedHawk's program (article 004): lseek(0) and write(8 MiB), then
+/// RedHawk's NUMA test program: lseek(0) and write(8 MiB), then
 /// lseek(0) and read(8 MiB), each call timed with CLOCK_MONOTONIC (std's
 /// Instant); pwrite/pread at offset 0 is the same pair in one call.
 fn redhawk(t: &mut Target, plan: &Plan, rng: &mut Rng) -> Result<Outcome> {

@@ -1,40 +1,28 @@
-//! A raw NBD client, byte by byte, for tests that must send what no real
-//! client would (bad magic, truncated requests, huge lengths).
+//! A raw NBD client for tests that must send what no real client would
+//! (bad magic, truncated requests, huge lengths). Well-formed messages are
+//! built and read with ramd-nbd's own codec (`ramd_nbd::proto`); the
+//! malformed ones are the tests' bytes around the protocol's constants.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use ramd_nbd::proto::{
+    option_request, OptionReply, Request, SimpleReply, INFO_EXPORT, OPTION_REPLY_LEN,
+    SIMPLE_REPLY_LEN,
+};
+// The protocol's numbers, as ramd-nbd defines them, for tests to build
+// messages and check replies with (unused in the test binaries that do not
+// speak raw NBD, as `dead_code` is for the rest of `common`).
+#[allow(unused_imports)]
+pub use ramd_nbd::proto::{
+    go_data, CMD_BLOCK_STATUS, CMD_DISC, CMD_FLUSH, CMD_READ, CMD_WRITE, EINVAL, ENOSPC, EOVERFLOW,
+    FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, IHAVEOPT, NBDMAGIC,
+    OPT_EXPORT_NAME, OPT_GO, OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR, REP_ERR_INVALID,
+    REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_INFO, REQUEST_MAGIC,
+};
+
 use super::Ramd;
-
-pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
-pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-pub const REQUEST_MAGIC: u32 = 0x2560_9513;
-pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-
-pub const FLAG_FIXED_NEWSTYLE: u16 = 1;
-pub const FLAG_NO_ZEROES: u16 = 2;
-
-pub const OPT_EXPORT_NAME: u32 = 1;
-pub const OPT_GO: u32 = 7;
-pub const REP_ACK: u32 = 1;
-pub const REP_INFO: u32 = 3;
-pub const REP_ERR: u32 = 1 << 31;
-pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
-pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
-pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
-
-pub const CMD_READ: u16 = 0;
-pub const CMD_WRITE: u16 = 1;
-pub const CMD_DISC: u16 = 2;
-pub const CMD_FLUSH: u16 = 3;
-pub const CMD_BLOCK_STATUS: u16 = 7;
-pub const OPT_STRUCTURED_REPLY: u32 = 8;
-
-pub const EINVAL: u32 = 22;
-pub const ENOSPC: u32 = 28;
-pub const EOVERFLOW: u32 = 75;
 
 /// How long the server may take to answer or hang up.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -66,7 +54,7 @@ impl Raw {
     /// Connects and sends the client flags (fixed newstyle, no zeroes).
     pub fn negotiating(d: &Ramd) -> Raw {
         let mut r = Raw::connect(d);
-        r.send(&u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        r.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
         r
     }
 
@@ -82,7 +70,7 @@ impl Raw {
             match ty {
                 REP_INFO => {
                     let info = u16::from_be_bytes(data[0..2].try_into().unwrap());
-                    if info == 0 {
+                    if info == INFO_EXPORT {
                         size = Some(u64::from_be_bytes(data[2..10].try_into().unwrap()));
                     }
                 }
@@ -109,59 +97,44 @@ impl Raw {
     }
 
     pub fn send_opt(&mut self, opt: u32, data: &[u8]) {
-        let mut m = Vec::new();
-        m.extend_from_slice(&IHAVEOPT.to_be_bytes());
-        m.extend_from_slice(&opt.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        self.send(&m);
+        self.send(&option_request(opt, data));
     }
 
     pub fn opt_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        let mut h = [0u8; 20];
+        let mut h = [0u8; OPTION_REPLY_LEN];
         self.read_exact(&mut h);
-        assert_eq!(
-            u64::from_be_bytes(h[0..8].try_into().unwrap()),
-            OPT_REPLY_MAGIC,
-            "bad option reply magic: {h:?}"
-        );
-        let opt = u32::from_be_bytes(h[8..12].try_into().unwrap());
-        let ty = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let Some(OptionReply { opt, kind, len }) = OptionReply::parse(&h) else {
+            panic!("bad option reply magic: {h:?}");
+        };
         assert!(len <= 1 << 20, "option reply of {len} bytes");
         let mut data = vec![0u8; len as usize];
         self.read_exact(&mut data);
-        (opt, ty, data)
+        (opt, kind, data)
     }
 
+    /// Sends a request header; `ty` may be a command ramd does not know.
     pub fn request(&mut self, flags: u16, ty: u16, cookie: u64, offset: u64, len: u32) {
-        let mut m = Vec::with_capacity(28);
-        m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&ty.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&len.to_be_bytes());
-        self.send(&m);
+        let req = Request {
+            flags,
+            cmd: ty.into(),
+            cookie,
+            offset,
+            length: len,
+        };
+        self.send(&req.encode());
     }
 
     /// Reads a simple reply; `data_len` bytes follow it when it succeeds.
     pub fn simple_reply(&mut self, data_len: usize) -> (u32, u64, Vec<u8>) {
-        let mut h = [0u8; 16];
+        let mut h = [0u8; SIMPLE_REPLY_LEN];
         self.read_exact(&mut h);
-        assert_eq!(
-            u32::from_be_bytes(h[0..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC,
-            "bad simple reply magic: {h:?}"
-        );
-        let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
-        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let (error, cookie) = reply_header(&h);
         let mut data = Vec::new();
-        if err == 0 && data_len > 0 {
+        if error == 0 && data_len > 0 {
             data.resize(data_len, 0);
             self.read_exact(&mut data);
         }
-        (err, cookie, data)
+        (error, cookie, data)
     }
 
     /// Reads until the server hangs up; returns whatever it sent first.
@@ -186,10 +159,10 @@ impl Raw {
     }
 }
 
-pub fn go_data(name: &str) -> Vec<u8> {
-    let mut d = Vec::new();
-    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&0u16.to_be_bytes());
-    d
+/// A simple reply's header: (error, cookie). Fails the test on a bad magic.
+pub fn reply_header(h: &[u8]) -> (u32, u64) {
+    let Some(SimpleReply { error, cookie }) = h.try_into().ok().and_then(SimpleReply::parse) else {
+        panic!("bad simple reply header: {h:?}");
+    };
+    (error, cookie)
 }

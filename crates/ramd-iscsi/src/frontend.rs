@@ -14,12 +14,12 @@ use std::thread;
 
 use anyhow::{bail, Context};
 use parking_lot::{Condvar, Mutex};
-use ramd_iscsi::scsi::{Lun, LunConfig};
-use ramd_iscsi::{Chap, Portal, Target, TargetConfig};
+use ramd_frontend::{Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus};
 use ramd_store::persist::DiskKind;
 
-use crate::args::DiskArgs;
-use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use crate::scsi::{Lun, LunConfig};
+use crate::settings::IscsiArgs;
+use crate::{Chap, Portal, Target, TargetConfig};
 
 #[derive(Default)]
 pub struct Iscsi {
@@ -64,7 +64,7 @@ pub fn default_iqn() -> String {
     format!("iqn.2026-11.org.ramd:{host}")
 }
 
-fn target_config(args: &DiskArgs) -> TargetConfig {
+fn target_config(args: &IscsiArgs, max_connections: u16) -> TargetConfig {
     let chap = |c: &Option<(String, String)>| {
         c.as_ref().map(|(u, s)| Chap {
             user: u.clone(),
@@ -76,23 +76,26 @@ fn target_config(args: &DiskArgs) -> TargetConfig {
         alias: "ramd".into(),
         chap: chap(&args.iscsi_chap),
         mutual_chap: chap(&args.iscsi_mutual_chap),
-        max_connections: args.max_connections as usize,
+        max_connections: max_connections as usize,
     }
 }
 
 impl FrontendFactory for Iscsi {
-    fn claims(&self, args: &DiskArgs, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        let Some(addr) = args.iscsi else {
+    fn claims(&self, disk: &dyn DiskSettings, _run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
+        let Some(args) = disk.get::<IscsiArgs>() else {
             return Ok(Vec::new());
         };
-        if args.kind() != DiskKind::Block {
-            bail!("--iscsi: disk {} is not a block disk", args.name);
+        let Some(addr) = args.portal else {
+            return Ok(Vec::new());
+        };
+        if disk.kind() != DiskKind::Block {
+            bail!("--iscsi: disk {} is not a block disk", disk.name());
         }
         if !addr.ip().is_loopback() && args.iscsi_chap.is_none() && !args.iscsi_no_auth {
             bail!(
                 "--iscsi {addr}: disk {} would serve beyond loopback without authentication: \
                  give --iscsi-chap USER:SECRET, or --iscsi-no-auth to allow it",
-                args.name
+                disk.name()
             );
         }
         // Portals are shared between disks by design, so they claim
@@ -105,8 +108,12 @@ impl FrontendFactory for Iscsi {
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        let args = disk.args;
-        let Some(addr) = args.iscsi else {
+        let s = disk.settings;
+        let Some(args) = s.get::<IscsiArgs>() else {
+            return Ok(Vec::new());
+        };
+        let name = s.name();
+        let Some(addr) = args.portal else {
             return Ok(Vec::new());
         };
         if disk.kind != DiskKind::Block {
@@ -117,10 +124,10 @@ impl FrontendFactory for Iscsi {
             bail!(
                 "--block-size {}: disk {}'s size, {size} bytes, is not a whole number of blocks",
                 args.block_size,
-                args.name
+                name
             );
         }
-        let cfg = target_config(args);
+        let cfg = target_config(args, s.max_connections());
         let mut sh = self.shared.lock();
         let target = match &sh.target {
             Some(t) => {
@@ -132,7 +139,7 @@ impl FrontendFactory for Iscsi {
                         "disk {}: its iSCSI target settings (--iscsi-target, --iscsi-chap, \
                          --iscsi-mutual-chap) differ from those of the disks already on the \
                          daemon's one target {}",
-                        args.name,
+                        name,
                         t.config().name
                     );
                 }
@@ -154,7 +161,7 @@ impl FrontendFactory for Iscsi {
                 disk.store.clone(),
                 LunConfig {
                     block_size: args.block_size,
-                    read_only: args.read_only,
+                    read_only: s.read_only(),
                     // From the disk's identity, not its name: two hosts'
                     // disks of one name are two devices to a multipath
                     // initiator, and an image's disk is the same device
@@ -164,7 +171,7 @@ impl FrontendFactory for Iscsi {
                     product: "ramd disk".into(),
                     // Saved to an image: written data is durable only after a
                     // flush, so initiators are told to send SYNCHRONIZE CACHE.
-                    write_cache: args.image.is_some(),
+                    write_cache: s.has_image(),
                 },
             )
             .with_metrics(disk.metrics.frontend("iscsi")),
@@ -172,7 +179,7 @@ impl FrontendFactory for Iscsi {
         if !target.add_lun(lun_no, lun) {
             bail!(
                 "--iscsi-lun {lun_no}: disk {} asks for a LUN another disk has",
-                args.name
+                name
             );
         }
         if let Entry::Vacant(slot) = sh.portals.entry(addr) {

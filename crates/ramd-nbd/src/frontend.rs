@@ -1,24 +1,24 @@
-//! NBD: one [`ramd_nbd::Server`] per listening socket of a block disk
+//! The NBD frontend: one [`crate::Server`] per listening socket of a block disk
 //! (`--listen` may be given several times: a unix socket and TCP at once).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use ramd_nbd::{Export, Exports, Listener, Server, ServerConfig, Tls};
+use ramd_frontend::{Claim, DiskContext, DiskSettings, Frontend, FrontendFactory, FrontendStatus};
 use ramd_store::persist::DiskKind;
 
-use crate::args::{DiskArgs, Listen, TlsMode};
-use crate::frontend::{Claim, DiskContext, Frontend, FrontendFactory, FrontendStatus};
+use crate::settings::{Listen, NbdArgs, TlsMode};
+use crate::{Export, Exports, Listener, Server, ServerConfig, Tls};
 
 pub struct Nbd;
 
 /// The disk's sockets: `--listen`, or `RUN_DIR/NAME.sock` by default.
-fn listens(args: &DiskArgs, run_dir: &Path) -> Vec<Listen> {
-    if args.listen.is_empty() {
-        vec![Listen::Unix(run_dir.join(format!("{}.sock", args.name)))]
+fn listens(nbd: &NbdArgs, name: &str, run_dir: &Path) -> Vec<Listen> {
+    if nbd.listen.is_empty() {
+        vec![Listen::Unix(run_dir.join(format!("{name}.sock")))]
     } else {
-        args.listen.clone()
+        nbd.listen.clone()
     }
 }
 
@@ -33,15 +33,15 @@ fn unix_claim(p: &Path) -> PathBuf {
 }
 
 impl FrontendFactory for Nbd {
-    fn claims(&self, args: &DiskArgs, run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
-        if args.kind() != DiskKind::Block {
+    fn claims(&self, disk: &dyn DiskSettings, run_dir: &Path) -> anyhow::Result<Vec<Claim>> {
+        let (DiskKind::Block, Some(args)) = (disk.kind(), disk.get::<NbdArgs>()) else {
             return Ok(Vec::new());
-        }
+        };
         let tls = args.tls_mode();
         if tls != TlsMode::Off && args.tls_certificates.is_none() {
             bail!("--tls {tls}: needs --tls-certificates DIR (server-cert.pem, server-key.pem)");
         }
-        let listens = listens(args, run_dir);
+        let listens = listens(args, disk.name(), run_dir);
         if let Some(l) = listens.iter().find(|l| l.beyond_loopback()) {
             if tls != TlsMode::Require && !args.insecure {
                 bail!(
@@ -63,10 +63,11 @@ impl FrontendFactory for Nbd {
     }
 
     fn build(&self, disk: &DiskContext) -> anyhow::Result<Vec<Arc<dyn Frontend>>> {
-        if disk.kind != DiskKind::Block {
+        let s = disk.settings;
+        let (DiskKind::Block, Some(args)) = (disk.kind, s.get::<NbdArgs>()) else {
             return Ok(Vec::new());
-        }
-        let args = disk.args;
+        };
+        let name = s.name();
         // One set of counters for all of the disk's NBD sockets.
         let metrics = disk.metrics.frontend("nbd");
         let mode = args.tls_mode();
@@ -78,19 +79,19 @@ impl FrontendFactory for Nbd {
             )),
         };
         let mut out: Vec<Arc<dyn Frontend>> = Vec::new();
-        for l in listens(args, disk.run_dir) {
+        for l in listens(args, name, disk.run_dir) {
             let listener = match &l {
                 Listen::Unix(p) => Listener::bind_unix(p.clone()),
                 Listen::Tcp(a) => Listener::bind_tcp(*a),
             }
             .context("NBD listen socket")?;
-            let uri = listener.uri(&args.name, tls.is_some());
+            let uri = listener.uri(name, tls.is_some());
             if let Some(bound) = listener.local_addr() {
                 if bound.ip().is_unspecified() {
                     // The URI names the host; the log says what was bound.
                     log::info!(
                         "disk {}: NBD on tcp:{bound} (every address of this host): {uri}",
-                        args.name
+                        name
                     );
                 }
                 let plaintext = match mode {
@@ -102,21 +103,21 @@ impl FrontendFactory for Nbd {
                     log::warn!(
                         "disk {}: NBD on tcp:{bound} beyond loopback {plaintext} (--insecure): \
                          a client without TLS can read and write the disk",
-                        args.name
+                        name
                     );
                 }
             }
             let server = Server::new(
                 Exports::new(vec![Export {
-                    name: args.name.clone(),
-                    description: format!("ramd block disk {} id {}", args.name, disk.id),
+                    name: name.to_string(),
+                    description: format!("ramd block disk {name} id {}", disk.id),
                     store: disk.store.clone(),
-                    read_only: args.read_only,
+                    read_only: s.read_only(),
                     metrics: Some(metrics.clone()),
                 }]),
                 ServerConfig {
-                    threads: args.threads as usize,
-                    max_connections: args.max_connections as usize,
+                    threads: s.threads() as usize,
+                    max_connections: s.max_connections() as usize,
                     tls: tls.clone(),
                     ..ServerConfig::default()
                 },
