@@ -22,7 +22,7 @@ use ramd_store::Budget;
 use crate::args::DiskArgs;
 use crate::config::{DaemonSettings, Plan};
 use crate::control::{self, ControlServer, Request};
-use crate::disk::{self, Disk, Shared};
+use crate::disk::{self, Disk, LoadProgress, Shared};
 pub use crate::event::Event;
 use crate::frontend::{Claim, Registry};
 use crate::metrics::MetricsServer;
@@ -90,6 +90,8 @@ pub struct Setup {
     pub hangup: Hangup,
     /// `ramd up --all-or-nothing`.
     pub all_or_nothing: bool,
+    /// Shows each image load's progress (the engine only reports it).
+    pub load_progress: LoadProgress,
 }
 
 /// The daemon's disks and settings as the metrics thread reads them: the
@@ -228,6 +230,7 @@ impl Daemon {
             compress_threads,
             budget: budget.clone(),
             metrics_url: metrics_url.clone(),
+            load_progress: setup.load_progress,
         };
         disk::make_run_dir(&shared.run_dir)?;
         let control = match mode {

@@ -58,7 +58,12 @@ pub struct Shared {
     pub budget: Option<Arc<ramd_store::Budget>>,
     /// The daemon's Prometheus endpoint, for `status`.
     pub metrics_url: Option<String>,
+    /// A fresh reporter of an image load's progress, for each load.
+    pub load_progress: LoadProgress,
 }
+
+/// Makes the reporter of one image load's progress.
+pub use ramd_frontend::LoadProgress;
 
 /// A disk's saving: its persister and the thread of --autosave and
 /// --flush persist.
@@ -215,6 +220,7 @@ impl Disk {
             host_reserve: shared.host_reserve,
             budget: shared.budget.clone(),
             placement: placement.as_ref(),
+            load_progress: shared.load_progress,
         };
         for f in shared.registry.iter() {
             if let Some(p) = f.prepare(&prep)? {
@@ -229,7 +235,7 @@ impl Disk {
             }
             None => {
                 if let Some(image) = prep.image {
-                    persist::load(image, &store)?;
+                    persist::load(image, &store, &mut (shared.load_progress)())?;
                 }
                 (None, None)
             }
@@ -755,6 +761,7 @@ mod tests {
             compress_threads: 1,
             budget: None,
             metrics_url: None,
+            load_progress: || -> Box<dyn FnMut(persist::Progress)> { Box::new(|_| {}) },
         };
         let a = args(&[
             "--name",

@@ -157,6 +157,7 @@ fn a_protocol_plugs_in_with_one_registration() {
         compress_threads: 1,
         budget: None,
         metrics_url: None,
+        load_progress: || -> Box<dyn FnMut(ramd_store::persist::Progress)> { Box::new(|_| {}) },
     };
     let (tx, _rx) = std::sync::mpsc::channel();
     let disk = Disk::open(args, &shared, tx.clone()).unwrap();

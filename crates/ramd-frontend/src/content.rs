@@ -28,7 +28,13 @@ pub struct Prepare<'a> {
     pub host_reserve: u64,
     pub budget: Option<Arc<Budget>>,
     pub placement: Option<&'a Placement>,
+    /// Makes the reporter of the image load's progress.
+    pub load_progress: LoadProgress,
 }
+
+/// Makes the reporter of one image load's progress (the engine only
+/// reports it; the binary shows it).
+pub type LoadProgress = fn() -> Box<dyn FnMut(ramd_store::persist::Progress)>;
 
 /// What `prepare` built.
 pub struct Prepared {

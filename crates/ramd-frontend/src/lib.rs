@@ -22,7 +22,7 @@ pub mod groups;
 mod socket;
 mod store_settings;
 
-pub use content::{Content, Prepare, Prepared};
+pub use content::{Content, LoadProgress, Prepare, Prepared};
 pub use groups::{Group, GroupDef, Groups};
 pub use socket::{bind_unix_socket, SocketFile};
 pub use store_settings::{mem_total, StoreSettings};

@@ -37,7 +37,7 @@ pub(crate) enum Outcome {
     },
 }
 
-/// TLS during option negotiation (proto.md, "TLS support").
+/// TLS during option negotiation (the NBD specification, "TLS support").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TlsPolicy {
     /// NOTLS: STARTTLS is refused (ERR_POLICY).
@@ -74,7 +74,7 @@ struct Negotiation<'a, S> {
     peer: &'a str,
     /// The client set FIXED_NEWSTYLE. Without it, only EXPORT_NAME is
     /// served ("In non-fixed newstyle only one option can be set
-    /// (`NBD_OPT_EXPORT_NAME`)", proto.md); other options get
+    /// (`NBD_OPT_EXPORT_NAME`)", NBD specification); other options get
     /// ERR_INVALID, as nbdkit answers them.
     fixed: bool,
     structured: bool,
@@ -96,7 +96,7 @@ pub(crate) fn negotiate<S: Read + Write>(
     let client_flags = read_u32(s)?;
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         // "the server MUST drop the TCP connection if the client sets an
-        // unknown flag" (proto.md, "Client flags").
+        // unknown flag" (the NBD specification, "Client flags").
         log::warn!("{peer}: unsupported client flags {client_flags:#x}; disconnecting");
         return Ok(Outcome::Closed);
     }
@@ -106,7 +106,7 @@ pub(crate) fn negotiate<S: Read + Write>(
 }
 
 /// Options over TLS, after STARTTLS and the handshake. Nothing negotiated
-/// before carries over (proto.md, `NBD_OPT_STARTTLS`): a fresh state.
+/// before carries over (the NBD specification, `NBD_OPT_STARTTLS`): a fresh state.
 pub(crate) fn negotiate_secure<S: Read + Write>(
     s: &mut S,
     exports: &Exports,

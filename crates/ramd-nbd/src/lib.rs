@@ -1,5 +1,5 @@
 //! ramd's NBD server, written from the protocol document
-//! (NetworkBlockDevice/nbd `doc/proto.md`): fixed newstyle negotiation,
+//! (the NBD protocol specification): fixed newstyle negotiation,
 //! STARTTLS (rustls), structured replies, `base:allocation` block status,
 //! and many requests in flight per connection over Unix or TCP sockets.
 //!

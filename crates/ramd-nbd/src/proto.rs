@@ -1,5 +1,5 @@
 //! NBD wire format: constants from the protocol document
-//! (NetworkBlockDevice/nbd `doc/proto.md`) and the encoders/decoders for
+//! (the NBD protocol specification) and the encoders/decoders for
 //! the messages ramd exchanges, as a server ([`crate::handshake`],
 //! [`crate::transmission`]) and as a client ([`crate::client`], and the
 //! integration tests' raw client). All integers are big-endian.

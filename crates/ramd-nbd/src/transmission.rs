@@ -324,7 +324,7 @@ impl Conn<'_> {
         }
         if req.cmd == Cmd::Flush {
             // "length and offset are reserved, and MUST be set to all-zero"
-            // (proto.md, NBD_CMD_FLUSH); nbdkit refuses them the same way.
+            // (the NBD specification, NBD_CMD_FLUSH); nbdkit refuses them the same way.
             if req.offset != 0 || req.length != 0 {
                 return fail(
                     Errno::EINVAL,
@@ -376,7 +376,7 @@ impl Conn<'_> {
         if len == 0 && self.session.structured {
             // An OFFSET_DATA chunk must carry at least one byte (its length
             // is at least 9); a lone NONE chunk with DONE is "valid as a
-            // reply to any request" and means success (proto.md,
+            // reply to any request" and means success (the NBD specification,
             // "Structured reply chunk message types").
             out.resize(at + STRUCTURED_REPLY_LEN, 0);
             let (flags, kind) = (REPLY_FLAG_DONE, REPLY_TYPE_NONE);

@@ -8,6 +8,7 @@
 //! [`Error::errno`] is the [`Errno`] a client should see. Images (saving,
 //! loading, their format) live in [`persist`].
 
+mod arena;
 mod codec;
 mod error;
 mod identity;
@@ -18,41 +19,24 @@ mod pool;
 mod procmem;
 mod scanner;
 mod store;
+mod sys;
+mod units;
 mod zs;
 
+pub use arena::{HugePages, MemoryPolicy};
 pub use codec::{Codec, ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 pub use error::{Errno, Error, Result};
 pub use identity::DiskId;
-pub use persist::{PageRef, SavePlan, SaveSession};
-pub use pool::{map_anonymous, mem_available, mem_total, HugePages, MemoryPolicy, PoolStats};
+pub use pool::PoolStats;
 pub use procmem::ProcessMemory;
 pub use scanner::{ScanHandle, ScannerPool};
 pub use store::{
     compress_page, default_host_reserve, default_max_memory, full_disk_memory, Budget, Change,
-    Extent, ExtentKind, StandbyHold, Store, StoreConfig, StoreStats, CHUNK_BYTES, CHUNK_META_BYTES,
-    MAX_SIZE, PAGE_META_BYTES,
+    Extent, ExtentKind, PageRef, SavePlan, SaveSession, StandbyHold, Store, StoreConfig,
+    StoreStats, CHUNK_BYTES, CHUNK_META_BYTES, MAX_SIZE, PAGE_META_BYTES,
 };
-
-/// `bytes` for people: `4K`, `1.5M`, `1G` (powers of 1024).
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes}B")
-    } else if v.fract() == 0.0 || v >= 100.0 {
-        format!("{v:.0}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
-    }
-}
-
-/// The page size of the store: the unit of allocation, sharing and holes.
-pub const PAGE_SIZE: usize = 4096;
+pub use sys::{map_anonymous, mem_available, mem_total, PAGE_SIZE};
+pub use units::human;
 
 #[cfg(test)]
 mod tests;

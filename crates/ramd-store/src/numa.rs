@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::PAGE_SIZE;
+use crate::sys::PAGE_SIZE;
 
 /// Highest node number accepted (the kernel's usual MAX_NUMNODES is 1024).
 const MAX_NODE: u32 = 1023;
@@ -163,7 +163,7 @@ impl Topology {
     fn single() -> Topology {
         let cpus =
             (0..std::thread::available_parallelism().map_or(1, |n| n.get()) as u32).collect();
-        let mem_total = crate::pool::mem_total().unwrap_or(0);
+        let mem_total = crate::sys::mem_total().unwrap_or(0);
         Topology {
             nodes: BTreeMap::from([(0, Node { cpus, mem_total })]),
         }
@@ -218,7 +218,7 @@ impl Placement {
         let have = || {
             topo.nodes
                 .iter()
-                .map(|(id, n)| format!("{id} ({})", crate::human(n.mem_total)))
+                .map(|(id, n)| format!("{id} ({})", crate::units::human(n.mem_total)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -303,7 +303,7 @@ impl Placement {
     /// Binds a probe mapping once: a policy the kernel refuses (no
     /// `mbind` in a container, a node it will not use) fails here, at start.
     pub fn probe(&self) -> Result<()> {
-        let p = crate::pool::map_anonymous(PAGE_SIZE, 0)
+        let p = crate::sys::map_anonymous(PAGE_SIZE, 0)
             .map_err(|err| Error::Os {
                 what: "mmap of a NUMA probe page",
                 err,

@@ -12,6 +12,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::pool::{PROCESS_IN_USE, PROCESS_WARM};
+use crate::sys::{heap, status_kib};
 
 /// Bytes, for one process. `resident_bytes` is exactly the sum of
 /// `pages_bytes`, `warm_bytes`, `heap_bytes`, `heap_free_bytes`,
@@ -87,39 +88,9 @@ impl ProcessMemory {
     }
 }
 
-/// A `Key:   123 kB` line of /proc/PID/status, in bytes (0 if absent).
-pub(crate) fn status_kib(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |k| k * 1024)
-}
-
-/// (in use, free) bytes of the C heap.
-fn heap() -> (u64, u64) {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallinfo2 only reads the allocator's statistics.
-        let mi = unsafe { libc::mallinfo2() };
-        ((mi.uordblks + mi.hblkhd) as u64, mi.fordblks as u64)
-    }
-    #[cfg(not(target_env = "gnu"))]
-    {
-        (0, 0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn status_lines_parse() {
-        let t = "Name:\tramd\nVmRSS:\t  2048 kB\nVmLck:\t       0 kB\n";
-        assert_eq!(status_kib(t, "VmRSS:"), 2 << 20);
-        assert_eq!(status_kib(t, "VmLck:"), 0);
-        assert_eq!(status_kib(t, "RssFile:"), 0);
-    }
 
     #[test]
     fn this_process_adds_up() {

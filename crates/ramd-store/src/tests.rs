@@ -12,20 +12,21 @@ fn store(size: u64) -> Store {
     .unwrap()
 }
 
-/// xorshift64*: deterministic data without a dependency.
-struct Rng(u64);
+/// Deterministic test data: a seeded fastrand, so that a failure
+/// reproduces with the same seed.
+struct Rng(fastrand::Rng);
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.u64(..)
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.u64(..n)
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        std::iter::repeat_with(|| self.0.u8(..)).take(n).collect()
     }
 }
 
@@ -59,7 +60,7 @@ fn fresh_disk_reads_zero_and_costs_nothing() {
 #[test]
 fn unaligned_write_across_chunks_round_trips() {
     let s = store(8 * MIB);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let data = rng.bytes(3 * MIB as usize + 777);
     let off = 2 * MIB - 1001; // straddles the first chunk boundary
     s.write(off, &data).unwrap();
@@ -108,7 +109,7 @@ fn same_filled_and_zero_pages_cost_no_page_memory() {
 #[test]
 fn trim_and_zero_free_page_memory() {
     let s = store(16 * MIB);
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     s.write(0, &rng.bytes(16 * MIB as usize)).unwrap();
     let full = s.stats();
     assert_eq!(full.data_pages, 4096);
@@ -152,7 +153,7 @@ fn max_memory_gives_enospc_and_keeps_data() {
         ..StoreConfig::new(64 * MIB)
     })
     .unwrap();
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let first = rng.bytes(MIB as usize);
     s.write(0, &first).unwrap();
     let err = s.write(MIB, &rng.bytes(PAGE_SIZE)).unwrap_err();
@@ -215,7 +216,7 @@ fn random_operations_match_model() {
     let size = 6 * MIB + 333;
     let s = store(size);
     let mut model = vec![0u8; size as usize];
-    let mut rng = Rng(0xC0FFEE);
+    let mut rng = Rng::new(0xC0FFEE);
     for _ in 0..3000 {
         let off = rng.below(size);
         let len = rng.below((size - off).min(3 * PAGE_SIZE as u64 + 100)) + 1;
@@ -270,7 +271,7 @@ fn concurrent_writers_and_readers() {
         .map(|t| {
             let s = s.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(t + 1);
+                let mut rng = Rng::new(t + 1);
                 // Each thread owns every 4th page, so results are checkable.
                 for _ in 0..4000 {
                     let page = rng.below(2048) * 4 + t;
@@ -307,7 +308,7 @@ fn page_limit_caps_non_hole_pages() {
         ..StoreConfig::new(MIB)
     })
     .unwrap();
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     s.write(0, &rng.bytes(2 * PAGE_SIZE)).unwrap();
     s.write(2 * PAGE_SIZE as u64, &[0; PAGE_SIZE]).unwrap(); // zero page counts
     s.zero(3 * PAGE_SIZE as u64, PAGE_SIZE as u64, false)
@@ -335,7 +336,7 @@ fn set_limits_grows_and_shrinks_only_to_what_fits() {
         ..StoreConfig::new(MIB)
     })
     .unwrap();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     s.write(0, &rng.bytes(4 * PAGE_SIZE)).unwrap();
     assert!(s.write(4 * PAGE_SIZE as u64, &rng.bytes(10)).is_err());
     s.set_limits(Some(8), 2 * MIB).unwrap();
@@ -528,7 +529,7 @@ mod compressed {
     fn every_codec_round_trips_every_kind_of_page() {
         for (name, cfg) in configs(4 * MIB) {
             let s = Store::new(cfg).unwrap();
-            let mut rng = Rng(42);
+            let mut rng = Rng::new(42);
             let pattern: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 8) as u8 + 1).collect();
             let pages: Vec<Vec<u8>> = vec![
                 rng.bytes(PAGE_SIZE),
@@ -562,7 +563,7 @@ mod compressed {
     #[test]
     fn inline_compression_stores_less_and_keeps_noise_raw() {
         let s = Store::new(cfg(8 * MIB, "lz4")).unwrap();
-        let mut rng = Rng(9);
+        let mut rng = Rng::new(9);
         s.write(0, &text(&mut rng, 4 * MIB as usize)).unwrap();
         s.write(4 * MIB, &rng.bytes(MIB as usize)).unwrap();
         let st = s.stats();
@@ -580,7 +581,7 @@ mod compressed {
             let size = cfg.size;
             let s = Store::new(cfg).unwrap();
             let mut model = vec![0u8; size as usize];
-            let mut rng = Rng(0xFEED);
+            let mut rng = Rng::new(0xFEED);
             for step in 0..2500 {
                 let off = rng.below(size);
                 let len = rng.below((size - off).min(3 * PAGE_SIZE as u64 + 100)) + 1;
@@ -646,7 +647,7 @@ mod compressed {
                 .map(|t| {
                     let s = s.clone();
                     std::thread::spawn(move || {
-                        let mut rng = Rng(t + 100);
+                        let mut rng = Rng::new(t + 100);
                         // Each thread owns every 3rd page; pages share chunks,
                         // zspages and frames with the other threads' pages.
                         let mut mine = std::collections::HashMap::new();
@@ -701,7 +702,7 @@ mod compressed {
             ..cfg(64 * MIB, "lz4")
         })
         .unwrap();
-        let mut rng = Rng(77);
+        let mut rng = Rng::new(77);
         let mut written = 0u64;
         let err = loop {
             let d = text(&mut rng, MIB as usize);
@@ -716,7 +717,7 @@ mod compressed {
             "only {written} bytes of text fit in {limit}"
         );
         // What was written before the failure is intact; memory is in bounds.
-        let mut rng = Rng(77);
+        let mut rng = Rng::new(77);
         for k in 0..written / MIB {
             let mut b = vec![0; MIB as usize];
             s.read(k * MIB, &mut b).unwrap();
@@ -739,7 +740,7 @@ mod compressed {
                 ..cfg(64 * MIB, "lz4")
             })
             .unwrap();
-            let mut rng = Rng(21);
+            let mut rng = Rng::new(21);
             let mut written = 0;
             while s.write(written, &text(&mut rng, PAGE_SIZE)).is_ok() {
                 written += PAGE_SIZE as u64;
@@ -765,7 +766,7 @@ mod compressed {
             ..cfg(64 * MIB, "lz4")
         })
         .unwrap();
-        let mut rng = Rng(3);
+        let mut rng = Rng::new(3);
         let mut pages = 0u64;
         while s
             .write(pages * PAGE_SIZE as u64, &rng.bytes(PAGE_SIZE))
@@ -795,7 +796,7 @@ mod compressed {
             ..cfg(8 * MIB, "lz4")
         })
         .unwrap();
-        let mut rng = Rng(5);
+        let mut rng = Rng::new(5);
         let data = text(&mut rng, 4 * MIB as usize);
         s.write(0, &data).unwrap();
         let before = s.stats();
@@ -827,7 +828,7 @@ mod compressed {
     #[test]
     fn compaction_moves_objects_and_returns_zspages() {
         let s = Store::new(cfg(32 * MIB, "lz4")).unwrap();
-        let mut rng = Rng(1);
+        let mut rng = Rng::new(1);
         let data = text(&mut rng, 16 * MIB as usize);
         s.write(0, &data).unwrap();
         let full = s.stats();
@@ -861,7 +862,7 @@ mod compressed {
             ..cfg(8 * MIB, "zstd")
         })
         .unwrap();
-        let mut rng = Rng(8);
+        let mut rng = Rng::new(8);
         let data = text(&mut rng, 2 * MIB as usize);
         s.write(0, &data).unwrap();
         assert_eq!(s.stats().hot_pages, 512);
@@ -1170,7 +1171,7 @@ mod review {
                 let (s, m) = (s.clone(), m.clone());
                 let name = name.to_string();
                 std::thread::spawn(move || {
-                    let mut rng = Rng(seed * 1000 + t + 1);
+                    let mut rng = Rng::new(seed * 1000 + t + 1);
                     for _ in 0..ops {
                         client_op(&s, &m, &mut rng, &name);
                         let st = s.stats();
@@ -1246,7 +1247,7 @@ mod review {
         let pages = size / P as u64;
         let s = Arc::new(Store::new(cfg).unwrap());
         let m = Arc::new(Model::new(size));
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for p in 0..pages {
             let d = sparse_page(&mut rng);
             let mut g = m.lock(p * P as u64, P as u64);
@@ -1272,7 +1273,7 @@ mod review {
                 let (s, m) = (s.clone(), m.clone());
                 let name = name.to_string();
                 std::thread::spawn(move || {
-                    let mut rng = Rng(seed * 1000 + t + 1);
+                    let mut rng = Rng::new(seed * 1000 + t + 1);
                     for _ in 0..ops {
                         let p = rng.below(pages);
                         let off = p * P as u64;
@@ -1360,7 +1361,7 @@ mod review {
         let size = 64 * MIB;
         let s = Store::new(cfg(size, "lz4")).unwrap();
         let pages = size / P as u64;
-        let mut rng = Rng(1);
+        let mut rng = Rng::new(1);
         // Pages that compress a little (objects of ~3.6 KiB).
         let mut d = vec![0u8; P];
         for p in 0..pages {
@@ -1396,7 +1397,7 @@ mod review {
             ..cfg(16 * MIB, "lz4")
         })
         .unwrap();
-        let mut rng = Rng(2);
+        let mut rng = Rng::new(2);
         // 4 MiB of text, written in two halves that each fit raw.
         let data = text(&mut rng, 4 * MIB as usize);
         for half in data.chunks(data.len() / 2) {
@@ -1548,7 +1549,7 @@ mod persist {
             .enumerate()
         {
             let s = Arc::new(Store::new(config(c, r)).unwrap());
-            let mut rng = Rng(42 + k as u64);
+            let mut rng = Rng::new(42 + k as u64);
             for _ in 0..400 {
                 mutate(&s, &mut rng);
             }
@@ -1559,7 +1560,7 @@ mod persist {
                 .map(|t| {
                     let (s, stop) = (s.clone(), stop.clone());
                     std::thread::spawn(move || {
-                        let mut rng = Rng(1000 + t);
+                        let mut rng = Rng::new(1000 + t);
                         let mut n = 0;
                         while !stop.load(R) {
                             mutate(&s, &mut rng);
@@ -1628,7 +1629,7 @@ mod persist {
             ..StoreConfig::new(1 << 20)
         };
         let s = Store::new(cfg()).unwrap();
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         s.write(0, &rng.bytes(1 << 20)).unwrap();
         let mut saves: Vec<Vec<(u64, Vec<u8>)>> = Vec::new();
         for full in [true, false] {
@@ -1741,7 +1742,7 @@ mod persist {
             ..StoreConfig::new(1 << 20)
         })
         .unwrap();
-        let mut rng = Rng(9);
+        let mut rng = Rng::new(9);
         s.write(0, &rng.bytes(1 << 20)).unwrap();
         let (save, ()) = s.begin_save(true, || ());
         let pages = save.plan().pages;

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::pool::{PagePool, PagePtr};
-use crate::PAGE_SIZE;
+use crate::sys::PAGE_SIZE;
 
 const SMALL_STEP: usize = 16;
 const MIN_OBJECT: usize = 32;

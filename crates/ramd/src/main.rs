@@ -10,6 +10,7 @@ mod help;
 mod image_cmd;
 mod image_fs;
 mod mount_helper;
+mod progress;
 mod salvage;
 mod systemd;
 
@@ -61,6 +62,7 @@ fn main() {
         // A closed terminal or a lost ssh session: save and stop.
         hangup: Hangup::Stop,
         all_or_nothing,
+        load_progress: progress::load_progress,
     };
     let dir = || run_dir.clone().unwrap_or_else(default_run_dir);
     let result = match cli.command {

@@ -405,6 +405,7 @@ fn daemon_child(
             // Detached (setsid): no terminal of its own can hang up.
             hangup: Hangup::Ignore,
             all_or_nothing: false,
+            load_progress: crate::progress::load_progress,
         },
     );
     match result {

@@ -64,7 +64,8 @@ pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
             (fs, Some(tree))
         }
         (Some(image), None) => {
-            let tree = persist::load(image, store)?.expect("fs images have a tree");
+            let tree = persist::load(image, store, &mut (p.load_progress)())?
+                .expect("fs images have a tree");
             let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
                 anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
             })?;

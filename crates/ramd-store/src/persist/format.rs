@@ -1,7 +1,12 @@
 //! The image format's constants, record kinds and headers (FORMAT.md), and
 //! `decode_record`, which checks a record's contents fully.
 
-use super::*;
+use aligned_vec::{AVec, ConstAlign};
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::store::PageRef;
+use crate::sys::PAGE_SIZE;
 
 pub const MANIFEST: &str = "MANIFEST";
 /// An image in object storage: the object naming the one writer allowed

@@ -8,8 +8,20 @@
 //! whose newest save is older than the retention go, MANIFEST-N first (a
 //! crash after leaves only debris).
 
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+use super::format::{new_buf, Buf, MANIFEST};
+use super::image_dir::{object_name, seg_name, seq_digits, sync_dir, ImageDir};
+use super::manifest::{Manifest, SegEntry};
 use super::reader::parse_segment;
-use super::*;
 
 /// What a kept MANIFEST's name starts with.
 const KEPT_PREFIX: &str = "MANIFEST-";
@@ -98,7 +110,7 @@ impl ImageDir {
             self.check_lease()?;
             return remote.put_plain(&name, text);
         }
-        super::manifest::write_replacing(&self.path, &name, text.as_bytes(), || {}, || {})
+        super::image_dir::write_replacing(&self.path, &name, text.as_bytes(), || {}, || {})
     }
 
     /// Which segments the kept chains name (object or file names), after

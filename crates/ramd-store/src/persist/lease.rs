@@ -12,10 +12,16 @@
 //! quarter of its term left by its own clock; one whose renewal finds
 //! another holder has lost it for good: its saves fail and say why.
 
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use parking_lot::{Condvar, Mutex};
 
-use super::*;
+use crate::error::{Error, Result};
+
+use super::format::LEASE;
+use super::remote::{block_on, Remote};
 
 const LEASE_MAGIC: &str = "ramd lease 1";
 

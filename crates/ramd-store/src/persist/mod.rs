@@ -1,11 +1,11 @@
 //! Persistence, in one place: the image format (`format.rs`, FORMAT.md is
-//! its specification), the image directory and its MANIFEST
-//! (`manifest.rs`), writing and reading segments (`writer.rs`,
-//! `reader.rs`), the store's side of a save (`session.rs`: changed pages,
-//! the switch, kept copies, restore), and when to save and how to load
-//! (`policy.rs`: `Persister`, `load`, `open_image`); object storage
-//! (`remote.rs`, `lease.rs`) and a local image's replica there
-//! (`replica.rs`).
+//! its specification), the MANIFEST (`manifest.rs`) and the image
+//! directory (`image_dir.rs`), writing and reading segments (`writer.rs`,
+//! `reader.rs`), the store's side of a save is `crate::store`'s `save.rs`
+//! (changed pages, the switch, kept copies, restore), when to save (`policy.rs`:
+//! `Persister`; a standby's in `promote.rs`) and how to load (`load.rs`:
+//! `load`, `open_image`); object storage (`remote.rs`, `ranged.rs`,
+//! `lease.rs`) and a local image's replica there (`replica.rs`).
 //!
 //! The on-disk image of a disk: a directory holding one segment file per
 //! save and a MANIFEST naming the chain of segments that make up the latest
@@ -17,59 +17,42 @@
 //! name, fsynced and renamed; the MANIFEST likewise, and its rename is the
 //! moment a save exists. Anything not named by the MANIFEST is debris.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use aligned_vec::{AVec, ConstAlign};
-
-use crate::codec::{self, Codec};
-use crate::error::{Error, Result};
-use crate::DiskId;
-use crate::Store;
-use crate::PAGE_SIZE;
-
+mod damage;
 mod format;
 mod history;
+mod image_dir;
 mod lease;
+mod load;
 mod manifest;
 mod outer;
 mod policy;
+mod promote;
+mod ranged;
 mod reader;
 mod remote;
 mod replica;
 mod salvage;
-mod session;
 mod standby;
+mod status;
 #[cfg(test)]
 mod tests;
 mod writer;
 
-use format::*;
-use lease::*;
-use manifest::*;
-use remote::*;
-use writer::*;
-
+pub use crate::store::{PageRef, SavePlan, SaveSession};
+pub use damage::{Damaged, Lost};
 pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
+pub use image_dir::ImageDir;
 pub use lease::{LeaseHolder, LeaseWatch};
-pub use manifest::{ImageDir, Manifest, SegEntry};
+pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
+pub use manifest::{Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
-pub use policy::{
-    load, loading_stopped, open_image, stop_loading, FlushMode, MetaFn, PersistStatus, Persister,
-    SaveReport,
-};
+pub use policy::{MetaFn, Persister};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
-pub use salvage::{Damaged, Lost, LostPages, SalvageChain, Salvaged};
-pub(crate) use session::Kept;
-pub use session::{PageRef, SavePlan, SaveSession};
+pub use salvage::{LostPages, SalvageChain, Salvaged};
 pub use standby::{FollowTree, StandbyStatus};
+pub use status::{FlushMode, PersistStatus, SaveReport};
 pub use writer::SegWriter;
 
 /// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.

@@ -4,8 +4,8 @@
 //! may have changed and hands it the pages; the image format is the same
 //! (file *n*'s data at page `n << 28`), so such an image loads either way.
 
-use super::PageRef;
 use crate::error::Result;
+use crate::store::PageRef;
 
 /// The outside holder of a disk's pages ([`super::Persister::set_outer`]).
 pub trait OuterPages: Send + Sync {

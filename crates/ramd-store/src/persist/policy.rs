@@ -10,90 +10,83 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
 
-use super::standby::{Follow, FollowTree};
-use super::{
-    DiskKind, ImageDir, LeaseWatch, OuterPages, Record, Replica, ReplicaStatus, SaveSession,
-    SegEntry, StandbyStatus,
-};
 use crate::error::{Error, Result};
-use crate::{human, Store};
+use crate::store::SaveSession;
+use crate::store::Store;
+use crate::units::human;
+
+use super::format::DiskKind;
+use super::image_dir::ImageDir;
+use super::lease::LeaseWatch;
+use super::manifest::SegEntry;
+use super::outer::OuterPages;
+use super::replica::Replica;
+use super::standby::{Follow, FollowTree};
+use super::status::{report_of, FlushMode, PersistStatus, SaveReport};
 
 /// An incremental chain is replaced by a full save once it has this many
 /// saves, or once its incremental saves add up to the full save's size:
 /// loading then reads at most about twice the disk's data.
 const MAX_CHAIN: usize = 16;
 
-/// What a save did, for `ramd snapshot` and status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SaveReport {
-    pub seq: u64,
-    pub full: bool,
-    pub pages: u64,
-    /// Bytes written to the image (the segment file).
-    pub bytes: u64,
-    pub seconds: f64,
-    pub unix_time: u64,
-}
-
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// Saves started and finished (tickets), and the last that succeeded.
-    started: u64,
-    finished: u64,
-    last_ok_ticket: u64,
+    pub(super) started: u64,
+    pub(super) finished: u64,
+    pub(super) last_ok_ticket: u64,
     /// Highest ticket a flush waits for.
-    wanted: u64,
-    saves: u64,
+    pub(super) wanted: u64,
+    pub(super) saves: u64,
     /// Saves that failed, for monitoring (`last_error` keeps only the latest).
-    failures: u64,
-    last: Option<SaveReport>,
-    last_error: Option<String>,
+    pub(super) failures: u64,
+    pub(super) last: Option<SaveReport>,
+    pub(super) last_error: Option<String>,
     /// A save failed after its switch: what it skipped is no longer marked
     /// changed, so only a full save is complete again.
-    need_full: bool,
+    pub(super) need_full: bool,
     /// The save thread is to end (saves on demand still run).
-    stop: bool,
+    pub(super) stop: bool,
     /// No save will come any more: flushes fail at once.
-    closed: bool,
+    pub(super) closed: bool,
 }
 
 /// Serializes a filesystem's tree while no request is in flight.
 pub type MetaFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 pub struct Persister {
-    store: Arc<Store>,
-    kind: DiskKind,
+    pub(super) store: Arc<Store>,
+    pub(super) kind: DiskKind,
     /// Changes when a mounted filesystem disk is resized ([`Persister::set_size`]).
-    size: AtomicU64,
-    meta: Option<MetaFn>,
+    pub(super) size: AtomicU64,
+    pub(super) meta: Option<MetaFn>,
     /// Pages kept outside the store (`--data-path kernel`), saved beside
     /// its own.
-    outer: Option<Box<dyn OuterPages>>,
+    pub(super) outer: Option<Box<dyn OuterPages>>,
     /// The image directory (also inside `image`, which a save holds);
     /// `save_to` changes it.
-    path: Mutex<PathBuf>,
+    pub(super) path: Mutex<PathBuf>,
     /// The image's lease (object storage), read by status without waiting
     /// for a save to let go of `image`; `save_to` changes it.
-    lease: Mutex<Option<LeaseWatch>>,
-    image: Mutex<ImageDir>,
+    pub(super) lease: Mutex<Option<LeaseWatch>>,
+    pub(super) image: Mutex<ImageDir>,
     /// Checksum of the tree in the image's last save (fs disks).
-    meta_sum: Mutex<Option<u32>>,
-    state: Mutex<State>,
-    changed: Condvar,
-    autosave: Option<Duration>,
-    flush_persist: bool,
+    pub(super) meta_sum: Mutex<Option<u32>>,
+    pub(super) state: Mutex<State>,
+    pub(super) changed: Condvar,
+    pub(super) autosave: Option<Duration>,
+    pub(super) flush_persist: bool,
     /// `--replicate`: told of each save committed to the local image.
-    replica: Option<Replica>,
+    pub(super) replica: Option<Replica>,
     /// `--standby`: how it follows its image; `following` until promoted.
-    follow: Option<Mutex<Follow>>,
-    following: std::sync::atomic::AtomicBool,
+    pub(super) follow: Option<Mutex<Follow>>,
+    pub(super) following: std::sync::atomic::AtomicBool,
     /// A filesystem standby's tree, replaced with each save's.
-    tree: Option<Box<dyn FollowTree>>,
+    pub(super) tree: Option<Box<dyn FollowTree>>,
 }
 
 impl Persister {
@@ -130,180 +123,6 @@ impl Persister {
             following: std::sync::atomic::AtomicBool::new(false),
             tree: None,
         }
-    }
-
-    /// Makes this the persister of a standby (`--standby`): it follows its
-    /// image, reading the MANIFEST every `poll`, and saves nothing until
-    /// [`Persister::promote`]. The store must hold the image's save and be
-    /// a standby's (`Store::set_standby`).
-    pub fn set_standby(&mut self, poll: Duration) {
-        self.follow = Some(Mutex::new(Follow::new(poll)));
-        *self.following.get_mut() = true;
-    }
-
-    /// A filesystem standby: each save's tree goes to `tree` (see
-    /// `FollowTree`), and the promotion's save holds it.
-    pub fn set_follow_tree(&mut self, tree: Box<dyn FollowTree>) {
-        self.tree = Some(tree);
-    }
-
-    /// Whether it is a standby not yet promoted.
-    pub fn is_standby(&self) -> bool {
-        self.following.load(Ordering::SeqCst)
-    }
-
-    /// One poll of a standby: what its writer saved since is applied.
-    fn follow_once(&self) {
-        let Some(follow) = &self.follow else { return };
-        let mut image = self.image.lock();
-        if !self.is_standby() {
-            return;
-        }
-        let r = image.follow(&self.store, follow, self.tree.as_deref());
-        let last = image.manifest().and_then(|m| m.chain.last()).cloned();
-        drop(image);
-        let mut f = follow.lock();
-        match r {
-            Ok(()) => {
-                if f.error.take().is_some() {
-                    log::info!(
-                        "standby: following image {} again",
-                        self.path.lock().display()
-                    );
-                }
-            }
-            Err(e) => {
-                let text = e.to_string();
-                if f.error.as_deref() != Some(&text) {
-                    log::error!("standby: {text} (trying again every poll)");
-                }
-                f.error = Some(text);
-            }
-        }
-        drop(f);
-        if let Some(s) = last {
-            self.state.lock().last = Some(report_of(&s));
-        }
-    }
-
-    /// A standby's loop: polls every `--standby-poll` until promoted or
-    /// stopped. Returns whether it was stopped.
-    fn follow_loop(&self) -> bool {
-        let poll = match &self.follow {
-            Some(f) => f.lock().poll,
-            None => return false,
-        };
-        loop {
-            // At once at the start: what was saved since the load.
-            self.follow_once();
-            let deadline = Instant::now() + poll;
-            let mut st = self.state.lock();
-            while !st.stop && self.is_standby() && Instant::now() < deadline {
-                self.changed.wait_until(&mut st, deadline);
-            }
-            if st.stop {
-                return true;
-            }
-            if !self.is_standby() {
-                return false;
-            }
-        }
-    }
-
-    /// `ramd promote NAME`: makes a standby its image's writer. Takes the
-    /// image's lease, waiting up to `wait` for its holder's to run out
-    /// (`force`: takes it over at once), applies what the old writer
-    /// committed since the last poll, and commits an empty save that
-    /// fences the old writer off (`standby.rs`); then the store takes
-    /// writes and saves go to the image. A failure leaves it a standby.
-    pub fn promote(&self, force: bool, wait: Duration) -> Result<SaveReport> {
-        let Some(follow) = &self.follow else {
-            return Err(Error::Unusable(
-                "the disk is not a standby (serve it with --standby to promote it later)".into(),
-            ));
-        };
-        let deadline = Instant::now() + wait;
-        let mut image = loop {
-            let mut image = self.image.lock();
-            if !self.is_standby() {
-                return Err(Error::Unusable(
-                    "the disk is not a standby any more: it was promoted already".into(),
-                ));
-            }
-            let h = match image.take_lease(force)? {
-                Ok(()) => break image,
-                Err(h) => h,
-            };
-            let now = now_secs();
-            let left = h.expires.saturating_sub(now);
-            if Instant::now() >= deadline {
-                return Err(Error::Unusable(format!(
-                    "image {}: its lease is held by {} until {} (in {left} s): its writer may \
-                    be alive. Promote once it has stopped (a clean stop releases the lease) \
-                    or its lease has run out (`--wait DURATION` waits for that), or take the \
-                    lease over with --force (the old writer's next save then fails)",
-                    image.path().display(),
-                    h.holder,
-                    super::time_text(h.expires * 1_000_000_000),
-                )));
-            }
-            drop(image);
-            log::info!(
-                "promoting: waiting for the lease held by {} to run out at {} (in {left} s)",
-                h.holder,
-                super::time_text(h.expires * 1_000_000_000)
-            );
-            // Again at its expiry (to the millisecond: a failover waits
-            // for it), and every second before: a clean stop releases it.
-            let expiry = (UNIX_EPOCH + Duration::from_secs(h.expires))
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-            let until = deadline
-                .min(Instant::now() + expiry + Duration::from_millis(1))
-                .min(Instant::now() + Duration::from_secs(1));
-            let mut st = self.state.lock();
-            while !st.stop && Instant::now() < until {
-                self.changed.wait_until(&mut st, until);
-            }
-            if st.stop {
-                return Err(Error::Unusable("ramd is stopping: not promoted".into()));
-            }
-        };
-        let fenced = image.fence(&self.store, follow, self.tree.as_deref());
-        let entry = match fenced {
-            Ok(e) => e,
-            Err(e) => {
-                image.drop_lease();
-                return Err(Error::context(
-                    "promoting: the disk stays a standby".into(),
-                    e,
-                    "",
-                ));
-            }
-        };
-        *self.lease.lock() = image.lease_watch();
-        if let Some(t) = &self.tree {
-            // The fencing save holds the tree: the next save writes its
-            // own only if it changed.
-            *self.meta_sum.lock() = Some(crc32c::crc32c(&t.save()));
-        }
-        self.following.store(false, Ordering::SeqCst);
-        self.store.set_standby(false);
-        drop(image);
-        let report = report_of(&entry);
-        {
-            let mut st = self.state.lock();
-            st.last = Some(report.clone());
-            st.saves += 1;
-        }
-        follow.lock().error = None;
-        self.changed.notify_all();
-        log::warn!(
-            "promoted: this disk is now the writer of image {} (save {}); it takes writes",
-            self.path.lock().display(),
-            entry.seq
-        );
-        Ok(report)
     }
 
     /// Ships each committed save to `replica` too, starting with the
@@ -757,18 +576,6 @@ fn standby_refusal() -> Error {
     )
 }
 
-/// A save of the image as status shows it.
-fn report_of(s: &SegEntry) -> SaveReport {
-    SaveReport {
-        seq: s.seq,
-        full: s.full,
-        pages: s.pages,
-        bytes: s.bytes,
-        seconds: 0.0,
-        unix_time: s.time_ns / 1_000_000_000,
-    }
-}
-
 /// What the image still holds when a save fails: never claim a save that
 /// does not exist.
 fn kept_text(image: &ImageDir) -> String {
@@ -782,219 +589,7 @@ fn kept_text(image: &ImageDir) -> String {
     }
 }
 
-/// What a flush does: `ignore` (memory is the medium) or `persist` (wait
-/// for a save).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlushMode {
-    Ignore,
-    Persist,
-}
-
-/// A disk's persistence as `ramd status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PersistStatus {
-    /// The image directory; `None` for a disk without one.
-    pub image: Option<String>,
-    pub flush: FlushMode,
-    pub autosave_secs: Option<f64>,
-    /// Saves this process made.
-    pub saves: u64,
-    /// Saves this process tried that failed.
-    #[serde(default)]
-    pub save_failures: u64,
-    /// The last save that succeeded (the image's last, until this process
-    /// saves).
-    pub last_save: Option<SaveReport>,
-    /// Why the last save failed, until one succeeds.
-    pub last_save_error: Option<String>,
-    /// `--replicate`: the replica in object storage.
-    #[serde(default)]
-    pub replica: Option<ReplicaStatus>,
-    /// `--standby` (until promoted): how it follows its image.
-    #[serde(default)]
-    pub standby: Option<StandbyStatus>,
-}
-
-impl PersistStatus {
-    /// The status of a disk without an image.
-    pub fn none() -> PersistStatus {
-        PersistStatus {
-            image: None,
-            flush: FlushMode::Ignore,
-            autosave_secs: None,
-            saves: 0,
-            save_failures: 0,
-            last_save: None,
-            last_save_error: None,
-            replica: None,
-            standby: None,
-        }
-    }
-}
-
-/// Loads the image into `store`; returns the filesystem tree if it is an
-/// fs image. Progress goes to a bar on a terminal, else to log lines.
-/// Set by a stop signal: loads under way end at their next record, so that
-/// Ctrl-C during a long load stops at once (and nothing half-loaded is
-/// ever saved: the disk that was loading never serves).
-static STOP_LOADING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Stops every load of this process (`on` = true), or allows loads again.
-pub fn stop_loading(on: bool) {
-    STOP_LOADING.store(on, Ordering::SeqCst);
-}
-
-/// Whether a signal stopped loads ([`stop_loading`]): a loader of its own
-/// (`--data-path kernel`) checks it as `load` does.
-pub fn loading_stopped() -> bool {
-    STOP_LOADING.load(Ordering::Relaxed)
-}
-
-pub fn load(image: &ImageDir, store: &Store) -> Result<Option<Vec<u8>>> {
-    let m = image.manifest().expect("load needs an image");
-    let t0 = Instant::now();
-    log::info!(
-        "loading image {}: {} disk of {}, {} save(s), {}",
-        image.path().display(),
-        m.kind.name(),
-        human(m.size),
-        m.chain.len(),
-        human(m.bytes())
-    );
-    let bar = progress_bar(m.bytes());
-    let mut meta = None;
-    let mut logged = 0;
-    image
-        .read_chain(
-            |rec| match rec {
-                _ if STOP_LOADING.load(Ordering::Relaxed) => Err(Error::Unusable(
-                    "stopped by a signal (the image is untouched)".into(),
-                )),
-                Record::Page(page, p) => store.restore_page(page, p),
-                Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
-                Record::Gone(key) => store.restore_gone(key),
-                Record::Meta(m) => {
-                    meta = Some(m.to_vec());
-                    Ok(())
-                }
-            },
-            |done, total| match &bar {
-                Some(b) => b.set_position(done),
-                None => {
-                    let quarter = done * 4 / total.max(1);
-                    if quarter > logged && quarter < 4 {
-                        logged = quarter;
-                        log::info!("loading: {}%", quarter * 25);
-                    }
-                }
-            },
-        )
-        .map_err(|e| {
-            let hint = match e {
-                Error::NoSpace { .. } => {
-                    ": the image holds more than the disk's memory cap allows: give a larger \
-                     --max-memory SIZE"
-                }
-                Error::DiskFull { .. } => {
-                    ": the image holds more than the disk's size allows: give a larger --size SIZE"
-                }
-                _ => "",
-            };
-            Error::context(format!("loading image {}", image.path().display()), e, hint)
-        })?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    store.end_restore();
-    let secs = t0.elapsed().as_secs_f64();
-    let st = store.stats();
-    log::info!(
-        "loaded image {}: {} pages ({} of data in {} of memory) in {secs:.2} s ({}/s)",
-        image.path().display(),
-        st.data_pages + st.zero_pages + st.fill_pages,
-        human(st.data_bytes),
-        human(st.memory_used),
-        human((m.bytes() as f64 / secs.max(1e-9)) as u64)
-    );
-    if m.kind == DiskKind::Fs && meta.is_none() {
-        return Err(Error::Unusable(format!(
-            "image {}: an fs image without its tree (no META record)",
-            image.path().display()
-        )));
-    }
-    Ok(meta)
-}
-
-fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let b = indicatif::ProgressBar::new(total);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "loading {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template"),
-    );
-    Some(b)
-}
-
-/// Opens `--image DIR` and checks it against the disk's settings: the
-/// size to use (the image's when `size` is None) and the image, loaded or
-/// new.
-pub fn open_image(dir: &Path, kind: DiskKind, size: Option<u64>) -> Result<(ImageDir, u64)> {
-    let image = ImageDir::open(dir).map_err(|e| match e {
-        // Says which directory (or URL: every error of one names it) itself.
-        e @ Error::Unusable(_) => e,
-        e if super::is_url(dir) => e,
-        e => Error::context(format!("image {}", dir.display()), e, ""),
-    })?;
-    let Some(m) = image.manifest() else {
-        let size = size.ok_or_else(|| {
-            Error::Unusable(format!(
-                "image {} is empty (a new image): give --size SIZE for the new disk",
-                dir.display()
-            ))
-        })?;
-        return Ok((image, size));
-    };
-    if m.kind != kind {
-        // Commands in backquotes: the mount helper, which rewrites flags
-        // as mount options, leaves those alone.
-        let d = dir.display();
-        return Err(Error::Unusable(match kind {
-            DiskKind::Fs => format!(
-                "image {d} holds a block disk, not a filesystem: serve it as a block disk \
-                 (`ramd serve --image {d}`)"
-            ),
-            DiskKind::Block => format!(
-                "image {d} holds a filesystem, not a block disk: mount it \
-                 (`ramd serve --image {d} --mount DIR`, or `mount -t fuse.ramd -o image={d} \
-                 NAME DIR`)"
-            ),
-        }));
-    }
-    // A filesystem disk may be mounted with another size (tmpfs's way: the
-    // mount's size= rules); loading then checks that the data fits.
-    if kind == DiskKind::Fs {
-        let size = size.unwrap_or(m.size);
-        return Ok((image, size));
-    }
-    if let Some(s) = size.filter(|&s| s != m.size) {
-        return Err(Error::Unusable(format!(
-            "--size {s} differs from the size of the disk in image {}: {} bytes; leave --size \
-             out to use the image's",
-            dir.display(),
-            m.size
-        )));
-    }
-    let size = m.size;
-    Ok((image, size))
-}
-
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -1,7 +1,21 @@
 //! Reading an image back: `ImageDir::read_chain`, the checked segment
 //! parser, and `AheadReader` (O_DIRECT read-ahead on its own thread).
 
-use super::*;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::store::PageRef;
+use crate::sys::PAGE_SIZE;
+
+use super::format::{
+    Buf, Record, DIO_ALIGN, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE, R_HOLE,
+    R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION,
+};
+use super::image_dir::{object_name, ImageDir};
+use super::manifest::{Manifest, SegEntry};
+use super::writer::{clear_direct, open_direct};
 
 impl ImageDir {
     /// Reads every segment of the chain in order, checking every checksum,

@@ -20,13 +20,26 @@
 //! retention.
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
+use crate::identity::DiskId;
+
+use super::format::{new_buf, Buf};
 use super::history::{expired, kept_in_dir};
-use super::*;
+use super::image_dir::{object_name, seg_name, ImageDir, Open};
+use super::manifest::{Manifest, SegEntry};
+use super::remote::Remote;
+use super::time_text;
 
 /// How long the first retry of a failed shipment waits; it doubles up to
 /// `RETRY_MAX`.
@@ -421,7 +434,7 @@ fn run(sh: &Shared, mut remote: ImageDir) {
                 log::info!(
                     "replicated save {seq} to {}: {segments} segment(s), {} uploaded in {:.2} s",
                     sh.url,
-                    crate::human(bytes),
+                    crate::units::human(bytes),
                     t0.elapsed().as_secs_f64()
                 );
                 retry = RETRY_MIN;

@@ -29,8 +29,20 @@
 //! writer that lands first makes the standby's fail: it reads and applies
 //! that save too and commits again.
 
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::sys::PAGE_SIZE;
+
+use super::format::Record;
+use super::image_dir::{object_name, ImageDir, Open};
+use super::lease::{Lease, LeaseHolder};
+use super::manifest::{Manifest, SegEntry};
 use super::reader::parse_segment;
-use super::*;
+use super::remote::is_url;
 
 /// A standby's following, as `ramd status` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -308,7 +320,7 @@ impl ImageDir {
                 if seg.full { "full" } else { "incremental" },
                 seg.seq,
                 seg.pages,
-                crate::human(seg.bytes),
+                crate::units::human(seg.bytes),
                 t1.elapsed().as_secs_f64()
             );
         }

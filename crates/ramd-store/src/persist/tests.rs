@@ -1,6 +1,19 @@
-use super::reader::*;
-use super::*;
+use std::fs::{self, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
+
+use crate::sys::PAGE_SIZE;
+
+use super::format::{Buf, DiskKind, Record, DIO_ALIGN, MANIFEST, REC_HEADER, SEG_HEADER};
+use super::image_dir::{object_name, save_file, save_object, ImageDir};
+use super::load::{load, Progress};
+use super::manifest::Manifest;
+use super::policy::Persister;
+use super::reader::*;
+use super::remote::upload_marker;
+use super::writer::{open_direct, write_block};
 
 /// Writes O_DIRECT refuses (a few bytes from unaligned memory at an
 /// unaligned offset) go through the page cache instead, and land.
@@ -94,15 +107,8 @@ fn segments_round_trip_whatever_their_record_sizes() {
         let mut w = img
             .begin_segment(1, true, DiskKind::Block, 1 << 30)
             .unwrap();
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut rnd = move || rng.u64(..);
         let mut want: Vec<Vec<u8>> = Vec::new();
         let mut bytes = SEG_HEADER as u64;
         for i in 0..50 + rnd() % 400 {
@@ -178,7 +184,23 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     p.close();
 
     let loaded = crate::Store::new(cfg()).unwrap();
-    load(&ImageDir::open_existing(&dir).unwrap(), &loaded).unwrap();
+    let image = ImageDir::open_existing(&dir).unwrap();
+    let total = image.manifest().unwrap().bytes();
+    let mut seen = Vec::new();
+    load(&image, &loaded, &mut |p| seen.push(p)).unwrap();
+    // The load reports its bytes as they are read, up to the whole image,
+    // then once that it is done.
+    assert_eq!(seen.last(), Some(&Progress::Done), "{seen:?}");
+    let read: Vec<(u64, u64)> = seen[..seen.len() - 1]
+        .iter()
+        .map(|p| match *p {
+            Progress::Read { done, total } => (done, total),
+            Progress::Done => panic!("Done before the end: {seen:?}"),
+        })
+        .collect();
+    assert!(read.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert!(read.iter().all(|&(_, t)| t == total), "{seen:?}");
+    assert_eq!(read.last().map(|r| r.0), Some(total), "{seen:?}");
     let mut got = vec![0u8; 2 * PAGE_SIZE];
     loaded.read(0, &mut got).unwrap();
     assert_eq!(got[..PAGE_SIZE], page(2)[..]);

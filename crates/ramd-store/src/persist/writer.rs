@@ -2,7 +2,24 @@
 //! sends 1 MiB batches to the file with O_DIRECT from a writer thread (or,
 //! for an image in object storage, to a multipart upload: `remote.rs`).
 
-use super::*;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+use crate::store::PageRef;
+use crate::sys::PAGE_SIZE;
+
+use super::format::{
+    new_buf, Buf, DiskKind, DIO_ALIGN, MAX_PAYLOAD, REC_HEADER, R_END, R_FILL, R_FRAME, R_GONE,
+    R_HOLE, R_META, R_PACKED, R_RAW, SEG_HEADER, SEG_MAGIC, SEG_VERSION, WRITE_BATCH,
+};
+use super::image_dir::{crash_if, crash_point, object_name, sync_dir, Crash, ImageDir};
+use super::manifest::SegEntry;
 
 impl ImageDir {
     /// Starts the segment of save `seq`.

@@ -1,7 +1,24 @@
 //! Background work: ageing, compressing hot pages, re-packing idle ones
 //! into frames, splitting frames, compaction (moving objects).
 
-use super::*;
+use std::collections::hash_map::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use parking_lot::{MutexGuard, RwLock, RwLockUpgradableReadGuard};
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+use crate::zs;
+
+use super::compress::{codec_id, timed, FrameCache};
+use super::frame::{frame_len, FRAME_HEADER, FRAME_PAGES};
+use super::table::{
+    page_ref, Chunk, Slot, ACCESSED, AGE_SHIFT, KIND_MASK, K_FILL, K_FRAME, K_HOLE, K_LZ4,
+    K_RAW_HOT, K_RAW_HUGE, K_ZSTD, MAX_AGE, SETTLED,
+};
+use super::{Store, StoreConfig, CHUNK_PAGES, SHARDS};
 
 /// Proof that a background pass is under way (from [`Store::begin_pass`],
 /// handed back to [`Store::end_pass`]): passes and client compaction take

@@ -5,7 +5,15 @@
 //! must fit both, so whichever disk crosses the shared budget gets ENOSPC
 //! and the others keep what they hold.
 
-use super::*;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::pool::PagePtr;
+use crate::sys::PAGE_SIZE;
+
+use super::{Store, CHUNK_META_BYTES};
 
 /// Budget kept for the background scanner: a disk filled to `max_memory`
 /// with raw (hot) pages could otherwise never compress them, since a
@@ -50,8 +58,8 @@ impl Store {
             return Err(Error::Invalid(format!(
                 "the disk holds {} in {pages} pages, more than the new size of {} \
                  (delete files first)",
-                crate::human(pages * PAGE_SIZE as u64),
-                crate::human(page_limit.saturating_mul(PAGE_SIZE as u64))
+                crate::units::human(pages * PAGE_SIZE as u64),
+                crate::units::human(page_limit.saturating_mul(PAGE_SIZE as u64))
             )));
         }
         let used = self.c.memory_used.load(Relaxed);
@@ -59,8 +67,8 @@ impl Store {
         if max_memory < least || used > max_memory - self.headroom {
             return Err(Error::Invalid(format!(
                 "the disk uses {} of memory, more than the new max_memory of {} allows",
-                crate::human(used),
-                crate::human(max_memory)
+                crate::units::human(used),
+                crate::units::human(max_memory)
             )));
         }
         self.page_limit.store(page_limit, Relaxed);

@@ -2,16 +2,21 @@
 //! or a frame member (with a per-request frame cache), promotion of pages
 //! read again, codec ids, and `compress_page` for image tools.
 
-use super::*;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::codec::{self, Codec};
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+use crate::zs::{self, Handle};
+
+use super::frame::{frame_len, FRAME_HEADER};
+use super::table::{page_mut, Chunk, ChunkSpan, Slot};
+use super::{Store, CHUNK_PAGES};
 
 /// A compressed page is kept only if its object is at most this big; above
 /// it the page is stored raw (decompressing for a 6% saving is a poor trade).
 pub(crate) const MAX_PACKED: usize = PAGE_SIZE - PAGE_SIZE / 16;
-/// Pages one multi-page frame holds at most.
-pub(crate) const FRAME_PAGES: usize = 16;
-/// Bytes before a frame's compressed data: first slot, page count, codec,
-/// a spare byte, compressed length (u32 LE).
-pub(crate) const FRAME_HEADER: usize = 8;
 
 impl Store {
     /// Hot/cold tiering: compressed pages read whole a second time since the
@@ -205,10 +210,6 @@ impl FrameCache {
         dst.copy_from_slice(&self.data[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
         Ok(())
     }
-}
-
-pub(crate) fn frame_len(header: &[u8; FRAME_HEADER]) -> usize {
-    u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize
 }
 
 pub(crate) fn codec_id(c: Codec) -> u8 {

@@ -1,7 +1,18 @@
 //! What clients call: read, flush, extents on the store; write, zero,
 //! trim and allocate only through a [`Change`], which holds the gate.
 
-use super::*;
+use std::sync::atomic::Ordering::Relaxed;
+
+use parking_lot::RwLockReadGuard;
+
+use crate::error::{Error, Result};
+use crate::sys::PAGE_SIZE;
+
+use super::compress::FrameCache;
+use super::table::{
+    chunk_spans, page_mut, page_ref, Chunk, Slot, ACCESSED, AGE_SHIFT, MAX_AGE, SETTLED,
+};
+use super::{FlushHook, Store, CHUNK_BYTES, CHUNK_PAGES, PAGE_SHIFT};
 
 /// What the page table says about a stretch of the disk.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]

@@ -30,21 +30,25 @@
 //! and `stats`; `table.rs` the slot encoding, chunks, shards and spans;
 //! `io.rs` what clients call; `budget.rs` the memory budget; `compress.rs`
 //! packing and decoding pages; `background.rs` the scanner's passes;
-//! `crate::persist::session` the store's side of saves and loads.
+//! `save.rs` the store's side of saves and loads.
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::hash_map::HashMap;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockUpgradableReadGuard};
+use background::scanner_tick;
+use budget::BACKGROUND_HEADROOM;
+use parking_lot::{Mutex, RwLock};
+use table::{Chunk, Shard, Slot, MAX_AGE};
 
-use crate::codec::{self, Codec};
+use crate::arena::MemoryPolicy;
+use crate::codec::Codec;
 use crate::error::{Error, Result};
-use crate::pool::{MemoryPolicy, PagePool, PagePtr, PoolStats};
-use crate::zs::{self, Handle, ZsAlloc};
-use crate::PAGE_SIZE;
+use crate::pool::{PagePool, PoolStats};
+use crate::sys::PAGE_SIZE;
+use crate::zs::{self, ZsAlloc};
 
 const PAGE_SHIFT: u32 = 12;
 pub(crate) const CHUNK_PAGES: usize = 64;
@@ -68,17 +72,18 @@ const _: () = assert!(CHUNK_META_BYTES == 720 && CHUNK_META_BYTES <= 16 * CHUNK_
 
 mod background;
 mod budget;
-mod compress;
+pub(crate) mod compress;
+pub(crate) mod frame;
 mod io;
-mod table;
-pub(crate) use background::*;
+mod page;
+mod save;
+pub(crate) mod table;
 pub use budget::Budget;
-pub(crate) use budget::*;
 pub use compress::compress_page;
 pub(crate) use compress::MAX_PACKED;
-pub(crate) use compress::*;
 pub use io::{Change, Extent, ExtentKind, StandbyHold};
-pub(crate) use table::*;
+pub use page::PageRef;
+pub use save::{SavePlan, SaveSession};
 
 /// How a store is sized, guarded and compressed.
 #[derive(Clone, Debug)]
@@ -137,7 +142,7 @@ impl StoreConfig {
 
 /// 2% of the host's memory, at least 256 MiB: what ramd leaves to everyone else.
 pub fn default_host_reserve() -> u64 {
-    let total = crate::pool::mem_total().unwrap_or(0);
+    let total = crate::sys::mem_total().unwrap_or(0);
     (total / 50).max(256 << 20)
 }
 
@@ -255,7 +260,7 @@ pub(crate) struct Counters {
     pub(crate) decompress_ns: AtomicU64,
     pub(crate) background_ns: AtomicU64,
     pub(crate) compacted: AtomicU64,
-    /// Bytes of pages kept for the save under way (see `persist/session.rs`).
+    /// Bytes of pages kept for the save under way (see `save.rs`).
     pub(crate) kept: AtomicU64,
     /// The save under way could not keep a page it needed.
     pub(crate) save_broken: std::sync::atomic::AtomicBool,

@@ -2,7 +2,20 @@
 //! new slot in place (`replace`), and how a request is cut into chunk and
 //! page spans.
 
-use super::*;
+use std::collections::hash_map::{Entry, HashMap};
+use std::sync::atomic::AtomicU16;
+use std::sync::atomic::Ordering::Relaxed;
+
+use parking_lot::RwLock;
+
+use crate::error::Result;
+use crate::pool::PagePtr;
+use crate::sys::PAGE_SIZE;
+use crate::zs::Handle;
+
+use super::frame::{frame_len, FRAME_HEADER};
+use super::page::SaveState;
+use super::{Store, CHUNK_BYTES, CHUNK_META_BYTES, CHUNK_PAGES, PAGE_SHIFT, SHARDS};
 
 // Slot metadata: kind in the low 3 bits, then flags, then the age in passes
 // of the background scanner.
@@ -82,15 +95,8 @@ pub(crate) struct Chunk {
     /// Slots that are not `Hole`; the chunk is dropped when this reaches 0
     /// (and it keeps no pages for a save).
     pub(crate) live: u32,
-    /// Slots changed since the last save's switch (see `persist/session.rs`).
-    pub(crate) dirty: u64,
-    /// Slots the save under way has still to write; atomic because the
-    /// saver clears them under a shared lock.
-    pub(crate) saving: AtomicU64,
-    /// Contents at the switch of `saving` slots that clients changed since.
-    // Boxed: 8 bytes per chunk rather than a Vec's 24, for a rare case.
-    #[allow(clippy::box_collection)]
-    pub(crate) kept: Option<Box<Vec<(u8, crate::persist::Kept)>>>,
+    /// The chunk's part in saves (see `save.rs`).
+    pub(crate) save: SaveState,
 }
 
 impl Chunk {
@@ -99,9 +105,7 @@ impl Chunk {
             vals: [0; CHUNK_PAGES],
             meta: std::array::from_fn(|_| AtomicU16::new(K_HOLE)),
             live: 0,
-            dirty: 0,
-            saving: AtomicU64::new(0),
-            kept: None,
+            save: SaveState::default(),
         })
     }
 
@@ -159,31 +163,16 @@ impl Store {
         let before = chunk.live;
         let result = f(chunk);
         *pages += chunk.live as i64 - before as i64;
-        if chunk.live == 0 && chunk.kept.is_none() {
+        if chunk.live == 0 && chunk.save.kept.is_none() {
             self.drop_chunk(&mut map, idx);
         }
         result
     }
 
-    /// [`Store::with_chunk`] for a client's change: the chunk is handed
-    /// out as a [`ClientChunk`], whose slots change only through
-    /// [`ClientChunk::change`], which records each change for saves.
-    pub(crate) fn with_client_chunk(
-        &self,
-        idx: u64,
-        create: bool,
-        pages: &mut i64,
-        f: impl FnOnce(&mut ClientChunk<'_>) -> Result<()>,
-    ) -> Result<()> {
-        self.with_chunk(idx, create, pages, |chunk| {
-            f(&mut ClientChunk { store: self, chunk })
-        })
-    }
-
     /// Drops an empty chunk, remembering it for the next save.
     pub(crate) fn drop_chunk(&self, map: &mut HashMap<u64, Box<Chunk>>, key: u64) {
         if let Some(chunk) = map.remove(&key) {
-            debug_assert!(chunk.live == 0 && chunk.kept.is_none());
+            debug_assert!(chunk.live == 0 && chunk.save.kept.is_none());
             self.c.chunks.fetch_sub(1, Relaxed);
             self.unreserve(CHUNK_META_BYTES);
             if self.track {
@@ -354,26 +343,4 @@ pub(crate) fn chunk_spans(offset: u64, length: u64) -> impl Iterator<Item = Chun
         off += len;
         Some(span)
     })
-}
-
-/// A chunk as a client's request holds it (under its shard's write lock).
-/// The one way to change one of its slots is [`ClientChunk::change`], so
-/// no client path can forget to tell the save under way (and the next
-/// one) about it.
-pub(crate) struct ClientChunk<'a> {
-    store: &'a Store,
-    chunk: &'a mut Chunk,
-}
-
-impl ClientChunk<'_> {
-    pub(crate) fn get(&self, i: usize) -> Slot {
-        self.chunk.get(i)
-    }
-
-    /// Slot `i` is about to change: records it for saves (see
-    /// `Store::changing`) and hands out the chunk to change it.
-    pub(crate) fn change(&mut self, i: usize) -> &mut Chunk {
-        self.store.changing(self.chunk, i);
-        self.chunk
-    }
 }

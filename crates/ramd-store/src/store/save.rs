@@ -1,8 +1,10 @@
-//! The store's side of persistence: which pages changed since the last save
-//! (`Chunk::dirty`, and `Store::gone` for chunks that emptied), a save's
-//! point-in-time view while clients keep writing (copy-on-write of the pages
-//! a save still has to write: `Chunk::saving`, `Chunk::kept`), and putting
-//! saved pages back on load. The image file format is `format.rs`'s.
+//! The store's side of persistence: which pages changed since the last
+//! save (each chunk's `SaveState::dirty`, and `Store::gone` for chunks that
+//! emptied), a save's point-in-time view while clients keep writing
+//! (copy-on-write of the pages a save still has to write:
+//! `SaveState::saving`, `SaveState::kept`), and putting saved pages back on
+//! load. The image file format is `persist/format.rs`'s;
+//! `persist/` reads a save through [`SaveSession`] and [`PageRef`] alone.
 //!
 //! A save runs in three steps:
 //! 1. [`Store::begin_save`]: under the gate (no request in flight) and every
@@ -20,61 +22,14 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use crate::error::{Error, Result};
-use crate::store::*;
-use crate::{zs, PAGE_SIZE};
+use crate::sys::PAGE_SIZE;
+use crate::zs;
 
-/// One page (or one frame of pages) as an image holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageRef<'a> {
-    Hole,
-    /// Every 8 bytes of the page are this (little-endian order of memory).
-    Fill(u64),
-    /// An uncompressed page; `hot`: waiting to be compressed (else it did
-    /// not compress).
-    Raw {
-        data: &'a [u8],
-        hot: bool,
-    },
-    /// One page compressed alone.
-    Packed {
-        zstd: bool,
-        data: &'a [u8],
-    },
-    /// A frame object (header and compressed data) and the slots of its
-    /// chunk that name it.
-    Frame {
-        mask: u64,
-        data: &'a [u8],
-    },
-}
-
-/// A page's contents at the switch, copied before a client changed it.
-pub(crate) enum Kept {
-    Hole,
-    Fill(u64),
-    Raw { data: Box<[u8]>, hot: bool },
-    Packed { zstd: bool, data: Box<[u8]> },
-}
-
-impl Kept {
-    /// Memory charged while it is held.
-    fn cost(&self) -> u64 {
-        let data = match self {
-            Kept::Raw { data, .. } | Kept::Packed { data, .. } => data.len(),
-            Kept::Hole | Kept::Fill(_) => 0,
-        };
-        (data + std::mem::size_of::<(u8, Kept)>()) as u64
-    }
-
-    fn as_ref(&self) -> PageRef<'_> {
-        match self {
-            Kept::Hole => PageRef::Hole,
-            Kept::Fill(p) => PageRef::Fill(*p),
-            Kept::Raw { data, hot } => PageRef::Raw { data, hot: *hot },
-            Kept::Packed { zstd, data } => PageRef::Packed { zstd: *zstd, data },
-        }
-    }
-}
+use super::compress::{codec_of, FrameCache, MAX_PACKED};
+use super::frame::{frame_len, FRAME_HEADER, FRAME_PAGES};
+use super::page::{Kept, PageRef};
+use super::table::{page_mut, page_ref, Chunk, Slot, K_HOLE};
+use super::{Store, CHUNK_PAGES};
 
 /// What one save writes, fixed at the switch.
 #[derive(Debug, Default, Clone)]
@@ -147,8 +102,8 @@ impl Store {
             return;
         }
         let bit = 1u64 << i;
-        chunk.dirty |= bit;
-        if chunk.saving.load(Relaxed) & bit == 0 {
+        chunk.save.dirty |= bit;
+        if chunk.save.saving.load(Relaxed) & bit == 0 {
             return;
         }
         let kept = self.capture(chunk, i);
@@ -157,7 +112,7 @@ impl Store {
             // The save can no longer be the disk at its switch: it fails
             // (the saver checks `SaveSession::broken`) and the next one is full.
             self.c.save_broken.store(true, Relaxed);
-            chunk.saving.fetch_and(!bit, Relaxed);
+            chunk.save.saving.fetch_and(!bit, Relaxed);
             return;
         }
         // Never refused: the client's own budget grows by the same amount
@@ -167,8 +122,9 @@ impl Store {
             b.take(cost);
         }
         self.c.kept.fetch_add(cost, Relaxed);
-        chunk.saving.fetch_and(!bit, Relaxed);
+        chunk.save.saving.fetch_and(!bit, Relaxed);
         chunk
+            .save
             .kept
             .get_or_insert_with(Default::default)
             .push((i as u8, kept));
@@ -260,18 +216,18 @@ impl Store {
         for shard in self.shards.iter() {
             let mut map = shard.0.write();
             for (&key, chunk) in map.iter_mut() {
-                debug_assert_eq!(chunk.saving.load(Relaxed), 0, "a save is under way");
-                plan.changed |= chunk.dirty != 0;
+                debug_assert_eq!(chunk.save.saving.load(Relaxed), 0, "a save is under way");
+                plan.changed |= chunk.save.dirty != 0;
                 let mask = if full {
                     (0..CHUNK_PAGES)
                         .filter(|&i| chunk.kind(i) != K_HOLE)
                         .fold(0u64, |m, i| m | 1 << i)
                 } else {
-                    chunk.dirty
+                    chunk.save.dirty
                 };
-                chunk.dirty = 0;
+                chunk.save.dirty = 0;
                 if mask != 0 {
-                    chunk.saving.store(mask, Relaxed);
+                    chunk.save.saving.store(mask, Relaxed);
                     plan.chunks.push((key, mask));
                     plan.pages += mask.count_ones() as u64;
                 }
@@ -297,7 +253,7 @@ impl Store {
         let mut left = mask;
         if let Some(chunk) = map.get(&key) {
             // Writers wait; readers and the scanner's reads go on.
-            let saving = chunk.saving.load(Relaxed) & mask;
+            let saving = chunk.save.saving.load(Relaxed) & mask;
             let mut scratch = [0u8; PAGE_SIZE];
             let mut done = 0u64;
             for i in 0..CHUNK_PAGES {
@@ -330,7 +286,7 @@ impl Store {
                         let val = chunk.vals[i];
                         let members = std::iter::once(i)
                             .chain(chunk.frame_members(val))
-                            .filter(|&j| (saving | !chunk.dirty) & 1 << j != 0)
+                            .filter(|&j| (saving | !chunk.save.dirty) & 1 << j != 0)
                             .fold(0u64, |m, j| m | 1 << j);
                         // SAFETY: the slot's frame object; writers held off.
                         let header = unsafe { self.frame_header(h) };
@@ -349,7 +305,7 @@ impl Store {
                 }
                 done |= 1 << i;
             }
-            chunk.saving.fetch_and(!saving, Relaxed);
+            chunk.save.saving.fetch_and(!saving, Relaxed);
             left &= !saving;
         }
         if left == 0 {
@@ -360,7 +316,7 @@ impl Store {
         map.with_upgraded(|map| {
             let mut empty = false;
             if let Some(chunk) = map.get_mut(&key) {
-                for (i, kept) in chunk.kept.take().map(|b| *b).unwrap_or_default() {
+                for (i, kept) in chunk.save.kept.take().map(|b| *b).unwrap_or_default() {
                     if left & 1 << i != 0 {
                         f(base + i as u64, kept.as_ref());
                         left &= !(1 << i);
@@ -392,8 +348,8 @@ impl Store {
             let mut map = shard.0.write();
             let mut empty = Vec::new();
             for (&key, chunk) in map.iter_mut() {
-                chunk.saving.store(0, Relaxed);
-                for (_, kept) in chunk.kept.take().map(|b| *b).unwrap_or_default() {
+                chunk.save.saving.store(0, Relaxed);
+                for (_, kept) in chunk.save.kept.take().map(|b| *b).unwrap_or_default() {
                     let cost = kept.cost();
                     self.c.kept.fetch_sub(cost, Relaxed);
                     self.unreserve(cost);
@@ -551,5 +507,44 @@ impl Store {
         }
         self.replace(chunk, i, new, true);
         Ok(())
+    }
+}
+
+impl Store {
+    /// [`Store::with_chunk`] for a client's change: the chunk is handed
+    /// out as a [`ClientChunk`], whose slots change only through
+    /// [`ClientChunk::change`], which records each change for saves.
+    pub(crate) fn with_client_chunk(
+        &self,
+        idx: u64,
+        create: bool,
+        pages: &mut i64,
+        f: impl FnOnce(&mut ClientChunk<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.with_chunk(idx, create, pages, |chunk| {
+            f(&mut ClientChunk { store: self, chunk })
+        })
+    }
+}
+
+/// A chunk as a client's request holds it (under its shard's write lock).
+/// The one way to change one of its slots is [`ClientChunk::change`], so
+/// no client path can forget to tell the save under way (and the next
+/// one) about it.
+pub(crate) struct ClientChunk<'a> {
+    pub(super) store: &'a Store,
+    pub(super) chunk: &'a mut Chunk,
+}
+
+impl ClientChunk<'_> {
+    pub(crate) fn get(&self, i: usize) -> Slot {
+        self.chunk.get(i)
+    }
+
+    /// Slot `i` is about to change: records it for saves (see
+    /// `Store::changing`) and hands out the chunk to change it.
+    pub(crate) fn change(&mut self, i: usize) -> &mut Chunk {
+        self.store.changing(self.chunk, i);
+        self.chunk
     }
 }
