@@ -35,12 +35,6 @@ use passthrough::Backings;
 use reply::{arg, attr_out, data_out, empty, last_name, lookup_out};
 use seek::Seeker;
 
-// Where they were before they moved to the transport, for callers outside.
-pub use crate::ll::mountinfo::{
-    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at,
-    remount_read_write,
-};
-
 /// How long the kernel may trust names (also a name's absence) and
 /// attributes it was given, in seconds. The kernel is the only writer: it
 /// updates or invalidates what its own requests change, and `Fs`

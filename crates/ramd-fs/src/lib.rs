@@ -18,11 +18,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use fs::{join_time, split_time, Atime, AtimeMode, Fs, FsConfig, FsStats, Ino};
-pub use fuse::{
-    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at,
-    remount_read_write, FuseFs, FuseOptions, SyncFn,
-};
+pub use fuse::{FuseFs, FuseOptions, SyncFn};
 pub use ll::dev::Session;
+pub use ll::mountinfo::{
+    is_mount_point, mount_device, mount_points_of, mount_read_only, mount_type_at,
+    remount_read_write,
+};
 
 /// The mount's own flags (mount(8)'s `ro`, `nosuid`, ...) and its source.
 /// The default is tmpfs's: read-write, devices and setuid honoured.

@@ -125,7 +125,7 @@ impl Write for &Stream {
     }
 }
 
-pub use ramd_frontend::{bind_unix_socket, SocketFile};
+use ramd_frontend::{bind_unix_socket, SocketFile};
 
 /// Where the server listens.
 pub enum Listener {
