@@ -50,6 +50,7 @@ mod kernel;
 mod loads;
 mod marks;
 pub(crate) mod meta;
+pub use meta::TreeRecords;
 mod namespace;
 mod saves;
 pub mod types;
@@ -198,6 +199,9 @@ pub struct Fs {
     /// and whom to tell (the FUSE session).
     stale: parking_lot::Mutex<Vec<Inval>>,
     on_tree_change: std::sync::OnceLock<TreeHook>,
+    /// What the image's last committed save holds of the tree, which the
+    /// next save's delta is made against (see `fs/meta.rs`).
+    tree_saved: parking_lot::Mutex<meta::TreeSaved>,
 }
 
 /// Stripes of [`Fs::extending`]: files written at their ends at once
@@ -428,6 +432,7 @@ impl Fs {
             tree_cost: AtomicU64::new(0),
             stale: Default::default(),
             on_tree_change: std::sync::OnceLock::new(),
+            tree_saved: Default::default(),
         }
     }
 

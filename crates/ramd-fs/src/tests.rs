@@ -1573,7 +1573,7 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     use ramd_store::persist::FollowTree;
     use std::collections::HashSet;
     let a = new_store(DISK);
-    let w = Fs::new(a.clone(), cfg(1000)).unwrap();
+    let w = Arc::new(Fs::new(a.clone(), cfg(1000)).unwrap());
     let d = w.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
     let x = w.create(ME, ROOT_INO, n("x"), REG).unwrap().ino;
     w.write(&w.change(), x, 0, &pattern(10_000, 1), true, ME, false)
@@ -1586,7 +1586,11 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     }
     let b = new_store(DISK);
     copy_store(&a, &b);
-    let s = Arc::new(Fs::load(b.clone(), cfg(1000), &w.save_meta()).unwrap());
+    // The writer's full save, which the standby loads.
+    let full = w.save_tree(true);
+    let loaded = full.bytes.clone();
+    (full.committed)();
+    let s = Arc::new(Fs::load(b.clone(), cfg(1000), &loaded).unwrap());
     let told: Arc<parking_lot::Mutex<Vec<Inval>>> = Default::default();
     let t = told.clone();
     s.on_tree_change(Box::new(move |v| t.lock().extend_from_slice(v)));
@@ -1603,8 +1607,12 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     let z = w.create(ME, ROOT_INO, n("z"), REG).unwrap().ino;
     w.release(z);
     copy_store(&a, &b);
-    let tree = StandbyTree(s.clone());
-    let prepared = tree.prepare(&w.save_meta()).unwrap();
+    let tree = StandbyTree::new(s.clone(), Some(&loaded));
+    // The writer's next save holds a change to the tree, not all of it.
+    let save = w.save_tree(false);
+    assert!(save.delta && save.changed);
+    assert!(save.bytes.len() < loaded.len());
+    let prepared = tree.prepare(&save.bytes, true).unwrap();
     let chunks: HashSet<u64> = [(x_slot(&s, x) << FILE_SHIFT) / CHUNK_BYTES].into();
     let y_before = s.getattr(y).unwrap();
     tree.install(Some(prepared), Some(&chunks)).unwrap();
@@ -1645,8 +1653,287 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     let _loaded = Fs::load(c.clone(), cfg(1000), &w.save_meta()).unwrap();
     assert_eq!(b.stats().metadata_bytes, c.stats().metadata_bytes);
     assert_eq!(b.stats().memory_used, c.stats().memory_used);
+
+    // The next change applies to the tree installed last; one that changes
+    // nothing of the tree (only file data) leaves it as it is.
+    (save.committed)();
+    w.unlink(d, n("y2")).unwrap();
+    let save = w.save_tree(false);
+    (save.committed)();
+    let prepared = tree.prepare(&save.bytes, true).unwrap();
+    tree.install(Some(prepared), Some(&HashSet::new())).unwrap();
+    tree.announce();
+    assert_eq!(walk(&s), walk(&w));
+    assert!(told.lock().contains(&Inval::Entry(d, "y2".into())));
+    told.lock().clear();
+    let save = w.save_tree(false);
+    assert!(!save.changed);
+    let prepared = tree.prepare(&save.bytes, true).unwrap();
+    tree.install(Some(prepared), Some(&HashSet::new())).unwrap();
+    tree.announce();
+    assert!(told.lock().is_empty(), "nothing changed: nothing to tell");
+    assert_eq!(walk(&s), walk(&w));
+    // A change with no tree to apply to is refused.
+    let lost = StandbyTree::new(s.clone(), None);
+    assert!(lost.prepare(&save.bytes, true).is_err());
 }
 
 fn x_slot(f: &Fs, ino: Ino) -> u64 {
     f.data_offset(ino).unwrap() >> FILE_SHIFT
+}
+
+// ---- Tree deltas (`Fs::save_tree`, `TreeRecords`) ----
+
+/// A chain of saves as the image holds its trees: the full save's whole
+/// tree, then each committed save's change.
+struct TreeImage {
+    chain: ramd_store::persist::TreeChain,
+    sizes: Vec<usize>,
+}
+
+impl TreeImage {
+    fn full(f: &Arc<Fs>) -> TreeImage {
+        let s = f.save_tree(true);
+        assert!(!s.delta);
+        let whole = s.bytes.clone();
+        (s.committed)();
+        TreeImage {
+            chain: ramd_store::persist::TreeChain {
+                whole,
+                deltas: Vec::new(),
+            },
+            sizes: Vec::new(),
+        }
+    }
+
+    /// An incremental save, committed; returns whether its tree changed.
+    fn save(&mut self, f: &Arc<Fs>) -> bool {
+        let s = f.save_tree(false);
+        assert!(s.delta, "an incremental save of a known tree is a delta");
+        self.sizes.push(s.bytes.len());
+        self.chain.deltas.push(s.bytes.clone());
+        (s.committed)();
+        s.changed
+    }
+
+    fn merged(&self) -> Vec<u8> {
+        crate::fs::TreeRecords::merge(&self.chain).unwrap()
+    }
+}
+
+/// Each kind of change, saved as a delta: the whole tree plus the deltas
+/// is, byte for byte, the live tree's whole save, and loads as the live
+/// tree; a delta holds only the inodes that changed.
+#[test]
+fn tree_deltas_rebuild_the_live_tree() {
+    let a = new_store(DISK);
+    let f = Arc::new(Fs::new(a.clone(), cfg(1000)).unwrap());
+    let built = build_tree(&f);
+    // Many small files, so that a one-inode delta is plainly smaller.
+    let many = f.mkdir(ME, ROOT_INO, n("many"), 0o755).unwrap().ino;
+    for i in 0..200 {
+        let x = f.create(ME, many, n(&format!("f{i}")), REG).unwrap().ino;
+        f.write(&f.change(), x, 0, b"small", true, ME, false)
+            .unwrap();
+        f.release(x);
+    }
+    let mut img = TreeImage::full(&f);
+    let whole_len = img.chain.whole.len();
+    assert!(!img.save(&f), "nothing changed");
+    assert_eq!(img.merged(), f.save_meta());
+    type Step = Box<dyn Fn(&Fs)>;
+    let mut steps: Vec<(&str, Step)> = Vec::new();
+    steps.push((
+        "create",
+        Box::new(|f: &Fs| {
+            let x = f.create(ME, ROOT_INO, n("new"), REG).unwrap().ino;
+            f.release(x);
+        }),
+    ));
+    steps.push((
+        "grow",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("new")).unwrap().ino;
+            f.write(&f.change(), x, 0, &pattern(70_000, 9), true, ME, false)
+                .unwrap();
+            f.release(x);
+        }),
+    ));
+    steps.push((
+        "truncate",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("new")).unwrap().ino;
+            f.setattr(ME, x, resize(100)).unwrap();
+        }),
+    ));
+    steps.push((
+        "rename across directories",
+        Box::new(|f: &Fs| {
+            let docs = f.lookup(ROOT_INO, n("docs")).unwrap().ino;
+            f.rename(ME, ROOT_INO, n("new"), docs, n("moved"), 0)
+                .unwrap();
+        }),
+    ));
+    steps.push((
+        "hardlink",
+        Box::new(|f: &Fs| {
+            let docs = f.lookup(ROOT_INO, n("docs")).unwrap().ino;
+            let x = f.lookup(docs, n("moved")).unwrap().ino;
+            f.link(x, ROOT_INO, n("moved-link")).unwrap();
+        }),
+    ));
+    steps.push((
+        "chmod",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("moved-link")).unwrap().ino;
+            let set = SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            };
+            f.setattr(ME, x, set).unwrap();
+        }),
+    ));
+    steps.push((
+        "xattr",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("moved-link")).unwrap().ino;
+            f.setxattr(x, n("user.k"), b"v", 0, false).unwrap();
+        }),
+    ));
+    steps.push((
+        "xattr removed",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("moved-link")).unwrap().ino;
+            f.removexattr(x, n("user.k")).unwrap();
+        }),
+    ));
+    steps.push((
+        "chattr",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("moved-link")).unwrap().ino;
+            f.set_flags(x, FL_NODUMP).unwrap();
+        }),
+    ));
+    steps.push((
+        "chattr cleared",
+        Box::new(|f: &Fs| {
+            let x = f.lookup(ROOT_INO, n("moved-link")).unwrap().ino;
+            f.set_flags(x, 0).unwrap();
+        }),
+    ));
+    steps.push((
+        "unlink",
+        Box::new(|f: &Fs| {
+            f.unlink(ROOT_INO, n("moved-link")).unwrap();
+            let docs = f.lookup(ROOT_INO, n("docs")).unwrap().ino;
+            f.unlink(docs, n("moved")).unwrap();
+        }),
+    ));
+    steps.push((
+        "mkdir and rmdir",
+        Box::new(|f: &Fs| {
+            f.mkdir(ME, ROOT_INO, n("gone-soon"), 0o700).unwrap();
+            f.rmdir(ROOT_INO, n("gone-soon")).unwrap();
+            let many = f.lookup(ROOT_INO, n("many")).unwrap().ino;
+            f.mkdir(ME, many, n("sub"), 0o700).unwrap();
+        }),
+    ));
+    steps.push((
+        "rmdir",
+        Box::new(|f: &Fs| {
+            let many = f.lookup(ROOT_INO, n("many")).unwrap().ino;
+            f.rmdir(many, n("sub")).unwrap();
+        }),
+    ));
+    steps.push((
+        "one small file written",
+        Box::new(|f: &Fs| {
+            let many = f.lookup(ROOT_INO, n("many")).unwrap().ino;
+            let x = f.lookup(many, n("f7")).unwrap().ino;
+            f.write(&f.change(), x, 0, b"changed", true, ME, false)
+                .unwrap();
+            f.release(x);
+        }),
+    ));
+    for (what, step) in &steps {
+        step(&f);
+        assert!(img.save(&f), "{what}: the tree changed");
+        assert_eq!(img.merged(), f.save_meta(), "after {what}");
+    }
+    let last = *img.sizes.last().unwrap();
+    assert!(
+        last * 20 < whole_len,
+        "a delta of one file and its directory ({last} bytes) is far smaller than the \
+         whole tree ({whole_len} bytes)"
+    );
+    assert!(!img.save(&f), "nothing changed since");
+    // The merged tree loads as the live one, memory and all.
+    let b = new_store(DISK);
+    copy_store(&a, &b);
+    let g = Fs::load(b.clone(), cfg(1000), &img.merged()).unwrap();
+    assert_eq!(walk(&g), walk(&f));
+    assert_eq!(g.getattr(built.orphan), Err(Errno::ENOENT));
+}
+
+/// What the image holds of the tree moves on only when a save commits:
+/// the change of a save that failed goes with the next save.
+#[test]
+fn a_tree_delta_is_against_the_last_committed_save() {
+    let f = Arc::new(Fs::new(new_store(DISK), cfg(1000)).unwrap());
+    let d = f.mkdir(ME, ROOT_INO, n("d"), 0o755).unwrap().ino;
+    let mut img = TreeImage::full(&f);
+    let x = f.create(ME, d, n("x"), REG).unwrap().ino;
+    f.release(x);
+    let failed = f.save_tree(false);
+    assert!(failed.changed && failed.delta);
+    drop(failed); // never committed
+    let y = f.create(ME, ROOT_INO, n("y"), REG).unwrap().ino;
+    f.release(y);
+    assert!(img.save(&f));
+    assert_eq!(img.merged(), f.save_meta(), "x, from the failed save, too");
+    // A full save starts over from the whole tree.
+    f.unlink(d, n("x")).unwrap();
+    let full = f.save_tree(true);
+    assert!(full.changed && !full.delta);
+    (full.committed)();
+    let s = f.save_tree(false);
+    assert!(!s.changed, "the full save holds it");
+    // A loaded tree is what its image holds: its first save is a delta.
+    let g = Arc::new(Fs::load(new_store(DISK), cfg(1000), &f.save_meta()).unwrap());
+    let s = g.save_tree(false);
+    assert!(s.delta && !s.changed, "a load knows the image's tree");
+    // A new filesystem does not: its first save holds the whole tree.
+    let h = Arc::new(Fs::new(new_store(DISK), cfg(1000)).unwrap());
+    let s = h.save_tree(false);
+    assert!(!s.delta && s.changed);
+}
+
+/// A delta applies only to the tree it was made against.
+#[test]
+fn a_tree_delta_checks_its_base() {
+    let f = Arc::new(Fs::new(new_store(DISK), cfg(1000)).unwrap());
+    let x = f.create(ME, ROOT_INO, n("x"), REG).unwrap().ino;
+    f.release(x);
+    let before = f.save_meta();
+    let mut img = TreeImage::full(&f);
+    f.unlink(ROOT_INO, n("x")).unwrap();
+    img.save(&f);
+    let delta = img.chain.deltas[0].clone();
+    let mut t = crate::fs::TreeRecords::from_whole(&before).unwrap();
+    assert!(t.apply_delta(&delta).unwrap());
+    // Applied again: x is not there to remove.
+    let e = t.apply_delta(&delta).unwrap_err();
+    assert!(e.contains(&format!("removes inode {x}")), "{e}");
+    let mut bad = delta.clone();
+    bad[0] = 9;
+    let e = t.apply_delta(&bad).unwrap_err();
+    assert!(e.contains("format version 9"), "{e}");
+    // A delta with no tree before it in a chain is refused.
+    let mut chain = None;
+    let e = ramd_store::persist::TreeChain::add(
+        &mut chain,
+        &ramd_store::persist::Record::MetaDelta(&delta),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("no whole tree before it"), "{e}");
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use ramd_store::persist::{self, DiskKind, ImageDir, Record};
+use ramd_store::persist::{self, DiskKind, ImageDir};
 use ramd_store::{Codec, PageRef, PAGE_SIZE};
 
 use crate::cli::ImageCommand;
@@ -286,7 +286,7 @@ fn verify(dir: &Path) -> Result<()> {
     let image = ImageDir::open_existing(dir)?;
     let m = image.manifest().expect("open_existing has a manifest");
     let (mut pages, mut records) = (0u64, 0u64);
-    let mut meta = false;
+    let mut tree = None;
     // An fs disk's files live across the store's whole address space.
     let limit = match m.kind {
         DiskKind::Block => m.size,
@@ -295,7 +295,8 @@ fn verify(dir: &Path) -> Result<()> {
     image.read_chain(
         |rec| {
             records += 1;
-            meta |= matches!(rec, Record::Meta(_));
+            // A change to the tree needs a whole tree before it.
+            persist::TreeChain::add(&mut tree, &rec)?;
             // Every compressed page must decompress, not just match its sum,
             // and name a page of the disk.
             persist::decode_record(&rec, |page, _| {
@@ -306,11 +307,16 @@ fn verify(dir: &Path) -> Result<()> {
         },
         |_, _| {},
     )?;
-    if m.kind == DiskKind::Fs && !meta {
-        bail!(
-            "{}: an fs image without its tree (no META record)",
-            dir.display()
-        );
+    if m.kind == DiskKind::Fs {
+        let Some(tree) = tree else {
+            bail!(
+                "{}: an fs image without its tree (no META record)",
+                dir.display()
+            );
+        };
+        // The changes to the tree apply to the tree before them.
+        ramd_fs::fs::TreeRecords::merge(&tree)
+            .map_err(|e| anyhow::anyhow!("{}: the tree: {e}", dir.display()))?;
     }
     println!(
         "{}: ok: {} {} disk, {} save(s), {records} records, {} of pages checked",

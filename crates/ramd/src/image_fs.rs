@@ -66,8 +66,10 @@ pub fn load_fs(dir: &Path) -> Result<Fs> {
         bail!("{} is a block image, not a filesystem image", dir.display());
     }
     let store = offline_store(DiskKind::Fs, m.size, false)?;
-    let tree = persist::load(&image, &store, &mut crate::progress::load_progress())?
+    let chain = persist::load(&image, &store, &mut crate::progress::load_progress())?
         .expect("fs images have a tree");
+    let tree = ramd_fs::fs::TreeRecords::merge(&chain)
+        .map_err(|e| anyhow::anyhow!("loading image {}: the tree: {e}", dir.display()))?;
     Fs::load(store, offline_fs_config(m.size), &tree)
         .map_err(|e| anyhow::anyhow!("loading image {}: the tree: {e}", dir.display()))
 }

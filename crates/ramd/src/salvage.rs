@@ -93,7 +93,9 @@ fn salvage(args: &Args) -> Result<i32> {
         image_fs::check_destination(out, as_dir, args.force)?;
     }
     let store = image_fs::offline_store(chain.kind, chain.size, args.to.is_some())?;
-    let mut metas: Vec<(u64, Vec<u8>)> = Vec::new();
+    // (save, its tree, the save whose whole tree it was built from).
+    let mut metas: Vec<(u64, Vec<u8>, u64)> = Vec::new();
+    let mut tree: Option<ramd_fs::fs::TreeRecords> = None;
     let read = chain.read(|seq, rec| {
         // A record that verifies but does not decode is damage too: it
         // must not reach the store as data.
@@ -102,13 +104,46 @@ fn salvage(args: &Args) -> Result<i32> {
             Record::Page(page, p) => store.restore_page(page, p),
             Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
             Record::Gone(key) => store.restore_gone(key),
+            // Each save's tree, whole: a change applies to the tree before
+            // it; with none (its save lost), the trees wait for a whole one.
             Record::Meta(m) => {
-                metas.push((seq, m.to_vec()));
+                tree = ramd_fs::fs::TreeRecords::from_whole(m).ok();
+                if tree.is_some() {
+                    metas.push((seq, m.to_vec(), seq));
+                }
+                Ok(())
+            }
+            Record::MetaDelta(d) => {
+                if let (Some(t), Some(&(_, _, base))) = (&mut tree, metas.last()) {
+                    match t.apply_delta(d) {
+                        Ok(_) => metas.push((seq, t.whole(), base)),
+                        Err(e) => {
+                            log::warn!("the tree of save {seq}: {e}: passed over");
+                            tree = None;
+                        }
+                    }
+                }
                 Ok(())
             }
         }
     })?;
     store.end_restore();
+    // A tree built from changes is wrong if damage after its whole tree
+    // may have taken one of them (the changes after it assume it).
+    let metas: Vec<(u64, Vec<u8>)> = metas
+        .into_iter()
+        .filter(|&(seq, _, base)| {
+            !read.damaged.iter().any(|d| {
+                d.seq > base
+                    && d.seq <= seq
+                    && matches!(
+                        d.lost,
+                        persist::Lost::Meta | persist::Lost::Among { .. } | persist::Lost::Segment
+                    )
+            })
+        })
+        .map(|(seq, tree, _)| (seq, tree))
+        .collect();
     let last = chain.chain.last().map_or(0, |s| s.seq);
     let mut report = Report {
         image: args.dir.clone(),
@@ -160,7 +195,7 @@ fn salvage(args: &Args) -> Result<i32> {
                     DiskKind::Fs,
                     chain.size,
                     chain.id,
-                    Some(Box::new(move || f.save_meta())),
+                    Some(Box::new(move |full| f.save_tree(full))),
                 )?);
                 report.new_image_dir = Some(to.clone());
             }
@@ -203,7 +238,7 @@ fn save_new(
     }
     let mut p = Persister::new(store.clone(), image, kind, size, None, false);
     if let Some(f) = meta {
-        p.set_meta(f, None);
+        p.set_meta(f);
     }
     p.save(true)
         .with_context(|| format!("writing the new image {}", to.display()))

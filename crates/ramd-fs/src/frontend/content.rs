@@ -64,8 +64,11 @@ pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
             (fs, Some(tree))
         }
         (Some(image), None) => {
-            let tree = persist::load(image, store, &mut (p.load_progress)())?
+            let chain = persist::load(image, store, &mut (p.load_progress)())?
                 .expect("fs images have a tree");
+            let tree = crate::fs::TreeRecords::merge(&chain).map_err(|e| {
+                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
+            })?;
             let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
                 anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
             })?;
@@ -140,10 +143,13 @@ impl Content for FsContent {
             p.set_outer(outer);
         }
         if standby {
-            p.set_follow_tree(Box::new(crate::fs::StandbyTree(self.fs.clone())));
+            p.set_follow_tree(Box::new(crate::fs::StandbyTree::new(
+                self.fs.clone(),
+                loaded_meta,
+            )));
         }
         let fs = self.fs.clone();
-        p.set_meta(Box::new(move || fs.save_meta()), loaded_meta);
+        p.set_meta(Box::new(move |full| fs.save_tree(full)));
     }
 
     fn stores(&self) -> Vec<Arc<Store>> {

@@ -1,5 +1,7 @@
 //! A standby's tree (`ramd serve --image s3://… --mount DIR --standby`):
-//! each save its writer commits replaces the whole tree, in the hold in
+//! each save its writer commits replaces the whole tree (a full save's, or
+//! the tree installed last with an incremental save's change applied:
+//! see `TreeRecords`), in the hold in
 //! which the save's file data is applied to the store (see
 //! `ramd_store::persist::FollowTree`), and the kernel is then told what
 //! it may have cached that changed.
@@ -24,10 +26,10 @@ use std::ffi::OsString;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use ramd_store::persist::FollowTree;
+use ramd_store::persist::{FollowTree, TreeSave};
 use ramd_store::CHUNK_BYTES;
 
-use super::meta::parse;
+use super::meta::{parse, TreeRecords};
 use super::{Data, Fs, Ino, State, FILE_SHIFT, ROOT_INO};
 
 /// What the kernel may have cached that an applied save changed.
@@ -42,19 +44,63 @@ pub enum Inval {
 /// Told the [`Inval`]s of the applies since it was last called.
 pub type TreeHook = Box<dyn Fn(&[Inval]) + Send + Sync>;
 
-/// A checked tree waiting to be installed, and what it costs.
+/// A checked tree waiting to be installed, what it costs, and its records
+/// (which the next save's change applies to).
 struct Prepared {
     st: State,
     cost: u64,
+    records: TreeRecords,
 }
 
 /// The [`FollowTree`] of a standby's filesystem.
-pub struct StandbyTree(pub Arc<Fs>);
+pub struct StandbyTree {
+    fs: Arc<Fs>,
+    /// The records of the tree installed last, as the image holds it: a
+    /// save's change (META variant 1) applies to them.
+    records: parking_lot::Mutex<Option<TreeRecords>>,
+}
+
+impl StandbyTree {
+    /// The standby of `fs`, loaded from `loaded`, the whole tree its image
+    /// held.
+    pub fn new(fs: Arc<Fs>, loaded: Option<&[u8]>) -> StandbyTree {
+        let records = loaded.and_then(|m| match TreeRecords::from_whole(m) {
+            Ok(t) => Some(t),
+            // Not expected: the filesystem was loaded from it. A change
+            // then finds no tree to apply to, and says so.
+            Err(e) => {
+                log::error!("standby: the loaded tree: {e}");
+                None
+            }
+        });
+        StandbyTree {
+            fs,
+            records: parking_lot::Mutex::new(records),
+        }
+    }
+}
 
 impl FollowTree for StandbyTree {
-    fn prepare(&self, meta: &[u8]) -> ramd_store::Result<Box<dyn Any + Send>> {
-        let (st, cost) = parse(meta).map_err(ramd_store::Error::Invalid)?;
-        Ok(Box::new(Prepared { st, cost }))
+    fn prepare(&self, meta: &[u8], delta: bool) -> ramd_store::Result<Box<dyn Any + Send>> {
+        let invalid = ramd_store::Error::Invalid;
+        let (records, whole) = if delta {
+            let mut t = self.records.lock().clone().ok_or_else(|| {
+                invalid("a change to the tree (META variant 1), but no tree to apply it to".into())
+            })?;
+            if !t.apply_delta(meta).map_err(invalid)? {
+                // Only file data changed: the installed tree stays.
+                return Ok(Box::new(None::<Prepared>));
+            }
+            let whole = t.whole();
+            (t, whole)
+        } else {
+            (
+                TreeRecords::from_whole(meta).map_err(invalid)?,
+                meta.to_vec(),
+            )
+        };
+        let (st, cost) = parse(&whole).map_err(invalid)?;
+        Ok(Box::new(Some(Prepared { st, cost, records })))
     }
 
     fn install(
@@ -62,16 +108,24 @@ impl FollowTree for StandbyTree {
         tree: Option<Box<dyn Any + Send>>,
         chunks: Option<&HashSet<u64>>,
     ) -> ramd_store::Result<()> {
-        let tree = tree.map(|t| *t.downcast::<Prepared>().expect("prepared by this tree"));
-        self.0.install_tree(tree, chunks)
+        let tree = tree.and_then(|t| {
+            *t.downcast::<Option<Prepared>>()
+                .expect("prepared by this tree")
+        });
+        let Some(Prepared { st, cost, records }) = tree else {
+            return self.fs.install_tree(None, chunks);
+        };
+        self.fs.install_tree(Some((st, cost)), chunks)?;
+        *self.records.lock() = Some(records);
+        Ok(())
     }
 
     fn announce(&self) {
-        self.0.announce();
+        self.fs.announce();
     }
 
-    fn save(&self) -> Vec<u8> {
-        self.0.save_meta()
+    fn save(&self) -> TreeSave {
+        self.fs.save_tree(true)
     }
 }
 
@@ -87,7 +141,7 @@ impl Fs {
     /// set (`None`: all). Remembers what changed for [`Fs::announce`].
     fn install_tree(
         &self,
-        new: Option<Prepared>,
+        new: Option<(State, u64)>,
         chunks: Option<&HashSet<u64>>,
     ) -> ramd_store::Result<()> {
         let slots: Option<HashSet<u64>> =
@@ -99,7 +153,7 @@ impl Fs {
         };
         let mut st = self.state.write();
         let mut out = Vec::new();
-        let Some(Prepared { st: mut new, cost }) = new else {
+        let Some((mut new, cost)) = new else {
             for (&ino, i) in &st.inodes {
                 if touched(&i.data) {
                     out.push(Inval::Inode(ino));

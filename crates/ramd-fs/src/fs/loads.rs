@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ramd_store::persist::{decode_record, ImageDir, Record};
+use ramd_store::persist::{decode_record, ImageDir, Record, TreeChain};
 use ramd_store::{Error, Store};
 
 use super::marks::{data_chunks, CHUNK_PAGES, SLOT_PAGE_SHIFT};
@@ -140,9 +140,8 @@ impl Fs {
                     ));
                 }
                 match rec {
-                    Record::Meta(m) => {
-                        meta = Some(m.to_vec());
-                        Ok(())
+                    rec @ (Record::Meta(_) | Record::MetaDelta(_)) => {
+                        TreeChain::add(&mut meta, &rec)
                     }
                     Record::Gone(key) => {
                         let page = key.saturating_mul(CHUNK_PAGES);
@@ -169,8 +168,9 @@ impl Fs {
                 "image {path}: an fs image without its tree (no META record)"
             ))
         })?;
-        let fs = Fs::load_tree(store, cfg, &meta)
-            .map_err(|e| Error::Unusable(format!("loading image {path}: the tree: {e}")))?;
+        let tree_err = |e| Error::Unusable(format!("loading image {path}: the tree: {e}"));
+        let meta = super::TreeRecords::merge(&meta).map_err(tree_err)?;
+        let fs = Fs::load_tree(store, cfg, &meta).map_err(tree_err)?;
         let made = std::mem::take(&mut files.made);
         fs.adopt_slot_files(&tier, made).map_err(io)?;
         fs.hot

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ramd_store::persist::{TreeChain, TreeSave};
 use ramd_store::{ExtentKind, Store, CHUNK_BYTES, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +32,194 @@ pub(crate) const META_VERSION: u32 = 2;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct SavedFlags {
     pub flags: Vec<(u64, u32)>,
+}
+
+/// The version of [`SavedDelta`]'s payload (META variant 1), first in it.
+pub(crate) const DELTA_VERSION: u32 = 1;
+
+/// A change to the tree of the saves before (META variant 1): the inodes
+/// new or changed since, whole, and those gone. A directory's record holds
+/// its entries, so a changed entry sends its directory's record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SavedDelta<'a> {
+    pub version: u32,
+    pub next_ino: u64,
+    pub next_slot: u64,
+    /// Inodes of the tree before that are not in this one.
+    pub gone: Vec<u64>,
+    /// New or changed inodes with their chattr flags (0: none).
+    pub inodes: Vec<(SavedInode<'a>, u32)>,
+}
+
+/// What the image's last committed save holds of the tree, as a save's
+/// delta is made against it (see [`Fs::save_tree`]).
+#[derive(Debug, Default)]
+pub(crate) struct TreeSaved {
+    /// Whether the rest is known (after a load or a save of this tree);
+    /// else a save writes the whole tree.
+    pub known: bool,
+    /// The next inode and file slot numbers.
+    pub next: (u64, u64),
+    /// Per linked inode, the hash of its record and flags ([`record_hash`]).
+    pub hashes: HashMap<u64, u128>,
+}
+
+/// A tree as saved records, the way a chain's META records build it: a
+/// whole tree ([`TreeRecords::from_whole`]), then each save's change
+/// ([`TreeRecords::apply_delta`]); [`TreeRecords::whole`] gives the
+/// result as one whole tree, for [`Fs::load`]. Checks only that each
+/// record decodes: the tree as a whole is checked when it is loaded.
+#[derive(Debug, Clone, Default)]
+pub struct TreeRecords {
+    next_ino: u64,
+    next_slot: u64,
+    /// Per linked inode: its encoded [`SavedInode`] and its chattr flags.
+    inodes: BTreeMap<u64, (Vec<u8>, u32)>,
+}
+
+fn encode<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("serializing to a Vec cannot fail")
+}
+
+/// What tells a saved inode's record and flags from any other (128 bits:
+/// a collision would leave a change unsaved).
+fn record_hash(rec: &[u8], flags: u32) -> u128 {
+    xxhash_rust::xxh3::xxh3_128_with_seed(rec, u64::from(flags))
+}
+
+/// A [`SavedDelta`]'s bytes from records already encoded.
+fn delta_bytes<'a>(
+    next: (u64, u64),
+    gone: &[u64],
+    changed: impl Iterator<Item = &'a (Vec<u8>, u32)>,
+) -> Vec<u8> {
+    let changed: Vec<_> = changed.collect();
+    let mut out = encode(&(DELTA_VERSION, next.0, next.1, gone, changed.len()));
+    for (rec, flags) in changed {
+        out.extend_from_slice(rec);
+        out.extend(encode(flags));
+    }
+    out
+}
+
+impl TreeRecords {
+    /// The records of a whole tree (META variant 0).
+    pub fn from_whole(meta: &[u8]) -> std::result::Result<TreeRecords, String> {
+        let (saved, flags) = decode_whole(meta)?;
+        let mut inodes = BTreeMap::new();
+        for s in &saved.inodes {
+            if inodes.insert(s.ino, (encode(s), 0)).is_some() {
+                return bad(format!("inode {}: saved twice", s.ino));
+            }
+        }
+        for (ino, f) in flags.flags {
+            match inodes.get_mut(&ino) {
+                Some(r) => r.1 = f,
+                None => return bad(format!("flags for inode {ino}, which was not saved")),
+            }
+        }
+        Ok(TreeRecords {
+            next_ino: saved.next_ino,
+            next_slot: saved.next_slot,
+            inodes,
+        })
+    }
+
+    /// Applies a change (META variant 1), all or nothing; returns whether
+    /// it changed anything.
+    pub fn apply_delta(&mut self, delta: &[u8]) -> std::result::Result<bool, String> {
+        let fail = |msg: String| bad(format!("a change to the tree: {msg}"));
+        match postcard::take_from_bytes::<u32>(delta) {
+            Ok((DELTA_VERSION, _)) => {}
+            Ok((v, _)) => {
+                return fail(format!(
+                    "format version {v}, this ramd reads {DELTA_VERSION}"
+                ))
+            }
+            Err(e) => return fail(format!("no format version: {e}")),
+        }
+        let (d, rest) = match postcard::take_from_bytes::<SavedDelta>(delta) {
+            Ok(d) => d,
+            Err(e) => return fail(format!("cannot decode: {e}")),
+        };
+        if !rest.is_empty() {
+            return fail(format!("{} bytes after the end", rest.len()));
+        }
+        let mut seen = HashSet::new();
+        for &ino in &d.gone {
+            if !self.inodes.contains_key(&ino) {
+                return fail(format!(
+                    "removes inode {ino}, which the tree before it lacks"
+                ));
+            }
+            if !seen.insert(ino) {
+                return fail(format!("inode {ino} named twice"));
+            }
+        }
+        for (s, _) in &d.inodes {
+            if !seen.insert(s.ino) {
+                return fail(format!("inode {} named twice", s.ino));
+            }
+        }
+        let changed = !d.gone.is_empty()
+            || !d.inodes.is_empty()
+            || (d.next_ino, d.next_slot) != (self.next_ino, self.next_slot);
+        for ino in d.gone {
+            self.inodes.remove(&ino);
+        }
+        for (s, f) in d.inodes {
+            self.inodes.insert(s.ino, (encode(&s), f));
+        }
+        self.next_ino = d.next_ino;
+        self.next_slot = d.next_slot;
+        Ok(changed)
+    }
+
+    /// The tree as one whole tree (META variant 0, [`META_VERSION`]).
+    pub fn whole(&self) -> Vec<u8> {
+        let n = self.inodes.len();
+        let mut out = encode(&(META_VERSION, self.next_ino, self.next_slot, n));
+        for (rec, _) in self.inodes.values() {
+            out.extend_from_slice(rec);
+        }
+        let flags = SavedFlags {
+            flags: self
+                .inodes
+                .iter()
+                .filter(|(_, (_, f))| *f != 0)
+                .map(|(&ino, &(_, f))| (ino, f))
+                .collect(),
+        };
+        out.extend(encode(&flags));
+        out
+    }
+
+    /// The whole tree a chain's META records build (`ramd_store`'s
+    /// `TreeChain`: a whole tree and the changes after it).
+    pub fn merge(chain: &TreeChain) -> std::result::Result<Vec<u8>, String> {
+        if chain.deltas.is_empty() {
+            return Ok(chain.whole.clone());
+        }
+        let mut t = TreeRecords::from_whole(&chain.whole)?;
+        for (n, d) in chain.deltas.iter().enumerate() {
+            t.apply_delta(d)
+                .map_err(|e| format!("change {} after the whole tree: {e}", n + 1))?;
+        }
+        Ok(t.whole())
+    }
+
+    /// What a save's delta would be made against, were this the image's.
+    fn saved(&self) -> TreeSaved {
+        TreeSaved {
+            known: true,
+            next: (self.next_ino, self.next_slot),
+            hashes: self
+                .inodes
+                .iter()
+                .map(|(&ino, (rec, f))| (ino, record_hash(rec, *f)))
+                .collect(),
+        }
+    }
 }
 
 /// A name, value or target: borrowed when saving, owned when loaded.
@@ -146,75 +335,130 @@ fn bad<T>(msg: impl std::fmt::Display) -> std::result::Result<T, String> {
 }
 
 impl Fs {
+    /// The saved record of linked inode `ino` of `st`.
+    fn saved_inode<'a>(&self, st: &'a State, ino: Ino) -> SavedInode<'a> {
+        let i = &st.inodes[&ino];
+        // With a hot tier the kernel keeps a file's size and times.
+        let a = self.hot_attr(i, ino);
+        SavedInode {
+            ino: ino.0,
+            kind: i.kind.into(),
+            perm: i.perm,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            rdev: i.rdev,
+            size: a.size,
+            times: [a.atime, a.mtime, a.ctime, a.btime].map(save_time),
+            xattrs: i
+                .xattrs
+                .iter()
+                .map(|(k, v)| (bytes(k), Cow::Borrowed(&v[..])))
+                .collect(),
+            data: match &i.data {
+                &Data::File {
+                    slot,
+                    pages,
+                    alloc_end,
+                } => SavedData::File {
+                    slot,
+                    pages,
+                    alloc_end,
+                },
+                Data::Dir { entries, parent } => SavedData::Dir {
+                    parent: parent.0,
+                    entries: entries.iter().map(|(k, &v)| (bytes(k), v.0)).collect(),
+                },
+                Data::Symlink(t) => SavedData::Symlink(bytes(t)),
+                Data::Special => SavedData::Special,
+            },
+        }
+    }
+
+    /// The tree's records as they are now: next inode and slot numbers,
+    /// and per linked inode (in number order) its encoded [`SavedInode`]
+    /// and chattr flags.
+    fn tree_records(&self) -> TreeRecords {
+        let st = self.state.read();
+        let inodes = st
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.nlink > 0)
+            .map(|(&ino, i)| (ino.0, (encode(&self.saved_inode(&st, ino)), i.flags)))
+            .collect();
+        TreeRecords {
+            next_ino: st.next_ino,
+            next_slot: st.next_slot,
+            inodes,
+        }
+    }
+
     /// The whole tree (every linked inode; never lookups, opens or handles)
     /// for [`Fs::load`]. The caller holds the store's gate exclusively, so
     /// no change is half done.
     pub fn save_meta(&self) -> Vec<u8> {
-        let st = self.state.read();
-        let mut inos: Vec<Ino> = st
+        self.tree_records().whole()
+    }
+
+    /// The tree for a save (`Persister::set_meta`): whole for a full save
+    /// (or when the tree the image holds is not known), else a delta
+    /// against the tree of the last committed save: the inodes whose
+    /// record or flags differ from that save's, by hash, and those gone.
+    /// What the image holds moves on only when the save commits.
+    pub fn save_tree(self: &Arc<Self>, full: bool) -> TreeSave {
+        let now = self.tree_records();
+        let hashes: HashMap<u64, u128> = now
             .inodes
             .iter()
-            .filter(|(_, i)| i.nlink > 0)
-            .map(|(&ino, _)| ino)
+            .map(|(&ino, (rec, flags))| (ino, record_hash(rec, *flags)))
             .collect();
-        inos.sort_unstable();
-        let inodes = inos
-            .iter()
-            .map(|ino| {
-                let i = &st.inodes[ino];
-                // With a hot tier the kernel keeps a file's size and times.
-                let a = self.hot_attr(i, *ino);
-                SavedInode {
-                    ino: ino.0,
-                    kind: i.kind.into(),
-                    perm: i.perm,
-                    nlink: i.nlink,
-                    uid: i.uid,
-                    gid: i.gid,
-                    rdev: i.rdev,
-                    size: a.size,
-                    times: [a.atime, a.mtime, a.ctime, a.btime].map(save_time),
-                    xattrs: i
-                        .xattrs
-                        .iter()
-                        .map(|(k, v)| (bytes(k), Cow::Borrowed(&v[..])))
-                        .collect(),
-                    data: match &i.data {
-                        &Data::File {
-                            slot,
-                            pages,
-                            alloc_end,
-                        } => SavedData::File {
-                            slot,
-                            pages,
-                            alloc_end,
-                        },
-                        Data::Dir { entries, parent } => SavedData::Dir {
-                            parent: parent.0,
-                            entries: entries.iter().map(|(k, &v)| (bytes(k), v.0)).collect(),
-                        },
-                        Data::Symlink(t) => SavedData::Symlink(bytes(t)),
-                        Data::Special => SavedData::Special,
-                    },
-                }
-            })
-            .collect();
-        let meta = SavedMeta {
-            version: META_VERSION,
-            next_ino: st.next_ino,
-            next_slot: st.next_slot,
-            inodes,
-        };
-        let flags = SavedFlags {
-            flags: inos
+        let next = (now.next_ino, now.next_slot);
+        let saved = self.tree_saved.lock();
+        let known = saved.known;
+        let changed = !known
+            || saved.next != next
+            || saved.hashes.len() != hashes.len()
+            || hashes.iter().any(|(i, h)| saved.hashes.get(i) != Some(h));
+        let (bytes, delta) = if full || !known {
+            (now.whole(), false)
+        } else {
+            let gone: Vec<u64> = {
+                let mut g: Vec<u64> = saved
+                    .hashes
+                    .keys()
+                    .filter(|i| !hashes.contains_key(i))
+                    .copied()
+                    .collect();
+                g.sort_unstable();
+                g
+            };
+            let changed_inodes = now
+                .inodes
                 .iter()
-                .map(|ino| (ino.0, st.inodes[ino].flags))
-                .filter(|&(_, f)| f != 0)
-                .collect(),
+                .filter(|(i, _)| saved.hashes.get(i) != hashes.get(i))
+                .map(|(_, r)| r);
+            (delta_bytes(next, &gone, changed_inodes), true)
         };
-        let mut out = postcard::to_stdvec(&meta).expect("serializing to a Vec cannot fail");
-        out.extend(postcard::to_stdvec(&flags).expect("serializing to a Vec cannot fail"));
-        out
+        drop(saved);
+        let fs = self.clone();
+        let committed = TreeSaved {
+            known: true,
+            next,
+            hashes,
+        };
+        TreeSave {
+            bytes,
+            delta,
+            changed,
+            committed: Box::new(move || *fs.tree_saved.lock() = committed),
+        }
+    }
+
+    /// Takes `meta`, a whole tree, as the one the image holds (a load).
+    fn tree_loaded(&self, meta: &[u8]) {
+        if let Ok(t) = TreeRecords::from_whole(meta) {
+            *self.tree_saved.lock() = t.saved();
+        }
     }
 
     /// Rebuilds a filesystem from [`Fs::save_meta`]'s bytes on `store`,
@@ -272,52 +516,57 @@ impl Fs {
         }
         let fs = Fs::with_state(store, cfg, st);
         fs.tree_cost.store(cost, Relaxed);
+        fs.tree_loaded(meta);
         Ok(fs)
     }
+}
+
+/// A whole tree's records and flags, decoded (not checked).
+fn decode_whole(meta: &[u8]) -> std::result::Result<(SavedMeta<'_>, SavedFlags), String> {
+    // The version alone first, so that a newer format is named as such.
+    let version = match postcard::take_from_bytes::<u32>(meta) {
+        Ok((v @ (1 | META_VERSION), _)) => v,
+        Ok((v, _)) => {
+            return bad(format!(
+                "format version {v}, this ramd reads {META_VERSION}"
+            ))
+        }
+        Err(e) => return bad(format!("no format version: {e}")),
+    };
+    let (saved, rest) = match postcard::take_from_bytes::<SavedMeta>(meta) {
+        Ok(m) => m,
+        Err(e) => return bad(format!("cannot decode: {e}")),
+    };
+    let (flags, rest) = match version {
+        1 => (SavedFlags::default(), rest),
+        _ => match postcard::take_from_bytes::<SavedFlags>(rest) {
+            Ok(f) => f,
+            Err(e) => return bad(format!("cannot decode the inode flags: {e}")),
+        },
+    };
+    if !rest.is_empty() {
+        return bad(format!("{} bytes after the end", rest.len()));
+    }
+    Ok((saved, flags))
 }
 
 /// The live state [`Fs::save_meta`]'s bytes describe and the memory it
 /// costs, checked whole; nothing is charged.
 pub(super) fn parse(meta: &[u8]) -> std::result::Result<(State, u64), String> {
-    {
-        // The version alone first, so that a newer format is named as such.
-        let version = match postcard::take_from_bytes::<u32>(meta) {
-            Ok((v @ (1 | META_VERSION), _)) => v,
-            Ok((v, _)) => {
-                return bad(format!(
-                    "format version {v}, this ramd reads {META_VERSION}"
-                ))
-            }
-            Err(e) => return bad(format!("no format version: {e}")),
+    let (saved, flags) = decode_whole(meta)?;
+    let (mut st, cost) = rebuild(saved)?;
+    for (ino, f) in flags.flags {
+        let Some(inode) = st.inodes.get_mut(&Ino(ino)) else {
+            return bad(format!("flags for inode {ino}, which was not saved"));
         };
-        let (saved, rest) = match postcard::take_from_bytes::<SavedMeta>(meta) {
-            Ok(m) => m,
-            Err(e) => return bad(format!("cannot decode: {e}")),
-        };
-        let (flags, rest) = match version {
-            1 => (SavedFlags::default(), rest),
-            _ => match postcard::take_from_bytes::<SavedFlags>(rest) {
-                Ok(f) => f,
-                Err(e) => return bad(format!("cannot decode the inode flags: {e}")),
-            },
-        };
-        if !rest.is_empty() {
-            return bad(format!("{} bytes after the end", rest.len()));
+        if f & !FL_SUPPORTED != 0 {
+            return bad(format!(
+                "inode {ino}: flags {f:#x} beyond chattr's {FL_SUPPORTED:#x}"
+            ));
         }
-        let (mut st, cost) = rebuild(saved)?;
-        for (ino, f) in flags.flags {
-            let Some(inode) = st.inodes.get_mut(&Ino(ino)) else {
-                return bad(format!("flags for inode {ino}, which was not saved"));
-            };
-            if f & !FL_SUPPORTED != 0 {
-                return bad(format!(
-                    "inode {ino}: flags {f:#x} beyond chattr's {FL_SUPPORTED:#x}"
-                ));
-            }
-            inode.flags = f;
-        }
-        Ok((st, cost))
+        inode.flags = f;
     }
+    Ok((st, cost))
 }
 
 /// The live state a saved tree describes, and the memory it costs, or why

@@ -298,7 +298,7 @@ pub(super) fn read_tolerant(
                 if next_ok.is_some() && ordered && region.is_none() {
                     let reason = format!("{}: checksum mismatch", describe(hint.ty, hint.a));
                     let lost = match (&hint.rec, hint_pos) {
-                        (Some(Record::Meta(_)), _) => Lost::Meta,
+                        (Some(Record::Meta(_) | Record::MetaDelta(_)), _) => Lost::Meta,
                         (_, Some(Pos::Gone { first, end })) => Lost::Gone { first, end },
                         (_, Some(Pos::Page { first, end })) => Lost::Pages { first, end },
                         _ => Lost::Among {
@@ -307,7 +307,7 @@ pub(super) fn read_tolerant(
                         },
                     };
                     damage(at, hint.next - at, reason, lost);
-                    if matches!(hint.rec, Some(Record::Meta(_))) {
+                    if matches!(hint.rec, Some(Record::Meta(_) | Record::MetaDelta(_))) {
                         seen_meta_or_page = true;
                     }
                     if let Some(p) = hint_pos {
@@ -349,7 +349,10 @@ pub(super) fn read_tolerant(
                 let pos = pos_of(&rec);
                 if matches!(
                     rec,
-                    Record::Meta(_) | Record::Page(..) | Record::Frame { .. }
+                    Record::Meta(_)
+                        | Record::MetaDelta(_)
+                        | Record::Page(..)
+                        | Record::Frame { .. }
                 ) {
                     seen_meta_or_page = true;
                 }
@@ -514,6 +517,6 @@ pub(super) fn covered(rec: &Record<'_>) -> Option<(u64, u64)> {
             key.saturating_mul(64),
             key.saturating_add(1).saturating_mul(64),
         )),
-        Record::Meta(_) => None,
+        Record::Meta(_) | Record::MetaDelta(_) => None,
     }
 }

@@ -73,9 +73,54 @@ impl DiskKind {
 #[derive(Debug)]
 pub enum Record<'a> {
     Page(u64, PageRef<'a>),
-    Frame { key: u64, mask: u64, data: &'a [u8] },
+    Frame {
+        key: u64,
+        mask: u64,
+        data: &'a [u8],
+    },
     Gone(u64),
+    /// A filesystem's whole tree (META variant 0): replaces the tree.
     Meta(&'a [u8]),
+    /// A change to the tree of the saves before it (META variant 1): the
+    /// filesystem applies it (see [`TreeChain`]).
+    MetaDelta(&'a [u8]),
+}
+
+/// A filesystem's tree as a chain's META records hold it: the last whole
+/// tree and the deltas after it, in order, for the filesystem to apply
+/// (this crate does not know the tree's format).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TreeChain {
+    pub whole: Vec<u8>,
+    pub deltas: Vec<Vec<u8>>,
+}
+
+impl TreeChain {
+    /// Takes `rec` if it is a META record: a whole tree starts the chain
+    /// again, a delta joins it. A delta with no whole tree before it is
+    /// damage (the caller names where it is).
+    pub fn add(chain: &mut Option<TreeChain>, rec: &Record<'_>) -> Result<()> {
+        match *rec {
+            Record::Meta(m) => {
+                *chain = Some(TreeChain {
+                    whole: m.to_vec(),
+                    deltas: Vec::new(),
+                })
+            }
+            Record::MetaDelta(d) => {
+                match chain {
+                    Some(c) => c.deltas.push(d.to_vec()),
+                    None => return Err(Error::Corrupt(
+                        "a change to the filesystem's tree (META variant 1) with no whole tree \
+                         before it in the chain"
+                            .into(),
+                    )),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// Decompresses what a record holds, to check it fully (`ramd image verify`)
@@ -132,6 +177,6 @@ pub fn decode_record(
             }
             Ok(())
         }
-        Record::Meta(_) => Ok(()),
+        Record::Meta(_) | Record::MetaDelta(_) => Ok(()),
     }
 }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::store::Store;
 use crate::units::human;
 
-use super::format::{DiskKind, Record};
+use super::format::{DiskKind, Record, TreeChain};
 use super::image_dir::ImageDir;
 
 /// Set by a stop signal: loads under way end at their next record, so that
@@ -41,13 +41,13 @@ pub enum Progress {
 }
 
 /// Loads the image into `store`; returns the filesystem tree if it is an
-/// fs image. Progress goes to `progress`: `Read` as records are read,
+/// fs image (its last whole tree and the changes after it). Progress goes to `progress`: `Read` as records are read,
 /// `Done` once the load succeeded (not after an error).
 pub fn load(
     image: &ImageDir,
     store: &Store,
     progress: &mut dyn FnMut(Progress),
-) -> Result<Option<Vec<u8>>> {
+) -> Result<Option<TreeChain>> {
     let m = image.manifest().expect("load needs an image");
     let t0 = Instant::now();
     log::info!(
@@ -68,10 +68,7 @@ pub fn load(
                 Record::Page(page, p) => store.restore_page(page, p),
                 Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
                 Record::Gone(key) => store.restore_gone(key),
-                Record::Meta(m) => {
-                    meta = Some(m.to_vec());
-                    Ok(())
-                }
+                rec @ (Record::Meta(_) | Record::MetaDelta(_)) => TreeChain::add(&mut meta, &rec),
             },
             |done, total| progress(Progress::Read { done, total }),
         )

@@ -40,14 +40,14 @@ mod writer;
 
 pub use crate::store::{PageRef, SavePlan, SaveSession};
 pub use damage::{Damaged, Lost};
-pub use format::{decode_record, DiskKind, Record, MANIFEST, REC_HEADER, SEG_HEADER};
+pub use format::{decode_record, DiskKind, Record, TreeChain, MANIFEST, REC_HEADER, SEG_HEADER};
 pub use history::Restorable;
 pub use image_dir::ImageDir;
 pub use lease::{LeaseHolder, LeaseWatch};
 pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
 pub use manifest::{Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
-pub use policy::{MetaFn, Persister};
+pub use policy::{MetaFn, Persister, TreeSave};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{LostPages, SalvageChain, Salvaged};

@@ -55,8 +55,25 @@ pub(super) struct State {
     pub(super) closed: bool,
 }
 
-/// Serializes a filesystem's tree while no request is in flight.
-pub type MetaFn = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+/// Serializes a filesystem's tree while no request is in flight, for a
+/// full save (`true`: the whole tree) or an incremental one (what changed
+/// since the last committed save, if the filesystem can tell).
+pub type MetaFn = Box<dyn Fn(bool) -> TreeSave + Send + Sync>;
+
+/// A filesystem's tree as one save writes it (its META record).
+pub struct TreeSave {
+    pub bytes: Vec<u8>,
+    /// `bytes` change the tree of the chain's saves before this one (META
+    /// variant 1) rather than replace it (variant 0).
+    pub delta: bool,
+    /// The tree differs from the one the image's last committed save
+    /// holds: an unchanged tree alone is no reason to save.
+    pub changed: bool,
+    /// Run once the save is committed, never for one that fails or writes
+    /// nothing: the filesystem then knows what the image holds (a delta is
+    /// always against the last committed save's tree).
+    pub committed: Box<dyn FnOnce() + Send>,
+}
 
 pub struct Persister {
     pub(super) store: Arc<Store>,
@@ -74,8 +91,6 @@ pub struct Persister {
     /// for a save to let go of `image`; `save_to` changes it.
     pub(super) lease: Mutex<Option<LeaseWatch>>,
     pub(super) image: Mutex<ImageDir>,
-    /// Checksum of the tree in the image's last save (fs disks).
-    pub(super) meta_sum: Mutex<Option<u32>>,
     pub(super) state: Mutex<State>,
     pub(super) changed: Condvar,
     pub(super) autosave: Option<Duration>,
@@ -113,7 +128,6 @@ impl Persister {
             path: Mutex::new(image.path().to_path_buf()),
             lease: Mutex::new(image.lease_watch()),
             image: Mutex::new(image),
-            meta_sum: Mutex::new(None),
             state: Mutex::new(state),
             changed: Condvar::new(),
             autosave,
@@ -138,10 +152,9 @@ impl Persister {
         self.replica.as_ref().map(|r| r.finish(wait))
     }
 
-    /// `f` serializes the tree; `loaded` is the tree the image holds.
-    pub fn set_meta(&mut self, f: MetaFn, loaded: Option<&[u8]>) {
+    /// `f` serializes the tree (and knows what tree the image holds).
+    pub fn set_meta(&mut self, f: MetaFn) {
         self.meta = Some(f);
-        *self.meta_sum.get_mut() = loaded.map(crc32c::crc32c);
     }
 
     /// Saves `outer`'s pages too, from the next save on.
@@ -247,12 +260,12 @@ impl Persister {
         let seq = image.next_seq();
         let (session, (meta, mut outer)) = self.store.begin_save(full, || {
             (
-                self.meta.as_ref().map(|f| f()),
+                self.meta.as_ref().map(|f| f(full)),
                 self.outer.as_ref().map(|o| o.switch(full)),
             )
         });
         let plan = session.plan();
-        let meta_sum = meta.as_deref().map(crc32c::crc32c);
+        let tree_same = meta.as_ref().is_none_or(|m| !m.changed);
         let outer_gone = outer.as_ref().map_or(&[][..], |o| o.gone());
         let outer_changed = outer.as_ref().is_some_and(|o| o.changed());
         let unchanged = (!full
@@ -261,7 +274,7 @@ impl Persister {
             && outer_gone.is_empty()
             && !outer_changed
             || compacting && !plan.changed && !outer_changed)
-            && meta_sum == *self.meta_sum.lock();
+            && tree_same;
         let last = image.manifest().and_then(|m| m.chain.last()).cloned();
         let nothing = |session: SaveSession<'_>, last: &SegEntry| {
             // Nothing to write: an empty save would only lengthen the chain.
@@ -288,7 +301,7 @@ impl Persister {
             w.gone(key);
         }
         let gone = plan.gone.len() + outer_gone.len();
-        let mut failed = meta.as_ref().and_then(|m| w.meta(m).err());
+        let mut failed = meta.as_ref().and_then(|m| w.meta(&m.bytes, m.delta).err());
         if failed.is_none() {
             failed = w.write_out().err();
         }
@@ -323,13 +336,9 @@ impl Persister {
             w.discard();
             return Err(e);
         }
-        if let (false, 0, 0, true, Some(last)) = (
-            full,
-            plan.pages + outer_pages,
-            gone,
-            meta_sum == *self.meta_sum.lock(),
-            &last,
-        ) {
+        if let (false, 0, 0, true, Some(last)) =
+            (full, plan.pages + outer_pages, gone, tree_same, &last)
+        {
             // Files open for writing were read again and found unchanged:
             // the image already holds what was read.
             w.discard();
@@ -349,7 +358,9 @@ impl Persister {
             unix_time: entry.time_ns / 1_000_000_000,
         };
         image.commit(self.kind, size, entry)?;
-        *self.meta_sum.lock() = meta_sum;
+        if let Some(m) = meta {
+            (m.committed)();
+        }
         if let Some(o) = outer {
             o.committed();
         }

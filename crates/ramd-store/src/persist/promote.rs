@@ -163,11 +163,6 @@ impl Persister {
             }
         };
         *self.lease.lock() = image.lease_watch();
-        if let Some(t) = &self.tree {
-            // The fencing save holds the tree: the next save writes its
-            // own only if it changed.
-            *self.meta_sum.lock() = Some(crc32c::crc32c(&t.save()));
-        }
         self.following.store(false, Ordering::SeqCst);
         self.store.set_standby(false);
         drop(image);

@@ -394,6 +394,7 @@ pub(super) fn record_of(ty: u8, sub: u8, a: u64, b: u64, data: &[u8]) -> Option<
         },
         (R_GONE, 0) if plen == 0 => Record::Gone(a),
         (R_META, 0) => Record::Meta(data),
+        (R_META, 1) => Record::MetaDelta(data),
         _ => return None,
     })
 }

@@ -78,9 +78,10 @@ pub struct StandbyStatus {
 /// A filesystem disk's tree, which a standby replaces with each save's
 /// (see the module); implemented by the filesystem.
 pub trait FollowTree: Send + Sync {
-    /// Decodes and checks the tree of a save (its META): what `install`
-    /// takes. Called before any of the save is applied.
-    fn prepare(&self, meta: &[u8]) -> Result<Box<dyn std::any::Any + Send>>;
+    /// Decodes and checks the tree of a save (its META: whole, or with
+    /// `delta` a change to the tree installed last): what `install` takes.
+    /// Called before any of the save is applied.
+    fn prepare(&self, meta: &[u8], delta: bool) -> Result<Box<dyn std::any::Any + Send>>;
     /// Swaps in a prepared tree (`None`: the save had no META, the tree
     /// stays), with the store's gate held exclusively, after the save's
     /// pages. `chunks`: the store chunks whose data the save set (`None`:
@@ -93,8 +94,9 @@ pub trait FollowTree: Send + Sync {
     /// After the hold: tells whoever caches the tree (the kernel) what the
     /// installs since the last call changed.
     fn announce(&self);
-    /// The tree as it is now, for the META of a promotion's save.
-    fn save(&self) -> Vec<u8>;
+    /// The whole tree as it is now, for the META of a promotion's save
+    /// (its `committed` runs once that save is committed).
+    fn save(&self) -> super::policy::TreeSave;
 }
 
 /// A standby's state between polls.
@@ -252,15 +254,17 @@ impl ImageDir {
                 new,
                 seg,
                 &mut |r| {
-                    if let Record::Meta(m) = r {
-                        meta = Some(m.to_vec());
+                    match r {
+                        Record::Meta(m) => meta = Some((m.to_vec(), false)),
+                        Record::MetaDelta(m) => meta = Some((m.to_vec(), true)),
+                        _ => {}
                     }
                     Ok(())
                 },
                 &mut |_| {},
             )?;
             let prepared = match (tree, meta) {
-                (Some(t), Some(m)) => Some(t.prepare(&m).map_err(|e| {
+                (Some(t), Some((m, delta))) => Some(t.prepare(&m, delta).map_err(|e| {
                     Error::context(format!("save {} of image {url}: its tree", seg.seq), e, "")
                 })?),
                 _ => None,
@@ -283,7 +287,7 @@ impl ImageDir {
                                 Record::Frame { key, .. } | Record::Gone(key) => {
                                     chunks.insert(*key)
                                 }
-                                Record::Meta(_) => false,
+                                Record::Meta(_) | Record::MetaDelta(_) => false,
                             };
                             apply(store, r)
                         },
@@ -373,15 +377,22 @@ impl ImageDir {
             let mut w = self.begin_segment(self.next_seq(), false, m.kind, m.size)?;
             // Every save of an fs disk holds its tree (FORMAT.md): the
             // one just applied, unchanged.
-            if let Some(t) = tree {
-                if let Err(e) = w.meta(&t.save()).and_then(|()| w.write_out()) {
+            let saved = tree.map(|t| t.save());
+            if let Some(t) = &saved {
+                if let Err(e) = w.meta(&t.bytes, false).and_then(|()| w.write_out()) {
                     w.discard();
                     return Err(e);
                 }
             }
             let entry = w.finish()?;
             match self.commit(m.kind, m.size, entry.clone()) {
-                Ok(()) => return Ok(entry),
+                Ok(()) => {
+                    // Later saves' trees are changes to this one.
+                    if let Some(t) = saved {
+                        (t.committed)();
+                    }
+                    return Ok(entry);
+                }
                 // The old writer committed first: that save too, then again.
                 Err(e) if tries < 3 => {
                     tries += 1;
@@ -400,6 +411,6 @@ fn apply(store: &Store, rec: Record<'_>) -> Result<()> {
         Record::Page(page, p) => store.restore_page(page, p),
         Record::Frame { key, mask, data } => store.restore_frame(key, mask, data),
         Record::Gone(key) => store.restore_gone(key),
-        Record::Meta(_) => Ok(()),
+        Record::Meta(_) | Record::MetaDelta(_) => Ok(()),
     }
 }

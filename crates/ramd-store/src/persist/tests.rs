@@ -119,7 +119,7 @@ fn segments_round_trip_whatever_their_record_sizes() {
                 _ => rnd() % 300_000,
             } as usize;
             let data: Vec<u8> = (0..len).map(|j| (j as u64 ^ i ^ seed) as u8 | 1).collect();
-            w.meta(&data).unwrap();
+            w.meta(&data, false).unwrap();
             bytes += (REC_HEADER + len.next_multiple_of(8)) as u64;
             want.push(data);
             match rnd() % 5 {
@@ -307,7 +307,7 @@ fn an_image_keeps_its_id_and_an_old_one_gets_one() {
         let mut w = img
             .begin_segment(seq, full, DiskKind::Block, 1 << 20)
             .unwrap();
-        w.meta(b"x").unwrap();
+        w.meta(b"x", false).unwrap();
         let e = w.finish().unwrap();
         img.commit(DiskKind::Block, 1 << 20, e).unwrap();
     };

@@ -233,16 +233,17 @@ impl SegWriter {
         self.record(R_GONE, 0, key, 0, &[]);
     }
 
-    /// A filesystem's tree; refused if larger than a record may be (a
-    /// reader would refuse it, so the save must fail and keep the old image).
-    pub fn meta(&mut self, bytes: &[u8]) -> Result<()> {
+    /// A filesystem's tree, whole or (`delta`) a change to the chain's
+    /// (META variant 1); refused if larger than a record may be (a reader
+    /// would refuse it, so the save must fail and keep the old image).
+    pub fn meta(&mut self, bytes: &[u8], delta: bool) -> Result<()> {
         if bytes.len() > MAX_PAYLOAD {
             return Err(Error::Invalid(format!(
                 "the filesystem's tree takes {} bytes; an image record holds at most {MAX_PAYLOAD}",
                 bytes.len()
             )));
         }
-        self.record(R_META, 0, 0, 0, bytes);
+        self.record(R_META, delta as u8, 0, 0, bytes);
         Ok(())
     }
 
