@@ -813,6 +813,155 @@ ln -s new gen/newdir/link
     d.stop();
 }
 
+/// The META record of segment `seg` (FORMAT.md, *Records*): its variant
+/// (0 whole tree, 1 tree delta) and payload length.
+fn meta_record(seg: &Path) -> Option<(u8, usize)> {
+    let data = fs::read(seg).unwrap();
+    let mut at = 64;
+    while at + 32 <= data.len() {
+        let (ty, sub) = (data[at + 4], data[at + 5]);
+        let plen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        match ty {
+            7 => return Some((sub, plen)),
+            0xff => return None,
+            _ => at += 32 + plen.next_multiple_of(8),
+        }
+    }
+    panic!("{seg:?}: no END record");
+}
+
+/// `sh -c SCRIPT` in `dir`.
+fn sh_in(dir: &Path, script: &str) {
+    let mut c = cmd("sh", ["-c", &format!("set -eu\n{script}")]);
+    c.current_dir(dir);
+    run(&mut c, LONG_TIMEOUT).ok();
+}
+
+/// A filesystem's tree as [`tree_state`] sees it, and the chattr flags of
+/// the files that the changes below set them on.
+fn tree_and_flags(root: &Path) -> (TreeState, String) {
+    let mut c = cmd(
+        "sh",
+        [
+            "-c",
+            "for f in d1/renamed many/f11; do if [ -e $f ]; then lsattr $f; fi; done",
+        ],
+    );
+    c.current_dir(root);
+    (tree_state(root), run(&mut c, LONG_TIMEOUT).ok())
+}
+
+/// An fs disk's incremental save holds only what changed of its tree (a
+/// tree delta, FORMAT.md): in a tree of 10 000 files, rewriting one writes
+/// a small part of what the full save's whole tree takes. A chain of such
+/// saves (a file created, grown, truncated, renamed across directories,
+/// hard-linked, chmod, xattrs set and removed, chattr, unlinked, a
+/// directory made and removed) loads as the tree was, and `ramd image
+/// restore --at` rebuilds a save in the middle of the chain.
+fn fs_saves_hold_tree_deltas(extra: &[&str]) {
+    for t in ["lsattr", "chattr", "setfattr", "truncate", "head"] {
+        require_tool(t);
+    }
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let mut args = vec!["--size", "256M", "--image", p(&img)];
+    args.extend(extra);
+    let d = FsDisk::mount(&args);
+    sh_in(
+        d.path(),
+        "mkdir many\nfor i in $(seq 1 10000); do echo \"file $i\" > many/f$i; done",
+    );
+    let full = snapshot(d.run_dir(), d.name(), true);
+    let seg = |v: &Value| img.join(format!("seg-{:08}", field(v, "seq")));
+    let (variant, whole) = meta_record(&seg(&full)).expect("a full save holds the tree");
+    assert_eq!(variant, 0, "a full save holds the whole tree");
+    assert!(
+        whole > 10_000 * 20,
+        "a tree of 10 000 files in {whole} bytes?"
+    );
+
+    sh_in(d.path(), "echo changed > many/f5000");
+    let one = snapshot(d.run_dir(), d.name(), false);
+    assert_eq!(one["full"], false, "{one}");
+    let (variant, delta) = meta_record(&seg(&one)).expect("every fs save holds its tree");
+    assert_eq!(variant, 1, "an incremental save holds a tree delta");
+    let bytes = field(&one, "bytes") as usize;
+    assert!(
+        delta * 100 < whole && bytes * 20 < whole,
+        "one file rewritten: a save of {bytes} bytes with a tree delta of {delta}, against a \
+         whole tree of {whole}"
+    );
+
+    // A chain of changes, a save after each; the state after each kept.
+    let steps = [
+        "mkdir d1\necho a > d1/a\nln d1/a d1/hard\nln -s a d1/sym",
+        "mv d1/a d1/renamed\nmv many/f10 d1/",
+        "chmod 0600 d1/renamed\nsetfattr -n user.k -v v d1/renamed\nchattr +d d1/renamed",
+        "head -c 300000 /dev/urandom >> many/f11\ntruncate -s 3 many/f12\nrm d1/hard\n\
+         mkdir d2\nrmdir d2\nsetfattr -x user.k d1/renamed\nchattr +A many/f11",
+        "truncate -s 5 many/f11\nrm many/f13\nchattr -d d1/renamed",
+    ];
+    let mut states = Vec::new();
+    for step in steps {
+        sh_in(d.path(), step);
+        let r = snapshot(d.run_dir(), d.name(), false);
+        assert_eq!(r["full"], false, "{r}");
+        assert_eq!(meta_record(&seg(&r)).unwrap().0, 1, "{step}: a delta");
+        states.push((field(&r, "seq"), tree_and_flags(d.path())));
+    }
+    d.stop();
+    verify_ok(&img);
+
+    // Loaded: the whole tree and every delta after it.
+    let d = FsDisk::mount(&["--image", p(&img)]);
+    let (last_seq, (tree, flags)) = states.last().unwrap();
+    let (now_tree, now_flags) = tree_and_flags(d.path());
+    assert_same_tree(tree, &now_tree);
+    assert_eq!(&now_flags, flags, "chattr flags after the load");
+    // The load knows the image's tree: a save after it is a delta again.
+    sh_in(d.path(), "echo again > many/f1");
+    let r = snapshot(d.run_dir(), d.name(), false);
+    assert_eq!(r["full"], false, "{r}");
+    assert_eq!(
+        meta_record(&seg(&r)).unwrap().0,
+        1,
+        "the first save after a load"
+    );
+    assert!(field(&r, "seq") > *last_seq);
+    d.stop();
+
+    // A save in the middle of the chain: its whole tree and the deltas up
+    // to it, not the ones after.
+    let (mid_seq, (mid_tree, mid_flags)) = &states[2];
+    let to = tmp.path().join("restored");
+    ramd(&[
+        "image",
+        "restore",
+        p(&img),
+        "--at",
+        &mid_seq.to_string(),
+        "--to",
+        p(&to),
+    ])
+    .ok();
+    verify_ok(&to);
+    let d = FsDisk::mount(&["--image", p(&to)]);
+    let (got_tree, got_flags) = tree_and_flags(d.path());
+    assert_same_tree(mid_tree, &got_tree);
+    assert_eq!(&got_flags, mid_flags, "chattr flags of save {mid_seq}");
+    d.stop();
+}
+
+#[test]
+fn fs_saves_hold_tree_deltas_store_path() {
+    fs_saves_hold_tree_deltas(&[]);
+}
+
+#[test]
+fn fs_saves_hold_tree_deltas_kernel_path() {
+    fs_saves_hold_tree_deltas(&["--data-path", "kernel"]);
+}
+
 // ---------------------------------------------------------------------------
 // 3. Incremental saves hold what changed, and only that
 
