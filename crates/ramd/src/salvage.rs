@@ -128,19 +128,18 @@ fn salvage(args: &Args) -> Result<i32> {
         }
     })?;
     store.end_restore();
-    // A tree built from changes is wrong if damage after its whole tree
-    // may have taken one of them (the changes after it assume it).
+    // A tree built from changes is wrong if a save between its whole tree
+    // and it lost its own (every save of an fs disk writes one): the
+    // changes after that save assume it.
+    let read_trees: std::collections::HashSet<u64> = metas.iter().map(|m| m.0).collect();
     let metas: Vec<(u64, Vec<u8>)> = metas
         .into_iter()
         .filter(|&(seq, _, base)| {
-            !read.damaged.iter().any(|d| {
-                d.seq > base
-                    && d.seq <= seq
-                    && matches!(
-                        d.lost,
-                        persist::Lost::Meta | persist::Lost::Among { .. } | persist::Lost::Segment
-                    )
-            })
+            chain
+                .chain
+                .iter()
+                .filter(|s| s.seq > base && s.seq <= seq)
+                .all(|s| read_trees.contains(&s.seq))
         })
         .map(|(seq, tree, _)| (seq, tree))
         .collect();

@@ -271,6 +271,43 @@ fn salvage_fs_damaged_tree_falls_back_to_the_previous_save() {
     );
 }
 
+/// The tree delta of a save in the middle of the chain damaged: the
+/// deltas after it assume it, so the trees of those saves are not built
+/// without it; the whole tree of the full save is used.
+#[test]
+fn salvage_fs_damaged_tree_delta_is_not_skipped() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let d = FsDisk::mount(&["--size", "64M", "--image", p(&img)]);
+    put(d.path(), "x", b"x");
+    put(d.path(), "y", b"y");
+    let mode = |f: &Path| fs::metadata(f).unwrap().permissions().mode() & 0o7777;
+    let before = mode(&d.join("x"));
+    snapshot_full(d.run_dir(), d.name());
+    // Save 2 changes only x, save 3 only y.
+    for f in ["x", "y"] {
+        fs::set_permissions(d.join(f), fs::Permissions::from_mode(0o600)).unwrap();
+        ramd_cmd(d.run_dir(), &["snapshot", d.name()]).ok();
+    }
+    d.stop();
+    let segs = segments(&img);
+    assert_eq!(segs.len(), 3, "a full save and two incremental ones");
+    let meta = records_unchecked(&segs[1])
+        .into_iter()
+        .find(|r| r.kind == META)
+        .expect("the incremental save has a tree");
+    flip_byte(&segs[1], meta.off + 32 + meta.len / 2);
+
+    let out = tmp.path().join("out");
+    let (code, report) = salvage(&[p(&img), "--export", p(&out)]);
+    assert_eq!(code, Some(EXIT_LOST), "{report:#}");
+    assert_eq!(report["tree"]["save"], 1, "{report:#}");
+    assert_eq!(report["tree"]["newest"], false, "{report:#}");
+    assert_eq!(mode(&out.join("x")), before, "x as save 1 holds it");
+    assert_eq!(mode(&out.join("y")), before, "y as save 1 holds it");
+}
+
 // ---------------------------------------------------------------------------
 // salvage of block images
 
