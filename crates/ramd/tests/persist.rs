@@ -952,6 +952,57 @@ fn fs_saves_hold_tree_deltas(extra: &[&str]) {
     d.stop();
 }
 
+/// A tree delta with no whole tree before it in the chain is damage: a
+/// load and `ramd image verify` refuse the image, naming the segment and
+/// the record's offset.
+#[test]
+fn fs_tree_delta_without_a_whole_tree_is_refused() {
+    let tmp = scratch();
+    let img = tmp.path().join("img");
+    let d = FsDisk::mount(&["--size", "64M", "--image", p(&img)]);
+    fs::write(d.join("f"), b"x").unwrap();
+    d.stop();
+    verify_ok(&img);
+    // The full save's whole tree made a delta, its checksum made to match:
+    // a record that verifies, in a chain with no tree before it.
+    let seg = img.join("seg-00000001");
+    let mut data = fs::read(&seg).unwrap();
+    let mut at = 64;
+    while data[at + 4] != 7 {
+        let plen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        at += 32 + plen.next_multiple_of(8);
+    }
+    let plen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+    data[at + 5] = 1;
+    let crc = crc32c(&data[at + 4..at + 32 + plen.next_multiple_of(8)]);
+    data[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&seg, &data).unwrap();
+    let want = format!("{}: offset {at}: ", seg.display());
+
+    let out = ramd(&["image", "verify", p(&img)]);
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "verified:\n{}",
+        all_output(&out)
+    );
+    let text = all_output(&out);
+    assert!(
+        text.contains(&want) && text.contains("no whole tree before it"),
+        "{text}"
+    );
+    let dir = tmp.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let f = FsDisk::mount_at(&dir, &["--image", p(&img)])
+        .err()
+        .expect("an image whose chain starts with a tree delta loaded");
+    assert!(
+        f.stderr.contains(&want) && f.stderr.contains("no whole tree before it"),
+        "{}",
+        f.stderr
+    );
+}
+
 #[test]
 fn fs_saves_hold_tree_deltas_store_path() {
     fs_saves_hold_tree_deltas(&[]);
