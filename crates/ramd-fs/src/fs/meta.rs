@@ -1,5 +1,7 @@
 //! Saving and loading the tree (file data is the store's to save):
-//! [`Fs::save_meta`] and [`Fs::load`].
+//! [`Fs::save_meta`] and [`Fs::load`]; a save's tree, whole or a delta
+//! against the last committed save's ([`Fs::save_tree`], META variant 1,
+//! FORMAT.md), and the tree a chain of them builds ([`TreeRecords`]).
 //!
 //! The format is postcard over the mirror structs below, the version first.
 //! They mirror rather than reuse the live structs so that the format changes

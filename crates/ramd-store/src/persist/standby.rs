@@ -14,7 +14,9 @@
 //! what the store holds: it changes only once a save is applied.
 //!
 //! A filesystem disk (`FollowTree`): the store holds its file data, and
-//! each save's META is its whole tree. The tree is decoded and checked
+//! each save's META is its whole tree, or a change to the tree of the save
+//! before (variant 1), which the filesystem applies to the tree it
+//! installed last. The new tree is decoded and checked
 //! before anything is applied; in the same exclusive hold as the save's
 //! pages, the filesystem swaps it in; after the hold, it tells the kernel
 //! what changed (which may wait on requests that wait for the gate).
