@@ -1587,7 +1587,7 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     let b = new_store(DISK);
     copy_store(&a, &b);
     // The writer's full save, which the standby loads.
-    let full = w.save_tree(true);
+    let full = (w.save_tree(true))();
     let loaded = full.bytes.clone();
     (full.committed)();
     let s = Arc::new(Fs::load(b.clone(), cfg(1000), &loaded).unwrap());
@@ -1609,7 +1609,7 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     copy_store(&a, &b);
     let tree = StandbyTree::new(s.clone(), Some(&loaded));
     // The writer's next save holds a change to the tree, not all of it.
-    let save = w.save_tree(false);
+    let save = (w.save_tree(false))();
     assert!(save.delta && save.changed);
     assert!(save.bytes.len() < loaded.len());
     let prepared = tree.prepare(&save.bytes, true).unwrap();
@@ -1658,7 +1658,7 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     // nothing of the tree (only file data) leaves it as it is.
     (save.committed)();
     w.unlink(d, n("y2")).unwrap();
-    let save = w.save_tree(false);
+    let save = (w.save_tree(false))();
     (save.committed)();
     let prepared = tree.prepare(&save.bytes, true).unwrap();
     tree.install(Some(prepared), Some(&HashSet::new())).unwrap();
@@ -1666,7 +1666,7 @@ fn a_standby_installs_each_tree_and_says_what_changed() {
     assert_eq!(walk(&s), walk(&w));
     assert!(told.lock().contains(&Inval::Entry(d, "y2".into())));
     told.lock().clear();
-    let save = w.save_tree(false);
+    let save = (w.save_tree(false))();
     assert!(!save.changed);
     let prepared = tree.prepare(&save.bytes, true).unwrap();
     tree.install(Some(prepared), Some(&HashSet::new())).unwrap();
@@ -1693,7 +1693,7 @@ struct TreeImage {
 
 impl TreeImage {
     fn full(f: &Arc<Fs>) -> TreeImage {
-        let s = f.save_tree(true);
+        let s = (f.save_tree(true))();
         assert!(!s.delta);
         let whole = s.bytes.clone();
         (s.committed)();
@@ -1708,7 +1708,7 @@ impl TreeImage {
 
     /// An incremental save, committed; returns whether its tree changed.
     fn save(&mut self, f: &Arc<Fs>) -> bool {
-        let s = f.save_tree(false);
+        let s = (f.save_tree(false))();
         assert!(s.delta, "an incremental save of a known tree is a delta");
         self.sizes.push(s.bytes.len());
         self.chain.deltas.push(s.bytes.clone());
@@ -1884,7 +1884,7 @@ fn a_tree_delta_is_against_the_last_committed_save() {
     let mut img = TreeImage::full(&f);
     let x = f.create(ME, d, n("x"), REG).unwrap().ino;
     f.release(x);
-    let failed = f.save_tree(false);
+    let failed = (f.save_tree(false))();
     assert!(failed.changed && failed.delta);
     drop(failed); // never committed
     let y = f.create(ME, ROOT_INO, n("y"), REG).unwrap().ino;
@@ -1893,18 +1893,18 @@ fn a_tree_delta_is_against_the_last_committed_save() {
     assert_eq!(img.merged(), f.save_meta(), "x, from the failed save, too");
     // A full save starts over from the whole tree.
     f.unlink(d, n("x")).unwrap();
-    let full = f.save_tree(true);
+    let full = (f.save_tree(true))();
     assert!(full.changed && !full.delta);
     (full.committed)();
-    let s = f.save_tree(false);
+    let s = (f.save_tree(false))();
     assert!(!s.changed, "the full save holds it");
     // A loaded tree is what its image holds: its first save is a delta.
     let g = Arc::new(Fs::load(new_store(DISK), cfg(1000), &f.save_meta()).unwrap());
-    let s = g.save_tree(false);
+    let s = (g.save_tree(false))();
     assert!(s.delta && !s.changed, "a load knows the image's tree");
     // A new filesystem does not: its first save holds the whole tree.
     let h = Arc::new(Fs::new(new_store(DISK), cfg(1000)).unwrap());
-    let s = h.save_tree(false);
+    let s = (h.save_tree(false))();
     assert!(!s.delta && s.changed);
 }
 

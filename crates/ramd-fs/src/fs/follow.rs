@@ -125,7 +125,7 @@ impl FollowTree for StandbyTree {
     }
 
     fn save(&self) -> TreeSave {
-        self.fs.save_tree(true)
+        (self.fs.save_tree(true))()
     }
 }
 

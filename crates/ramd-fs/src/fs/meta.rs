@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ramd_store::persist::{TreeChain, TreeSave};
+use ramd_store::persist::{TreeChain, TreeFn, TreeSave};
 use ramd_store::{ExtentKind, Store, CHUNK_BYTES, PAGE_SIZE};
 use serde::{Deserialize, Serialize};
 
@@ -93,15 +93,64 @@ fn record_hash(rec: &[u8], flags: u32) -> u128 {
 fn delta_bytes<'a>(
     next: (u64, u64),
     gone: &[u64],
-    changed: impl Iterator<Item = &'a (Vec<u8>, u32)>,
+    changed: impl Iterator<Item = (&'a [u8], u32)>,
 ) -> Vec<u8> {
     let changed: Vec<_> = changed.collect();
     let mut out = encode(&(DELTA_VERSION, next.0, next.1, gone, changed.len()));
     for (rec, flags) in changed {
         out.extend_from_slice(rec);
-        out.extend(encode(flags));
+        out.extend(encode(&flags));
     }
     out
+}
+
+/// A whole tree's bytes ([`SavedMeta`] then [`SavedFlags`]) from `n`
+/// records already encoded, in inode number order, with their flags.
+fn whole_bytes<'a>(
+    next: (u64, u64),
+    n: usize,
+    records: impl Iterator<Item = (u64, &'a [u8], u32)>,
+) -> Vec<u8> {
+    let mut out = encode(&(META_VERSION, next.0, next.1, n));
+    let mut flags = SavedFlags::default();
+    for (ino, rec, f) in records {
+        out.extend_from_slice(rec);
+        if f != 0 {
+            flags.flags.push((ino, f));
+        }
+    }
+    out.extend(encode(&flags));
+    out
+}
+
+/// The tree as a save's switch encodes it: every linked inode's record,
+/// in inode number order, in one buffer. The switch holds every change
+/// off, so it only encodes; hashing and comparing come after it.
+struct Encoded {
+    next_ino: u64,
+    next_slot: u64,
+    buf: Vec<u8>,
+    /// Per inode: its number, where its record ends in `buf`, its flags.
+    index: Vec<(u64, usize, u32)>,
+}
+
+impl Encoded {
+    fn records(&self) -> impl Iterator<Item = (u64, &[u8], u32)> + '_ {
+        let mut start = 0;
+        self.index.iter().map(move |&(ino, end, f)| {
+            let rec = &self.buf[start..end];
+            start = end;
+            (ino, rec, f)
+        })
+    }
+
+    fn whole(&self) -> Vec<u8> {
+        whole_bytes(
+            (self.next_ino, self.next_slot),
+            self.index.len(),
+            self.records(),
+        )
+    }
 }
 
 impl TreeRecords {
@@ -179,21 +228,13 @@ impl TreeRecords {
 
     /// The tree as one whole tree (META variant 0, [`META_VERSION`]).
     pub fn whole(&self) -> Vec<u8> {
-        let n = self.inodes.len();
-        let mut out = encode(&(META_VERSION, self.next_ino, self.next_slot, n));
-        for (rec, _) in self.inodes.values() {
-            out.extend_from_slice(rec);
-        }
-        let flags = SavedFlags {
-            flags: self
-                .inodes
+        whole_bytes(
+            (self.next_ino, self.next_slot),
+            self.inodes.len(),
+            self.inodes
                 .iter()
-                .filter(|(_, (_, f))| *f != 0)
-                .map(|(&ino, &(_, f))| (ino, f))
-                .collect(),
-        };
-        out.extend(encode(&flags));
-        out
+                .map(|(&ino, (rec, f))| (ino, &rec[..], *f)),
+        )
     }
 
     /// The whole tree a chain's META records build (`ramd_store`'s
@@ -377,21 +418,28 @@ impl Fs {
         }
     }
 
-    /// The tree's records as they are now: next inode and slot numbers,
-    /// and per linked inode (in number order) its encoded [`SavedInode`]
-    /// and chattr flags.
-    fn tree_records(&self) -> TreeRecords {
+    /// The tree as it is now, encoded (see [`Encoded`]).
+    fn encode_tree(&self) -> Encoded {
         let st = self.state.read();
-        let inodes = st
+        let mut inos: Vec<Ino> = st
             .inodes
             .iter()
             .filter(|(_, i)| i.nlink > 0)
-            .map(|(&ino, i)| (ino.0, (encode(&self.saved_inode(&st, ino)), i.flags)))
+            .map(|(&ino, _)| ino)
             .collect();
-        TreeRecords {
+        inos.sort_unstable();
+        let mut buf = Vec::new();
+        let mut index = Vec::with_capacity(inos.len());
+        for ino in inos {
+            buf = postcard::to_extend(&self.saved_inode(&st, ino), buf)
+                .expect("serializing to a Vec cannot fail");
+            index.push((ino.0, buf.len(), st.inodes[&ino].flags));
+        }
+        Encoded {
             next_ino: st.next_ino,
             next_slot: st.next_slot,
-            inodes,
+            buf,
+            index,
         }
     }
 
@@ -399,20 +447,26 @@ impl Fs {
     /// for [`Fs::load`]. The caller holds the store's gate exclusively, so
     /// no change is half done.
     pub fn save_meta(&self) -> Vec<u8> {
-        self.tree_records().whole()
+        self.encode_tree().whole()
     }
 
-    /// The tree for a save (`Persister::set_meta`): whole for a full save
-    /// (or when the tree the image holds is not known), else a delta
-    /// against the tree of the last committed save: the inodes whose
-    /// record or flags differ from that save's, by hash, and those gone.
-    /// What the image holds moves on only when the save commits.
-    pub fn save_tree(self: &Arc<Self>, full: bool) -> TreeSave {
-        let now = self.tree_records();
+    /// The tree for a save (`Persister::set_meta`), in two steps: at the
+    /// switch (the store's gate held), the tree is encoded; the function
+    /// returned then makes the save's META from it: the whole tree for a
+    /// full save (or when the tree the image holds is not known), else a
+    /// delta against the tree of the last committed save, of the inodes
+    /// whose record or flags differ from that save's, by hash, and those
+    /// gone. What the image holds moves on only when the save commits.
+    pub fn save_tree(self: &Arc<Self>, full: bool) -> TreeFn {
+        let now = self.encode_tree();
+        let fs = self.clone();
+        Box::new(move || fs.tree_save(&now, full))
+    }
+
+    fn tree_save(self: Arc<Self>, now: &Encoded, full: bool) -> TreeSave {
         let hashes: HashMap<u64, u128> = now
-            .inodes
-            .iter()
-            .map(|(&ino, (rec, flags))| (ino, record_hash(rec, *flags)))
+            .records()
+            .map(|(ino, rec, flags)| (ino, record_hash(rec, flags)))
             .collect();
         let next = (now.next_ino, now.next_slot);
         let saved = self.tree_saved.lock();
@@ -424,25 +478,20 @@ impl Fs {
         let (bytes, delta) = if full || !known {
             (now.whole(), false)
         } else {
-            let gone: Vec<u64> = {
-                let mut g: Vec<u64> = saved
-                    .hashes
-                    .keys()
-                    .filter(|i| !hashes.contains_key(i))
-                    .copied()
-                    .collect();
-                g.sort_unstable();
-                g
-            };
+            let mut gone: Vec<u64> = saved
+                .hashes
+                .keys()
+                .filter(|i| !hashes.contains_key(i))
+                .copied()
+                .collect();
+            gone.sort_unstable();
             let changed_inodes = now
-                .inodes
-                .iter()
-                .filter(|(i, _)| saved.hashes.get(i) != hashes.get(i))
-                .map(|(_, r)| r);
+                .records()
+                .filter(|(i, _, _)| saved.hashes.get(i) != hashes.get(i))
+                .map(|(_, rec, f)| (rec, f));
             (delta_bytes(next, &gone, changed_inodes), true)
         };
         drop(saved);
-        let fs = self.clone();
         let committed = TreeSaved {
             known: true,
             next,
@@ -452,7 +501,7 @@ impl Fs {
             bytes,
             delta,
             changed,
-            committed: Box::new(move || *fs.tree_saved.lock() = committed),
+            committed: Box::new(move || *self.tree_saved.lock() = committed),
         }
     }
 

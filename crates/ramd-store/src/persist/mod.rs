@@ -47,7 +47,7 @@ pub use lease::{LeaseHolder, LeaseWatch};
 pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
 pub use manifest::{Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
-pub use policy::{MetaFn, Persister, TreeSave};
+pub use policy::{MetaFn, Persister, TreeFn, TreeSave};
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{LostPages, SalvageChain, Salvaged};

@@ -55,10 +55,15 @@ pub(super) struct State {
     pub(super) closed: bool,
 }
 
-/// Serializes a filesystem's tree while no request is in flight, for a
-/// full save (`true`: the whole tree) or an incremental one (what changed
-/// since the last committed save, if the filesystem can tell).
-pub type MetaFn = Box<dyn Fn(bool) -> TreeSave + Send + Sync>;
+/// Takes a filesystem's tree at a save's switch, while no request is in
+/// flight, for a full save (`true`: the whole tree) or an incremental one
+/// (what changed since the last committed save, if the filesystem can
+/// tell): only what must be taken then, so that the switch stays short.
+pub type MetaFn = Box<dyn Fn(bool) -> TreeFn + Send + Sync>;
+
+/// The rest of a [`MetaFn`]'s work, once requests go on again: the tree
+/// as the save writes it.
+pub type TreeFn = Box<dyn FnOnce() -> TreeSave + Send>;
 
 /// A filesystem's tree as one save writes it (its META record).
 pub struct TreeSave {
@@ -264,6 +269,7 @@ impl Persister {
                 self.outer.as_ref().map(|o| o.switch(full)),
             )
         });
+        let meta = meta.map(|m| m());
         let plan = session.plan();
         let tree_same = meta.as_ref().is_none_or(|m| !m.changed);
         let outer_gone = outer.as_ref().map_or(&[][..], |o| o.gone());
