@@ -492,6 +492,15 @@ impl Store {
         }
     }
 
+    /// Load: until the guard is dropped, page memory is faulted in a whole
+    /// arena at a time rather than a page at a time
+    /// (`PagePool::set_populate`): a load fills each arena's pages one
+    /// after another.
+    pub(crate) fn populating(&self) -> Populating<'_> {
+        self.pool.set_populate(true);
+        Populating(self)
+    }
+
     /// Ends a load: what the load emptied is not a change to save (the
     /// image has it already).
     pub fn end_restore(&self) {
@@ -507,6 +516,15 @@ impl Store {
         }
         self.replace(chunk, i, new, true);
         Ok(())
+    }
+}
+
+/// See [`Store::populating`].
+pub(crate) struct Populating<'a>(&'a Store);
+
+impl Drop for Populating<'_> {
+    fn drop(&mut self) {
+        self.0.pool.set_populate(false);
     }
 }
 
