@@ -733,6 +733,61 @@ fn second_writer_is_refused_naming_the_holder() {
     qemu_io(second.uri(), &["read -P 0x42 0 1M".into()]);
 }
 
+/// Four writers started at the same moment on one new prefix: exactly one
+/// gets the lease and serves; every other is refused, naming the holder's
+/// pid; the winner's saves commit and load.
+#[test]
+fn writers_racing_for_one_prefix_one_wins_cleanly() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("raced");
+    let barrier = std::sync::Barrier::new(4);
+    let results: Vec<Result<Ramd, (String, String)>> = std::thread::scope(|s| {
+        let tries: Vec<_> = (0..4)
+            .map(|i| {
+                let (run, env, img, barrier) =
+                    (tmp.path().join(format!("w{i}")), &env, &img, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    try_serve(&run, &["--size", "16M", "--image", img], env)
+                })
+            })
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut won = Vec::new();
+    let mut lost = Vec::new();
+    for r in results {
+        match r {
+            Ok(d) => won.push(d),
+            Err(e) => lost.push(e),
+        }
+    }
+    assert_eq!(
+        won.len(),
+        1,
+        "writers that started: {}; refusals: {lost:?}",
+        won.len()
+    );
+    let winner = won.pop().unwrap();
+    for (status, err) in lost {
+        assert!(
+            err.contains(&img)
+                && err.contains("lease is held by")
+                && err.contains(&format!("pid {}", winner.pid())),
+            "a loser's refusal ({status}) does not name the winner:\n{err}"
+        );
+    }
+    let run = winner.run_dir().to_path_buf();
+    qemu_io(winner.uri(), &["write -P 0x5c 0 1M".into()]);
+    let saved = snapshot(&run, winner.name(), &env);
+    assert_eq!(saved["full"], true, "{saved}");
+    drop(winner);
+    let again = serve(&tmp.path().join("again"), &["--image", &img], &env);
+    qemu_io(again.uri(), &["read -P 0x5c 0 1M".into()]);
+}
+
 /// kill -9 of the writer: its lease is left to expire (a short one here),
 /// then a new writer takes it over and loads the last committed save, not
 /// what was written after it.
