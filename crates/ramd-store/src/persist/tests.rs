@@ -149,21 +149,32 @@ fn segments_round_trip_whatever_their_record_sizes() {
     }
 }
 
+/// A fresh directory for test `name`'s image (gone if it was there).
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ramd-{name}-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A store of `size` bytes that tracks changes, as a saved disk's does.
+fn tracked_store(size: u64) -> crate::Store {
+    crate::Store::new(crate::StoreConfig {
+        host_reserve: 0,
+        track_changes: true,
+        ..crate::StoreConfig::new(size)
+    })
+    .unwrap()
+}
+
 /// A save that the chain's length would make full, with nothing changed,
 /// writes nothing and leaves no page marked for a save: the next save
 /// starts clean (its switch asserts that none is) and the image loads as
 /// the disk is.
 #[test]
 fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
-    let dir = std::env::temp_dir().join(format!("ramd-compact-test-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+    let dir = fresh_dir("compact");
     let size = 1 << 20;
-    let cfg = || crate::StoreConfig {
-        host_reserve: 0,
-        track_changes: true,
-        ..crate::StoreConfig::new(size)
-    };
-    let store = Arc::new(crate::Store::new(cfg()).unwrap());
+    let store = Arc::new(tracked_store(size));
     let p = Persister::new(
         store.clone(),
         ImageDir::open(&dir).unwrap(),
@@ -185,7 +196,7 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     p.save(false).unwrap();
     p.close();
 
-    let loaded = crate::Store::new(cfg()).unwrap();
+    let loaded = tracked_store(size);
     let image = ImageDir::open_existing(&dir).unwrap();
     let total = image.manifest().unwrap().bytes();
     let mut seen = Vec::new();
@@ -207,6 +218,41 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     loaded.read(0, &mut got).unwrap();
     assert_eq!(got[..PAGE_SIZE], page(2)[..]);
     assert_eq!(got[PAGE_SIZE..], page(3)[..]);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A compaction commits the changes as an incremental save first, then
+/// the full save: the chain it replaces ends with those changes (a standby
+/// sees them before the full save is written), and both are restorable.
+#[test]
+fn a_compaction_commits_the_changes_before_the_full_save() {
+    let dir = fresh_dir("compact2");
+    let size = 1 << 20;
+    let store = Arc::new(tracked_store(size));
+    let mut image = ImageDir::open(&dir).unwrap();
+    image.set_keep_saves(Some(std::time::Duration::from_secs(3600)));
+    let p = Persister::new(store.clone(), image, DiskKind::Block, size, None, false);
+    let page = |b: u8| vec![b; PAGE_SIZE];
+    store.write(0, &page(1)).unwrap();
+    assert!(p.save(false).unwrap().full);
+    // As large as the full save: the chain is "large".
+    store.write(0, &page(2)).unwrap();
+    assert!(!p.save(false).unwrap().full);
+    store.write(PAGE_SIZE as u64, &page(3)).unwrap();
+    let compaction = p.save(false).unwrap();
+    assert!(compaction.full, "{compaction:?}");
+    assert_eq!(compaction.seq, 4, "save 3 is the changes: {compaction:?}");
+    assert_eq!(p.status().saves, 3 + 1, "{:?}", p.status());
+    p.close();
+
+    let image = ImageDir::open_existing(&dir).unwrap();
+    let m = image.manifest().unwrap();
+    assert_eq!(m.chain.iter().map(|s| s.seq).collect::<Vec<_>>(), [4]);
+    let old = image.as_of(3).unwrap();
+    let seqs: Vec<(u64, bool)> = old.chain.iter().map(|s| (s.seq, s.full)).collect();
+    assert_eq!(seqs, [(1, true), (2, false), (3, false)]);
+    // Save 3 alone holds the change (one page), not the whole disk.
+    assert_eq!(old.chain[2].pages, 1, "{old:?}");
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -43,9 +43,6 @@ pub struct SavePlan {
     pub gone: Vec<u64>,
     /// Pages to save in all.
     pub pages: u64,
-    /// Whether anything changed since the last save (a full save plans
-    /// every page either way).
-    pub changed: bool,
 }
 
 /// A save under way, from its switch ([`Store::begin_save`]) to
@@ -217,7 +214,6 @@ impl Store {
             let mut map = shard.0.write();
             for (&key, chunk) in map.iter_mut() {
                 debug_assert_eq!(chunk.save.saving.load(Relaxed), 0, "a save is under way");
-                plan.changed |= chunk.save.dirty != 0;
                 let mask = if full {
                     (0..CHUNK_PAGES)
                         .filter(|&i| chunk.kind(i) != K_HOLE)
@@ -234,7 +230,6 @@ impl Store {
             }
         }
         let gone = std::mem::take(&mut *self.gone.lock());
-        plan.changed |= !gone.is_empty();
         if !full {
             plan.gone = gone.into_iter().collect();
             plan.gone.sort_unstable();
