@@ -9,7 +9,7 @@
 #                         [--size SIZE] [--dir DIR] [--out DIR]
 #
 #   --autosave D    the writer's --autosave (default 5s)
-#   --poll D        the standby's --standby-poll (default 2s, ramd's own)
+#   --poll D        the standby's --standby-poll (default 500ms, ramd's own)
 #   --lease SECS    the lease's term, RAMD_LEASE_SECS (default 10; ramd's
 #                   own is 60 s, which only makes each failover run wait
 #                   longer: the goal is measured from the lease's expiry)
@@ -57,7 +57,7 @@ repo=$(dirname "$here")
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 
-autosave=5s poll=2s lease=10 duration=60 runs=3 rate=1000 size=256M dir=/var/tmp out=""
+autosave=5s poll=500ms lease=10 duration=60 runs=3 rate=1000 size=256M dir=/var/tmp out=""
 bench_args --autosave= --poll= --lease= --duration= --runs= --rate= --size= --dir= --out= -- "$@"
 secs_of() {
     [[ $1 =~ ^([0-9]+(\.[0-9]+)?)(ms|s|m)$ ]] || die "'$1': use a duration like 500ms, 5s or 1m"

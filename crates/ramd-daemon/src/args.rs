@@ -150,8 +150,9 @@ pub struct DiskArgs {
     #[arg(long, requires = "image")]
     pub standby: bool,
 
-    /// How often a --standby reads the image's MANIFEST for new saves.
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    /// How often a --standby reads the image's MANIFEST for new saves (two
+    /// small GETs, the MANIFEST and the LEASE, per poll).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub standby_poll: Duration,
 
     /// Save the pages changed since the last save every DURATION (e.g. 30s,

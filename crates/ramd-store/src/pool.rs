@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -95,6 +95,9 @@ pub(crate) struct PagePool {
     policy: MemoryPolicy,
     /// What this pool added to `LOCK_PROMISED`.
     promised: u64,
+    /// Fault in each new arena whole when it is mapped (see
+    /// [`PagePool::set_populate`]).
+    populate: AtomicBool,
 }
 
 /// Pool figures for `ramd status`, in bytes.
@@ -156,23 +159,43 @@ impl PagePool {
             counters: Counters::default(),
             policy,
             promised,
+            populate: AtomicBool::new(false),
         })
+    }
+
+    /// While `on`, each arena mapped is faulted in whole at once
+    /// (MADV_POPULATE_WRITE), for a caller about to fill every page of it
+    /// (a load: pages are handed out in address order): one call costs far
+    /// less than 512 page faults, each a trap into the kernel, on a VM
+    /// above all. Off (the default), RSS follows the pages handed out.
+    pub(crate) fn set_populate(&self, on: bool) {
+        self.populate.store(on, Relaxed);
     }
 
     /// Takes a free page. Its contents are unspecified: callers overwrite it.
     pub(crate) fn alloc(&self) -> Result<PagePtr> {
-        let p = self.alloc_inner()?;
+        let (p, new_arena) = self.alloc_inner()?;
+        if new_arena && self.populate.load(Relaxed) {
+            // Outside the pool's lock: faulting in leaves the contents of
+            // pages already handed out alone. A kernel without
+            // MADV_POPULATE_WRITE (before 5.14) refuses it, and the pages
+            // fault in one by one as before; so does a host short of
+            // memory, whose first touch then fails as it would have.
+            // SAFETY: advice on the arena just mapped, which `p` starts.
+            unsafe { libc::madvise(p.as_ptr().cast(), ARENA_BYTES, libc::MADV_POPULATE_WRITE) };
+        }
         self.counters.in_use.fetch_add(PAGE_SIZE as u64, Relaxed);
         PROCESS_IN_USE.fetch_add(PAGE_SIZE as u64, Relaxed);
         Ok(p)
     }
 
-    fn alloc_inner(&self) -> Result<PagePtr> {
+    /// A page, and whether it is the first of a newly mapped arena.
+    fn alloc_inner(&self) -> Result<(PagePtr, bool)> {
         let mut inner = self.inner.lock();
         if let Some(p) = inner.warm.pop_back() {
             inner.low = inner.low.min(inner.warm.len());
             self.sub_warm(1);
-            return Ok(p);
+            return Ok((p, false));
         }
         // Everything below faults in new memory: guard the host first.
         if inner.host_budget == 0 {
@@ -182,9 +205,10 @@ impl PagePool {
         inner.host_budget -= 1;
         if let Some(p) = inner.cold.pop() {
             self.counters.cold.fetch_sub(PAGE_SIZE as u64, Relaxed);
-            return Ok(p);
+            return Ok((p, false));
         }
-        if inner.bump_next == ARENA_PAGES {
+        let new_arena = inner.bump_next == ARENA_PAGES;
+        if new_arena {
             let arena = map_arena(&self.policy)?;
             inner.arenas.push(arena);
             inner.bump_next = 0;
@@ -194,7 +218,10 @@ impl PagePool {
         // SAFETY: bump_next < ARENA_PAGES, so the offset stays inside the mapping.
         let ptr = unsafe { base.as_ptr().add(inner.bump_next * PAGE_SIZE) };
         inner.bump_next += 1;
-        Ok(PagePtr(NonNull::new(ptr).expect("mapping is not null")))
+        Ok((
+            PagePtr(NonNull::new(ptr).expect("mapping is not null")),
+            new_arena,
+        ))
     }
 
     /// Returns a page. The caller gives up every access to it.
@@ -402,6 +429,46 @@ mod tests {
         pool.free(a);
         assert_eq!(pool.alloc().unwrap(), a);
         assert_eq!(pool.stats().mapped_bytes, ARENA_BYTES as u64);
+    }
+
+    /// Pages of the arena that starts at `base` that are resident.
+    fn resident(base: PagePtr) -> usize {
+        let mut v = vec![0u8; ARENA_PAGES];
+        // SAFETY: mincore of one of our own arenas, into a vector with a
+        // byte per page of it.
+        let rc = unsafe { libc::mincore(base.as_ptr().cast(), ARENA_BYTES, v.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    /// While populating (a load), the first page taken from a new arena
+    /// brings the whole arena in; otherwise nothing is resident until it
+    /// is touched.
+    #[test]
+    fn populating_faults_in_whole_arenas_only_while_on() {
+        let pool = PagePool::new(0, 0);
+        pool.set_populate(true);
+        let first = pool.alloc().unwrap();
+        assert_eq!(
+            resident(first),
+            ARENA_PAGES,
+            "MADV_POPULATE_WRITE did not fault the arena in (Linux 5.14 or later has it)"
+        );
+        let rest: Vec<_> = (1..ARENA_PAGES).map(|_| pool.alloc().unwrap()).collect();
+        assert_eq!(pool.stats().mapped_bytes, ARENA_BYTES as u64);
+        pool.set_populate(false);
+        let second = pool.alloc().unwrap();
+        assert_eq!(pool.stats().mapped_bytes, 2 * ARENA_BYTES as u64);
+        assert_eq!(resident(second), 0);
+        // SAFETY: ours; a fresh page reads as zeros and is writable.
+        unsafe {
+            assert_eq!(*first.as_ptr().add(PAGE_SIZE - 1), 0);
+            second.as_ptr().write_bytes(3, PAGE_SIZE);
+        }
+        assert!((1..=ARENA_PAGES).contains(&resident(second)));
+        for p in rest.into_iter().chain([first, second]) {
+            pool.free(p);
+        }
     }
 
     #[test]

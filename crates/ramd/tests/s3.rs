@@ -56,6 +56,9 @@ struct Weed {
     child: Option<Child>,
     s3_port: u16,
     filer_port: u16,
+    /// The master's HTTP and gRPC ports, as `weed shell -master` takes
+    /// them (`PORT.GRPC`).
+    master: String,
     dir: TempDir,
 }
 
@@ -152,6 +155,7 @@ impl Weed {
             child: Some(child),
             s3_port: ports[6],
             filer_port: ports[4],
+            master: format!("{}.{}", ports[0], ports[1]),
             dir,
         }
     }
@@ -239,6 +243,29 @@ impl Weed {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Runs `commands` (one a line) in `weed shell`, the server's own
+    /// administration tool; returns what it printed.
+    fn shell(&self, commands: &str) -> String {
+        let script = self.dir.path().join("shell-commands");
+        fs::write(&script, commands).unwrap();
+        let weed = weed_bin();
+        let line = format!(
+            "{} shell -master=127.0.0.1:{} < {}",
+            weed.display(),
+            self.master,
+            script.display()
+        );
+        let out = run(&mut cmd("sh", ["-c", &line]), CMD_TIMEOUT);
+        assert!(out.success(), "{line}: {}\n{}", out.stdout, out.stderr);
+        // It says some things on stdout and others on stderr.
+        format!("{}{}", out.stdout, out.stderr)
+    }
+
+    /// Whether the server takes a small object under `key` now.
+    fn takes_writes(&self, key: &str) -> bool {
+        block_on(self.client().put(&Key::from(key), b"probe".to_vec().into())).is_ok()
     }
 
     fn signal(&self, sig: i32) {
@@ -506,6 +533,167 @@ fn fs_disk_round_trip() {
     d.stop();
 }
 
+/// A bucket over its quota (SeaweedFS then refuses writes to it): a save
+/// fails, naming the image and what may be wrong, never the credentials;
+/// the disk keeps serving, status says why, and the image keeps its last
+/// save. Once the quota is lifted the next save lands (a full one, as after
+/// any failed save) and the disk loads from it.
+#[test]
+fn a_bucket_over_its_quota_fails_saves_and_the_disk_keeps_serving() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("over");
+    let data = tmp.path().join("data");
+    random_file(&data, 4 * MIB);
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    // Random data: a pattern would be saved as FILL records, taking no room.
+    qemu_io(d.uri(), &[format!("write -s {} 0 4M", data.display())]);
+    let first = snapshot(&run, d.name(), &env);
+    assert_eq!(first["full"], true, "{first}");
+    let manifest = w.read("over/MANIFEST");
+
+    // 1 MiB of quota, 4 MiB stored: enforcing it makes the bucket
+    // read-only, once the master's figures (from the volume servers'
+    // heartbeats) count what was stored.
+    w.shell(&format!(
+        "s3.bucket.quota -name={BUCKET} -op=set -sizeMB=1\n"
+    ));
+    let mut said = String::new();
+    wait_until(
+        Duration::from_secs(60),
+        "SeaweedFS to find the bucket over its quota and make it read-only",
+        || {
+            said = w.shell("s3.bucket.quota.enforce -apply\n");
+            said.contains("read only")
+        },
+    );
+    wait_until(
+        Duration::from_secs(30),
+        &format!("the server to refuse writes to a bucket over its quota ({said})"),
+        || !w.takes_writes("probe/over-quota"),
+    );
+    qemu_io(d.uri(), &["write -P 0x22 8M 1M".into()]);
+    let out = ramd(&run, &["snapshot", d.name()], &env).failed();
+    assert!(
+        out.stderr.contains(&img) && out.stderr.contains("quota"),
+        "the failed save names neither the image nor what may be wrong:\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains(SECRET_KEY) && !out.stderr.contains(ACCESS_KEY),
+        "credentials in an error:\n{}",
+        out.stderr
+    );
+    d.assert_alive();
+    let served = |d: &Ramd, what: &str| {
+        let disk = export(d.uri(), &tmp.path().join("disk"));
+        assert!(
+            disk[..4 * MIB as usize] == fs::read(&data).unwrap()[..],
+            "{what}"
+        );
+        assert_filled(&disk, 8 * MIB, MIB, 0x22, what);
+    };
+    served(&d, "served after the failed save");
+    let disk = d.stats();
+    assert!(
+        disk["last_save_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&img) && e.contains("quota")),
+        "status does not say why the save failed: {disk}"
+    );
+    assert_eq!(
+        w.read("over/MANIFEST"),
+        manifest,
+        "a failed save changed the MANIFEST"
+    );
+
+    w.shell(&format!("s3.bucket.quota -name={BUCKET} -op=remove\n"));
+    wait_until(
+        Duration::from_secs(30),
+        "the server to take writes again once the quota is removed",
+        || w.takes_writes("probe/quota-lifted"),
+    );
+    let next = snapshot(&run, d.name(), &env);
+    assert_eq!(next["full"], true, "the save after a failed one: {next}");
+    d.stop();
+    let d = serve(&run, &["--image", &img], &env);
+    served(&d, "loaded from the save made once the quota was lifted");
+}
+
+/// A MANIFEST edited by hand (its checksum no longer matches, or its
+/// checksum line removed): serving, `image verify` and `image ls` refuse,
+/// naming the MANIFEST object and the byte offset at fault, and nothing
+/// is written to the prefix.
+#[test]
+fn a_hand_edited_manifest_is_refused_naming_it() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let run = tmp.path().join("run");
+    let img = url("edited");
+    let mut d = serve(&run, &["--size", "16M", "--image", &img], &env);
+    qemu_io(d.uri(), &["write -P 0x33 0 1M".into()]);
+    d.stop();
+    let manifest = w.read("edited/MANIFEST");
+    let key = Key::from("edited/MANIFEST");
+    let put = |text: String| block_on(w.client().put(&key, text.into_bytes().into())).unwrap();
+
+    // A size changed by hand: the checksum line no longer matches.
+    let size = manifest
+        .lines()
+        .find(|l| l.starts_with("size "))
+        .unwrap_or_else(|| panic!("no size line in {manifest}"));
+    put(manifest.replace(size, "size 33554432"));
+    // The checksum line taken out too: no longer a MANIFEST at all.
+    let unsummed: String = manifest
+        .lines()
+        .filter(|l| !l.starts_with("crc32c "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (edited, says) in [
+        (manifest.replace(size, "size 33554432"), "checksum"),
+        (unsummed, "no checksum line"),
+    ] {
+        put(edited.clone());
+        let objects = w.objects("edited");
+        let (status, err) = try_serve(&run, &["--image", &img], &env)
+            .map(|_| ())
+            .expect_err("served an image whose MANIFEST was edited by hand");
+        assert!(
+            err.contains(&format!("{img}/MANIFEST"))
+                && err.contains("offset")
+                && err.contains(says),
+            "({status}) the refusal does not name the MANIFEST, offset and fault:\n{err}"
+        );
+        for args in [["image", "verify", &img], ["image", "ls", &img]] {
+            let out = ramd(&run, &args, &env).failed();
+            assert!(
+                out.stderr.contains(&format!("{img}/MANIFEST")) && out.stderr.contains(says),
+                "{args:?}:\n{}",
+                out.stderr
+            );
+        }
+        assert_eq!(
+            w.read("edited/MANIFEST"),
+            edited,
+            "the MANIFEST was rewritten"
+        );
+        let lease_free = |o: &Vec<(String, u64)>| {
+            o.iter()
+                .filter(|(n, _)| n != "LEASE")
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            lease_free(&w.objects("edited")),
+            lease_free(&objects),
+            "objects were written or removed"
+        );
+    }
+}
+
 /// A second `ramd serve` of one prefix is refused while the first holds
 /// its lease, naming the holder and when the lease ends; after the first's
 /// clean stop it starts and loads what the first saved.
@@ -543,6 +731,61 @@ fn second_writer_is_refused_naming_the_holder() {
 
     let second = serve(&tmp.path().join("b"), &["--image", &img], &env);
     qemu_io(second.uri(), &["read -P 0x42 0 1M".into()]);
+}
+
+/// Four writers started at the same moment on one new prefix: exactly one
+/// gets the lease and serves; every other is refused, naming the holder's
+/// pid; the winner's saves commit and load.
+#[test]
+fn writers_racing_for_one_prefix_one_wins_cleanly() {
+    let w = Weed::start();
+    let env = w.env();
+    let tmp = scratch();
+    let img = url("raced");
+    let barrier = std::sync::Barrier::new(4);
+    let results: Vec<Result<Ramd, (String, String)>> = std::thread::scope(|s| {
+        let tries: Vec<_> = (0..4)
+            .map(|i| {
+                let (run, env, img, barrier) =
+                    (tmp.path().join(format!("w{i}")), &env, &img, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    try_serve(&run, &["--size", "16M", "--image", img], env)
+                })
+            })
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut won = Vec::new();
+    let mut lost = Vec::new();
+    for r in results {
+        match r {
+            Ok(d) => won.push(d),
+            Err(e) => lost.push(e),
+        }
+    }
+    assert_eq!(
+        won.len(),
+        1,
+        "writers that started: {}; refusals: {lost:?}",
+        won.len()
+    );
+    let winner = won.pop().unwrap();
+    for (status, err) in lost {
+        assert!(
+            err.contains(&img)
+                && err.contains("lease is held by")
+                && err.contains(&format!("pid {}", winner.pid())),
+            "a loser's refusal ({status}) does not name the winner:\n{err}"
+        );
+    }
+    let run = winner.run_dir().to_path_buf();
+    qemu_io(winner.uri(), &["write -P 0x5c 0 1M".into()]);
+    let saved = snapshot(&run, winner.name(), &env);
+    assert_eq!(saved["full"], true, "{saved}");
+    drop(winner);
+    let again = serve(&tmp.path().join("again"), &["--image", &img], &env);
+    qemu_io(again.uri(), &["read -P 0x5c 0 1M".into()]);
 }
 
 /// kill -9 of the writer: its lease is left to expire (a short one here),

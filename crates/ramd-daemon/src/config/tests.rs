@@ -244,7 +244,10 @@ fn standby_keys() {
     let disk = |n: &str| &plan.disks.iter().find(|(d, _)| d.name == n).unwrap().0;
     assert!(disk("a").standby);
     assert_eq!(disk("a").standby_poll, std::time::Duration::from_secs(5));
-    assert_eq!(disk("b").standby_poll, std::time::Duration::from_secs(2));
+    assert_eq!(
+        disk("b").standby_poll,
+        std::time::Duration::from_millis(500)
+    );
     std::fs::write(&path, "[disk.a]\nsize = \"1M\"\nstandby = true\n").unwrap();
     let e = load(&path).unwrap_err().to_string();
     assert!(e.contains("--image"), "{e}");

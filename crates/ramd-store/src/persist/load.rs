@@ -59,6 +59,7 @@ pub fn load(
         human(m.bytes())
     );
     let mut meta = None;
+    let _populating = store.populating();
     image
         .read_chain(
             |rec| match rec {

@@ -184,21 +184,19 @@ impl Persister {
     }
 
     /// One save with `image` held: counted, logged and shown by status.
+    /// A compaction (a full save only because the chain grew long) is two:
+    /// the changes first, as an incremental save, then the full save.
+    /// The changes so reach the image, and a standby (which would
+    /// otherwise fetch the whole disk to see them), at an incremental
+    /// save's speed; the full save holds nothing new that its failure
+    /// could lose. An unchanged disk is not compacted: a stop's second
+    /// save, after the one made while serving, must not rewrite it all.
     fn save_locked_reporting(
         &self,
         image: &mut ImageDir,
         full: bool,
         why: &'static str,
     ) -> Result<SaveReport> {
-        let ticket = {
-            let mut st = self.state.lock();
-            st.started += 1;
-            st.started
-        };
-        // `compacting`: full only because the chain grew long. Such a save
-        // happens only when there is something to save: a stop's second
-        // save, after the one made while serving, finds nothing and must
-        // not rewrite the whole disk.
         let (full, reason, compacting) = match image.manifest() {
             _ if full && !why.is_empty() => (true, why, false),
             _ if full => (true, "asked for", false),
@@ -207,9 +205,31 @@ impl Persister {
             Some(m) if m.size != self.size.load(Ordering::Relaxed) => (true, "size changed", false),
             Some(m) if m.chain.len() >= MAX_CHAIN => (true, "chain is long", true),
             Some(m) if m.bytes() >= 2 * m.chain[0].bytes => (true, "chain is large", true),
-            Some(_) => (false, "", false),
+            Some(_) => (false, "changes", false),
         };
-        let result = self.save_locked(image, full, compacting);
+        if compacting {
+            let changes = self.counted_save(image, false, "changes")?;
+            if changes.pages == 0 && changes.bytes == 0 {
+                return Ok(changes);
+            }
+        }
+        self.counted_save(image, full, reason)
+    }
+
+    /// One save, counted (a ticket for flushes), logged, shown by status
+    /// and handed to the replica.
+    fn counted_save(
+        &self,
+        image: &mut ImageDir,
+        full: bool,
+        reason: &'static str,
+    ) -> Result<SaveReport> {
+        let ticket = {
+            let mut st = self.state.lock();
+            st.started += 1;
+            st.started
+        };
+        let result = self.save_locked(image, full);
         let mut st = self.state.lock();
         st.finished = ticket;
         match &result {
@@ -226,7 +246,7 @@ impl Persister {
                         "saved {} save {} ({}): {} pages, {} written in {:.2} s",
                         if r.full { "full" } else { "incremental" },
                         r.seq,
-                        if full { reason } else { "changes" },
+                        reason,
                         r.pages,
                         human(r.bytes),
                         r.seconds
@@ -255,12 +275,7 @@ impl Persister {
         result
     }
 
-    fn save_locked(
-        &self,
-        image: &mut ImageDir,
-        full: bool,
-        compacting: bool,
-    ) -> Result<SaveReport> {
+    fn save_locked(&self, image: &mut ImageDir, full: bool) -> Result<SaveReport> {
         let t0 = Instant::now();
         let seq = image.next_seq();
         let (session, (meta, mut outer)) = self.store.begin_save(full, || {
@@ -274,19 +289,17 @@ impl Persister {
         let tree_same = meta.as_ref().is_none_or(|m| !m.changed);
         let outer_gone = outer.as_ref().map_or(&[][..], |o| o.gone());
         let outer_changed = outer.as_ref().is_some_and(|o| o.changed());
-        let unchanged = (!full
+        let unchanged = !full
             && plan.pages == 0
             && plan.gone.is_empty()
             && outer_gone.is_empty()
             && !outer_changed
-            || compacting && !plan.changed && !outer_changed)
             && tree_same;
         let last = image.manifest().and_then(|m| m.chain.last()).cloned();
         let nothing = |session: SaveSession<'_>, last: &SegEntry| {
             // Nothing to write: an empty save would only lengthen the chain.
-            // Dropped unfinished, not finished: a compaction's switch marked
-            // every page `saving`, and only the abort unmarks pages no
-            // `save_chunk` wrote (nothing was dirty: nothing is forgotten).
+            // Dropped unfinished (an abort), not finished: no page was
+            // marked for it, so nothing is forgotten.
             drop(session);
             SaveReport {
                 seq: last.seq,
@@ -524,8 +537,14 @@ impl Persister {
                 }
             }
             // Errors are logged and shown by status; the disk keeps serving.
+            let started = Instant::now();
             let _ = self.save(false);
-            next = self.autosave.map(|d| Instant::now() + d);
+            // The interval runs from this save's start (its switch), not its
+            // end: how old the image's newest data gets (and how far a
+            // standby runs behind) is the interval, not the interval plus
+            // the save's own time. A save longer than the interval is
+            // followed by the next at once.
+            next = self.autosave.map(|d| started + d);
         }
     }
 

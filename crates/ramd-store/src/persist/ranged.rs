@@ -11,6 +11,7 @@ use object_store::{GetOptions, GetRange};
 
 use crate::error::Result;
 
+use super::reader::Pieces;
 use super::remote::{block_on, runtime, Remote};
 
 impl Remote {
@@ -112,6 +113,7 @@ pub(super) struct ObjectReader {
     next: u64,
     /// The ranges requested and not yet read whole, oldest first.
     parts: VecDeque<Part>,
+    /// What `Read` has not handed over yet of the chunk it took last.
     cur: bytes::Bytes,
     /// The first failure, returned again to any later read.
     failed: Option<String>,
@@ -189,20 +191,22 @@ impl ObjectReader {
     }
 }
 
-impl Read for ObjectReader {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        while self.cur.is_empty() {
+impl ObjectReader {
+    /// The next chunk of the object as the server sent it; `None` at the
+    /// end.
+    fn next_chunk(&mut self) -> io::Result<Option<bytes::Bytes>> {
+        loop {
             if let Some(why) = &self.failed {
                 return Err(io::Error::other(why.clone()));
             }
             let Some(p) = self.parts.front_mut() else {
-                return Ok(0); // the end of the object
+                return Ok(None); // the end of the object
             };
             let want = p.range.end - p.range.start;
             match p.chunks.recv() {
                 Ok(Ok(b)) if p.got + b.len() as u64 <= want => {
                     p.got += b.len() as u64;
-                    self.cur = b;
+                    return Ok(Some(b));
                 }
                 Ok(Ok(_)) => {
                     let range = p.range.clone();
@@ -232,6 +236,26 @@ impl Read for ObjectReader {
                     let why = format!("the server's answer ended after {got} bytes");
                     return Err(self.fail(&range, why));
                 }
+            }
+        }
+    }
+}
+
+/// A load parses the chunks where they lie (`InPlace`).
+impl Pieces for ObjectReader {
+    type Piece = bytes::Bytes;
+
+    fn next_piece(&mut self) -> io::Result<Option<bytes::Bytes>> {
+        self.next_chunk()
+    }
+}
+
+impl Read for ObjectReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.next_chunk()? {
+                Some(b) => self.cur = b,
+                None => return Ok(0),
             }
         }
         let n = out.len().min(self.cur.len());

@@ -1,5 +1,6 @@
 //! Reading an image back: `ImageDir::read_chain`, the checked segment
-//! parser, and `AheadReader` (O_DIRECT read-ahead on its own thread).
+//! parser, `AheadReader` (O_DIRECT read-ahead on its own thread), and
+//! `InPlace`, which hands the parser its bytes where they lie.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
@@ -36,7 +37,8 @@ impl ImageDir {
                     let name = object_name(seg.seq, seg.time_ns);
                     let (r, len) = remote.reader(&name, seg.bytes)?;
                     let path = remote.named(&name);
-                    parse_segment(&path, r, len, m, seg, &mut apply, &mut progress)?
+                    let mut src = InPlace::new(r);
+                    parse_source(&path, &mut src, len, m, seg, &mut apply, &mut progress)?
                 }
                 None => {
                     let path = self.seg_path(seg.seq);
@@ -171,6 +173,21 @@ impl Read for AheadReader {
     }
 }
 
+impl Pieces for AheadReader {
+    type Piece = Buf;
+
+    fn next_piece(&mut self) -> io::Result<Option<Buf>> {
+        match self.blocks.as_ref().and_then(|b| b.recv().ok()) {
+            Some(block) => block.map(Some),
+            None => Ok(None), // end of file
+        }
+    }
+
+    fn done_with(&mut self, block: Buf) {
+        let _ = self.empties.send(block);
+    }
+}
+
 impl Drop for AheadReader {
     fn drop(&mut self) {
         // Unblocks the reader if it waits to hand over a block.
@@ -193,15 +210,136 @@ pub(super) fn read_segment(
         open_direct(path, OpenOptions::new().read(true)).map_err(|e| Error::file(path, e))?;
     let len = file.metadata().map_err(|e| Error::file(path, e))?.len();
     let r = AheadReader::start(file, direct, len).map_err(|e| Error::file(path, e))?;
-    parse_segment(path, r, len, m, seg, apply, progress)
+    parse_source(path, &mut InPlace::new(r), len, m, seg, apply, progress)
+}
+
+/// Where the parser takes a segment's bytes from: `take(n)` hands over
+/// the next `n` bytes as one slice.
+pub(super) trait Source {
+    /// The next `n` bytes; an `UnexpectedEof` error if they end first.
+    fn take(&mut self, n: usize) -> io::Result<&[u8]>;
+}
+
+/// Bytes that arrive in pieces (a GET's body chunks, read-ahead blocks),
+/// for [`InPlace`].
+pub(super) trait Pieces {
+    type Piece: AsRef<[u8]>;
+    /// The next piece; `None` at the end.
+    fn next_piece(&mut self) -> io::Result<Option<Self::Piece>>;
+    /// A piece the parser has used up (a block to fill again).
+    fn done_with(&mut self, _piece: Self::Piece) {}
+}
+
+/// A [`Source`] over [`Pieces`] that lends the parser each record where it
+/// lies in its piece, and copies only a record that spans two or more: a
+/// load then copies each page once, from the received bytes into the
+/// store, rather than through a record buffer first.
+pub(super) struct InPlace<P: Pieces> {
+    src: P,
+    cur: Option<P::Piece>,
+    /// Where the unread bytes of `cur` start.
+    pos: usize,
+    /// A record that spans pieces, gathered.
+    spill: Vec<u8>,
+}
+
+impl<P: Pieces> InPlace<P> {
+    pub(super) fn new(src: P) -> Self {
+        InPlace {
+            src,
+            cur: None,
+            pos: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn unread(&self) -> usize {
+        self.cur.as_ref().map_or(0, |c| c.as_ref().len() - self.pos)
+    }
+}
+
+impl<P: Pieces> Source for InPlace<P> {
+    fn take(&mut self, n: usize) -> io::Result<&[u8]> {
+        if n == 0 {
+            return Ok(&[]);
+        }
+        // A used-up piece goes back; empty pieces are skipped.
+        while self.unread() == 0 {
+            if let Some(done) = self.cur.take() {
+                self.src.done_with(done);
+            }
+            self.pos = 0;
+            match self.src.next_piece()? {
+                Some(p) => self.cur = Some(p),
+                None => return Err(io::ErrorKind::UnexpectedEof.into()),
+            }
+        }
+        if self.unread() >= n {
+            let at = self.pos;
+            self.pos += n;
+            let cur = self.cur.as_ref().expect("unread bytes are in a piece");
+            return Ok(&cur.as_ref()[at..at + n]);
+        }
+        // The bytes span pieces: gathered into `spill`.
+        self.spill.clear();
+        let cur = self.cur.take().expect("unread bytes are in a piece");
+        self.spill.extend_from_slice(&cur.as_ref()[self.pos..]);
+        self.src.done_with(cur);
+        self.pos = 0;
+        while self.spill.len() < n {
+            let Some(p) = self.src.next_piece()? else {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            };
+            let want = n - self.spill.len();
+            let b = p.as_ref();
+            if b.len() > want {
+                self.spill.extend_from_slice(&b[..want]);
+                self.pos = want;
+                self.cur = Some(p);
+            } else {
+                self.spill.extend_from_slice(b);
+                self.src.done_with(p);
+            }
+        }
+        Ok(&self.spill)
+    }
+}
+
+/// A [`Source`] over any reader, through a record buffer.
+struct Copying<R> {
+    r: R,
+    buf: Vec<u8>,
+}
+
+impl<R: Read> Source for Copying<R> {
+    fn take(&mut self, n: usize) -> io::Result<&[u8]> {
+        self.buf.resize(n, 0);
+        self.r.read_exact(&mut self.buf)?;
+        Ok(&self.buf)
+    }
 }
 
 /// Checks one segment of `len` bytes read from `r`, handing its records
-/// to `apply`. Generic rather than `dyn Read`: a directory's loads stay as
-/// they were.
+/// to `apply` ([`parse_source`] through a record buffer).
 pub(super) fn parse_segment<R: Read>(
     path: &Path,
-    mut r: R,
+    r: R,
+    len: u64,
+    m: &Manifest,
+    seg: &SegEntry,
+    apply: &mut impl FnMut(Record<'_>) -> Result<()>,
+    progress: &mut impl FnMut(u64),
+) -> Result<()> {
+    let mut src = Copying { r, buf: Vec::new() };
+    parse_source(path, &mut src, len, m, seg, apply, progress)
+}
+
+/// Checks one segment of `len` bytes taken from `r`, handing its records
+/// to `apply`: each record's checksum is checked before `apply` sees it.
+/// Generic rather than `dyn Source`: a load's inner loop stays inlined.
+pub(super) fn parse_source<S: Source>(
+    path: &Path,
+    r: &mut S,
     len: u64,
     m: &Manifest,
     seg: &SegEntry,
@@ -227,9 +365,11 @@ pub(super) fn parse_segment<R: Read>(
         io::ErrorKind::UnexpectedEof => damage,
         _ => Error::file(path, e),
     };
-    let mut h = [0u8; SEG_HEADER];
-    r.read_exact(&mut h)
-        .map_err(|e| short(e, bad(0, "too short for a segment header".into())))?;
+    let h: [u8; SEG_HEADER] = r
+        .take(SEG_HEADER)
+        .map_err(|e| short(e, bad(0, "too short for a segment header".into())))?
+        .try_into()
+        .expect("took a header's bytes");
     if &h[..8] != SEG_MAGIC {
         return Err(bad(0, "not a ramd image segment (bad magic)".into()));
     }
@@ -282,13 +422,14 @@ pub(super) fn parse_segment<R: Read>(
         return Err(bad(at, why.into()));
     }
     let mut offset = SEG_HEADER as u64;
-    let mut payload = Vec::new();
     let (mut records, mut pages) = (0u64, 0u64);
     loop {
         let at = offset;
-        let mut rh = [0u8; REC_HEADER];
-        r.read_exact(&mut rh)
-            .map_err(|e| short(e, bad(at, "segment ends without its END record".into())))?;
+        let rh: [u8; REC_HEADER] = r
+            .take(REC_HEADER)
+            .map_err(|e| short(e, bad(at, "segment ends without its END record".into())))?
+            .try_into()
+            .expect("took a record header's bytes");
         let ty = rh[4];
         let sub = rh[5];
         let plen = u32::from_le_bytes(rh[8..12].try_into().unwrap()) as usize;
@@ -309,11 +450,11 @@ pub(super) fn parse_segment<R: Read>(
                 format!("{}: record length {plen} runs past the end", what()),
             ));
         }
-        payload.resize(plen.next_multiple_of(8), 0);
-        r.read_exact(&mut payload)
+        let payload = r
+            .take(plen.next_multiple_of(8))
             .map_err(|e| short(e, bad(at, format!("{}: record runs past the end", what()))))?;
         let mut crc = crc32c::crc32c(&rh[4..]);
-        crc = crc32c::crc32c_append(crc, &payload);
+        crc = crc32c::crc32c_append(crc, payload);
         if crc != u32::from_le_bytes(rh[..4].try_into().unwrap()) {
             return Err(bad(at, format!("{}: checksum mismatch", what())));
         }

@@ -202,14 +202,36 @@ impl Remote {
              the environment, and no instance metadata service gave any)"
                 .into()
         } else if has(&[
+            "QuotaExceeded",
+            "StorageFull",
+            "InsufficientStorage",
+            "Insufficient Storage",
+        ]) {
+            format!(
+                "bucket {} has no room: it is over its quota or its server is full; make room \
+                 or raise the quota (the image keeps its last save; the next save tries again)",
+                self.bucket
+            )
+        } else if has(&[
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
             "AccessDenied",
             "Forbidden",
         ]) {
+            // Some servers refuse writes to a bucket over its quota, or made
+            // read-only, the same way (SeaweedFS: AccessDenied).
             format!(
                 "the server refused these credentials: check AWS_ACCESS_KEY_ID and \
-                 AWS_SECRET_ACCESS_KEY, and that they may use bucket {}",
+                 AWS_SECRET_ACCESS_KEY, and that they may use bucket {} (a write refused so \
+                 may also be a bucket made read-only, or over its quota)",
+                self.bucket
+            )
+        } else if has(&["InternalError", "ServiceUnavailable", "SlowDown"]) {
+            // SeaweedFS answers a multipart upload to a bucket over its
+            // quota with InternalError.
+            format!(
+                "the server failed the request: it may be overloaded, failing, or out of room \
+                 (a full disk, a bucket over its quota); check the server and bucket {}",
                 self.bucket
             )
         } else if has(&[

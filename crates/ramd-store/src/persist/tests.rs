@@ -1,7 +1,9 @@
+use std::cell::Cell;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::sys::PAGE_SIZE;
@@ -147,21 +149,32 @@ fn segments_round_trip_whatever_their_record_sizes() {
     }
 }
 
+/// A fresh directory for test `name`'s image (gone if it was there).
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ramd-{name}-test-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A store of `size` bytes that tracks changes, as a saved disk's does.
+fn tracked_store(size: u64) -> crate::Store {
+    crate::Store::new(crate::StoreConfig {
+        host_reserve: 0,
+        track_changes: true,
+        ..crate::StoreConfig::new(size)
+    })
+    .unwrap()
+}
+
 /// A save that the chain's length would make full, with nothing changed,
 /// writes nothing and leaves no page marked for a save: the next save
 /// starts clean (its switch asserts that none is) and the image loads as
 /// the disk is.
 #[test]
 fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
-    let dir = std::env::temp_dir().join(format!("ramd-compact-test-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+    let dir = fresh_dir("compact");
     let size = 1 << 20;
-    let cfg = || crate::StoreConfig {
-        host_reserve: 0,
-        track_changes: true,
-        ..crate::StoreConfig::new(size)
-    };
-    let store = Arc::new(crate::Store::new(cfg()).unwrap());
+    let store = Arc::new(tracked_store(size));
     let p = Persister::new(
         store.clone(),
         ImageDir::open(&dir).unwrap(),
@@ -183,7 +196,7 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     p.save(false).unwrap();
     p.close();
 
-    let loaded = crate::Store::new(cfg()).unwrap();
+    let loaded = tracked_store(size);
     let image = ImageDir::open_existing(&dir).unwrap();
     let total = image.manifest().unwrap().bytes();
     let mut seen = Vec::new();
@@ -205,6 +218,41 @@ fn a_compaction_with_nothing_changed_leaves_no_page_marked() {
     loaded.read(0, &mut got).unwrap();
     assert_eq!(got[..PAGE_SIZE], page(2)[..]);
     assert_eq!(got[PAGE_SIZE..], page(3)[..]);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A compaction commits the changes as an incremental save first, then
+/// the full save: the chain it replaces ends with those changes (a standby
+/// sees them before the full save is written), and both are restorable.
+#[test]
+fn a_compaction_commits_the_changes_before_the_full_save() {
+    let dir = fresh_dir("compact2");
+    let size = 1 << 20;
+    let store = Arc::new(tracked_store(size));
+    let mut image = ImageDir::open(&dir).unwrap();
+    image.set_keep_saves(Some(std::time::Duration::from_secs(3600)));
+    let p = Persister::new(store.clone(), image, DiskKind::Block, size, None, false);
+    let page = |b: u8| vec![b; PAGE_SIZE];
+    store.write(0, &page(1)).unwrap();
+    assert!(p.save(false).unwrap().full);
+    // As large as the full save: the chain is "large".
+    store.write(0, &page(2)).unwrap();
+    assert!(!p.save(false).unwrap().full);
+    store.write(PAGE_SIZE as u64, &page(3)).unwrap();
+    let compaction = p.save(false).unwrap();
+    assert!(compaction.full, "{compaction:?}");
+    assert_eq!(compaction.seq, 4, "save 3 is the changes: {compaction:?}");
+    assert_eq!(p.status().saves, 3 + 1, "{:?}", p.status());
+    p.close();
+
+    let image = ImageDir::open_existing(&dir).unwrap();
+    let m = image.manifest().unwrap();
+    assert_eq!(m.chain.iter().map(|s| s.seq).collect::<Vec<_>>(), [4]);
+    let old = image.as_of(3).unwrap();
+    let seqs: Vec<(u64, bool)> = old.chain.iter().map(|s| (s.seq, s.full)).collect();
+    assert_eq!(seqs, [(1, true), (2, false), (3, false)]);
+    // Save 3 alone holds the change (one page), not the whole disk.
+    assert_eq!(old.chain[2].pages, 1, "{old:?}");
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -359,4 +407,246 @@ fn an_image_keeps_its_id_and_an_old_one_gets_one() {
         Some(given)
     );
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A byte string handed over in pieces cut at given lengths (a GET's
+/// body chunks), for `InPlace`; `left` counts the pieces not yet handed
+/// out, `back` those handed back.
+struct Cut {
+    pieces: std::collections::VecDeque<Vec<u8>>,
+    left: Rc<Cell<usize>>,
+    back: Rc<Cell<usize>>,
+}
+
+impl Cut {
+    fn new(bytes: &[u8], mut len: impl FnMut() -> usize) -> Cut {
+        let mut pieces = std::collections::VecDeque::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = len().min(bytes.len() - at);
+            pieces.push_back(bytes[at..at + n].to_vec());
+            at += n;
+        }
+        let left = Rc::new(Cell::new(pieces.len()));
+        Cut {
+            pieces,
+            left,
+            back: Rc::default(),
+        }
+    }
+}
+
+impl Pieces for Cut {
+    type Piece = Vec<u8>;
+
+    fn next_piece(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let p = self.pieces.pop_front();
+        self.left.set(self.pieces.len());
+        Ok(p)
+    }
+
+    fn done_with(&mut self, _piece: Vec<u8>) {
+        self.back.set(self.back.get() + 1);
+    }
+}
+
+/// A segment of every record kind (raw and compressed pages, fills,
+/// holes, frames' neighbours GONE, trees of odd lengths), its bytes, the
+/// image's MANIFEST and the segment's entry; the image directory is
+/// removed.
+fn mixed_segment(name: &str) -> (Vec<u8>, Manifest, super::manifest::SegEntry) {
+    let dir = std::env::temp_dir().join(format!("ramd-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let mut img = ImageDir::open(&dir).unwrap();
+    let size = 64 << 20;
+    let mut w = img.begin_segment(1, true, DiskKind::Block, size).unwrap();
+    let mut rng = fastrand::Rng::with_seed(23);
+    for page in 0..600u64 {
+        let data: Vec<u8> = (0..PAGE_SIZE).map(|_| rng.u8(..)).collect();
+        match page % 7 {
+            0 => w.page(page, crate::store::PageRef::Fill(page * 0x0101)),
+            1 => w.page(page, crate::store::PageRef::Hole),
+            2 => w.page(
+                page,
+                crate::store::PageRef::Packed {
+                    zstd: true,
+                    data: &data[..1 + rng.usize(..3000)],
+                },
+            ),
+            3 => w.gone(page),
+            // Whole trees and tree deltas (META variants 0 and 1).
+            4 => w
+                .meta(&data[..rng.usize(..PAGE_SIZE)], page % 2 == 1)
+                .unwrap(),
+            _ => w.page(
+                page,
+                crate::store::PageRef::Raw {
+                    data: &data,
+                    hot: page % 2 == 0,
+                },
+            ),
+        }
+    }
+    let entry = w.finish().unwrap();
+    img.commit(DiskKind::Block, size, entry.clone()).unwrap();
+    let bytes = fs::read(img.seg_path(entry.seq)).unwrap();
+    let m = img.manifest().unwrap().clone();
+    fs::remove_dir_all(&dir).unwrap();
+    (bytes, m, entry)
+}
+
+/// Each record as `parse_source` hands it over, in order.
+fn records_of(
+    src: &mut impl Source,
+    len: u64,
+    m: &Manifest,
+    seg: &super::manifest::SegEntry,
+) -> crate::error::Result<Vec<String>> {
+    let mut got = Vec::new();
+    parse_source(
+        Path::new("seg"),
+        src,
+        len,
+        m,
+        seg,
+        &mut |r| {
+            got.push(format!("{r:?}"));
+            Ok(())
+        },
+        &mut |_| {},
+    )?;
+    Ok(got)
+}
+
+/// The offset of each record of a segment, and the END record's.
+fn record_offsets(bytes: &[u8]) -> Vec<usize> {
+    let mut at = SEG_HEADER;
+    let mut offsets = Vec::new();
+    while at < bytes.len() {
+        offsets.push(at);
+        let plen = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        at += REC_HEADER + plen.next_multiple_of(8);
+    }
+    offsets
+}
+
+/// Records parsed in place from pieces cut anywhere (inside headers and
+/// payloads, one byte long, empty, exactly a record long, larger than
+/// many records) are the records parsed from the whole segment at once,
+/// and every piece is handed back.
+#[test]
+fn records_parse_the_same_however_the_bytes_are_cut() {
+    let (bytes, m, seg) = mixed_segment("inplace-test");
+    let len = bytes.len() as u64;
+    let whole = records_of(
+        &mut InPlace::new(Cut::new(&bytes, || bytes.len())),
+        len,
+        &m,
+        &seg,
+    )
+    .unwrap();
+    let through_a_buffer = {
+        let mut got = Vec::new();
+        parse_segment(
+            Path::new("seg"),
+            &bytes[..],
+            len,
+            &m,
+            &seg,
+            &mut |r| {
+                got.push(format!("{r:?}"));
+                Ok(())
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        got
+    };
+    assert_eq!(whole.len(), 600);
+    assert!(
+        whole == through_a_buffer,
+        "in place and through a buffer differ"
+    );
+    let fixed = [0, 1, 7, 31, 32, 33, 4095, 4096, 4128, 4129, 65536];
+    for seed in 0..60u64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut len_of = move || match seed {
+            0..11 => fixed[seed as usize].max(1),
+            _ => match rng.u8(..4) {
+                0 => 0,
+                1 => rng.usize(1..40),
+                2 => rng.usize(4000..4200),
+                _ => rng.usize(..100_000),
+            },
+        };
+        let cut = Cut::new(&bytes, &mut len_of);
+        let (pieces, left, back) = (cut.pieces.len(), cut.left.clone(), cut.back.clone());
+        let got = records_of(&mut InPlace::new(cut), len, &m, &seg).unwrap();
+        assert!(got == whole, "seed {seed}: records differ");
+        assert_eq!(left.get(), 0, "seed {seed}: pieces left");
+        // The piece the parser read last may still be its own.
+        assert!(
+            pieces - back.get() <= 1,
+            "seed {seed}: {} of {pieces} pieces handed back",
+            back.get()
+        );
+    }
+}
+
+/// A record damaged where a piece ends, or cut short there, fails the
+/// parse naming that record's offset, whichever piece the damage is in.
+#[test]
+fn damage_where_a_piece_ends_names_the_record() {
+    let (bytes, m, seg) = mixed_segment("inplace-damage-test");
+    let len = bytes.len() as u64;
+    let offsets = record_offsets(&bytes);
+    let mut tried = 0;
+    for (k, &at) in offsets.iter().enumerate().skip(1).step_by(5) {
+        let next = offsets.get(k + 1).copied().unwrap_or(bytes.len());
+        if next - at == REC_HEADER {
+            continue; // no payload
+        }
+        tried += 1;
+        for flip in [at + 2, at + REC_HEADER, next - 1] {
+            let mut bad = bytes.clone();
+            bad[flip] ^= 0x40;
+            // Pieces end at the damaged byte, before it and after it.
+            for cut in [flip, flip + 1, flip - 1] {
+                let mut first = true;
+                let cuts = Cut::new(&bad, || match std::mem::take(&mut first) {
+                    true => cut,
+                    false => 4099,
+                });
+                let err = records_of(&mut InPlace::new(cuts), len, &m, &seg).unwrap_err();
+                match err {
+                    crate::error::Error::Image { offset, reason, .. } => {
+                        assert_eq!(offset, at as u64, "byte {flip}, cut at {cut}: {reason}");
+                        assert!(reason.contains("checksum mismatch"), "{reason}");
+                    }
+                    e => panic!("byte {flip}, cut at {cut}: {e}"),
+                }
+            }
+        }
+        // Cut short inside the record: the pieces end there.
+        for end in [at + 1, at + REC_HEADER, next - 1] {
+            let short = &bytes[..end];
+            let mut first = true;
+            let cuts = Cut::new(short, || match std::mem::take(&mut first) {
+                true => at,
+                false => 5000,
+            });
+            let err = records_of(&mut InPlace::new(cuts), len, &m, &seg).unwrap_err();
+            match err {
+                crate::error::Error::Image { offset, reason, .. } => {
+                    assert_eq!(offset, at as u64, "cut short at {end}: {reason}");
+                    assert!(
+                        reason.contains("runs past the end") || reason.contains("without its END"),
+                        "{reason}"
+                    );
+                }
+                e => panic!("cut short at {end}: {e}"),
+            }
+        }
+    }
+    assert!(tried > 20, "{tried} records tried");
 }

@@ -43,9 +43,6 @@ pub struct SavePlan {
     pub gone: Vec<u64>,
     /// Pages to save in all.
     pub pages: u64,
-    /// Whether anything changed since the last save (a full save plans
-    /// every page either way).
-    pub changed: bool,
 }
 
 /// A save under way, from its switch ([`Store::begin_save`]) to
@@ -217,7 +214,6 @@ impl Store {
             let mut map = shard.0.write();
             for (&key, chunk) in map.iter_mut() {
                 debug_assert_eq!(chunk.save.saving.load(Relaxed), 0, "a save is under way");
-                plan.changed |= chunk.save.dirty != 0;
                 let mask = if full {
                     (0..CHUNK_PAGES)
                         .filter(|&i| chunk.kind(i) != K_HOLE)
@@ -234,7 +230,6 @@ impl Store {
             }
         }
         let gone = std::mem::take(&mut *self.gone.lock());
-        plan.changed |= !gone.is_empty();
         if !full {
             plan.gone = gone.into_iter().collect();
             plan.gone.sort_unstable();
@@ -492,6 +487,15 @@ impl Store {
         }
     }
 
+    /// Load: until the guard is dropped, page memory is faulted in a whole
+    /// arena at a time rather than a page at a time
+    /// (`PagePool::set_populate`): a load fills each arena's pages one
+    /// after another.
+    pub(crate) fn populating(&self) -> Populating<'_> {
+        self.pool.set_populate(true);
+        Populating(self)
+    }
+
     /// Ends a load: what the load emptied is not a change to save (the
     /// image has it already).
     pub fn end_restore(&self) {
@@ -507,6 +511,15 @@ impl Store {
         }
         self.replace(chunk, i, new, true);
         Ok(())
+    }
+}
+
+/// See [`Store::populating`].
+pub(crate) struct Populating<'a>(&'a Store);
+
+impl Drop for Populating<'_> {
+    fn drop(&mut self) {
+        self.0.pool.set_populate(false);
     }
 }
 
