@@ -61,6 +61,12 @@
 #      --full`, then REPS times: 1% of the files' 4 KiB pages rewritten
 #      (pwrite, random places) and `ramd snapshot`: bytes as % of the full
 #      save's
+#   5. a filesystem disk of many small files (`--image s3://BUCKET/many`):
+#      10,000 files of 4 KiB of random data in one directory, `ramd snapshot
+#      --full`, then REPS times: 1% of the files (100, chosen at random)
+#      rewritten whole and `ramd snapshot`; then one file rewritten and
+#      `ramd snapshot`: bytes as % of the full save's (here the tree, saved
+#      as a delta of the inodes that changed, is a large part of a save)
 # Untimed checks: the disk loaded from the prefix hashes (sha256) as disk A
 # did before its stop, and `ramd image verify s3://BUCKET/ramd` passes.
 set -euo pipefail
@@ -382,6 +388,41 @@ done
 wait_until 120 "$ramd_what to stop" bash -c "! kill -0 $ramd_pid"
 reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
 ramd_pid=""
+
+# --- 5. many small files --------------------------------------------------------
+note "filesystem disk of 10,000 small files: ramd serve --mount --image s3://$bucket/many"
+ramd_what="ramd (filesystem disk, many files)"
+serve_mount "$ramd_what" "$mnt" 120 "$ramd" serve --name bench --mount "$mnt" --size 256M \
+    --image "s3://$bucket/many" >"$work/raw/M.out" 2>"$work/raw/M.log"
+ramd_pid=$spawned
+many_files=10000
+# rewrite SEED COUNT: COUNT of the files (chosen with SEED) written whole
+# with new random data.
+rewrite() {
+    python3 - "$mnt/many" "$many_files" "$1" "$2" <<'EOF'
+import os, random, sys
+d, n, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(d, exist_ok=True)
+for i in random.Random(seed).sample(range(n), count):
+    with open(os.path.join(d, f"f{i:05}"), "wb") as f:
+        f.write(os.urandom(4096))
+EOF
+    sync -f "$mnt"
+}
+rewrite 0 "$many_files"
+snapshot many_full --full
+for r in $(seq 1 "$reps"); do
+    note "many files, incremental save $r/$reps: 1% of the files rewritten, then ramd snapshot"
+    rewrite "$r" $((many_files / 100))
+    snapshot "many_incr_$r"
+    [[ $(jq .full "$work/raw/many_incr_$r.json") == false ]] || die "ramd snapshot (many files) made a full save"
+done
+rewrite 999 1
+snapshot many_one
+"$ramd" down bench >/dev/null || die "ramd down bench ($ramd_what) failed"
+wait_until 120 "$ramd_what to stop" bash -c "! kill -0 $ramd_pid"
+reap_server "$ramd_pid" || die "$ramd_what exited with status $?"
+ramd_pid=""
 record loadavg_end "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- report ---------------------------------------------------------------------
@@ -442,6 +483,13 @@ print(f"| block disk (NBD) | {incr_b / MiB:.2f} MiB of {full_b / MiB:.1f} MiB | 
       f"| ≤ 3%: {verdict(g_incr <= 3)} |")
 print(f"| filesystem disk (--mount, data path {r['fs_data_path']}) | {fs_incr / MiB:.2f} MiB of {fs_full / MiB:.1f} MiB "
       f"| {g_fs:.2f}% | {med(lambda i: secs(f'fs_incr_{i}')):.2f} (full: {secs('fs_full'):.2f}) | ≤ 3%: {verdict(g_fs <= 3)} |")
+many_full = num("many_full_bytes")
+many_incr = med(lambda i: num(f"many_incr_{i}_bytes"))
+g_many = many_incr / many_full * 100
+print(f"| filesystem disk of 10,000 files of 4 KiB, 1% of them rewritten | {many_incr / MiB:.2f} MiB of {many_full / MiB:.1f} MiB "
+      f"| {g_many:.2f}% | {med(lambda i: secs(f'many_incr_{i}')):.2f} (full: {secs('many_full'):.2f}) | ≤ 3%: {verdict(g_many <= 3)} |")
+print(f"| the same disk, one file rewritten (no goal) | {num('many_one_bytes') / 1024:.1f} KiB of {many_full / MiB:.1f} MiB "
+      f"| {num('many_one_bytes') / many_full * 100:.3f}% | {secs('many_one'):.2f} | |")
 print()
 print("Each run (seconds; r = ramd, p = rclone):")
 print()
@@ -451,7 +499,8 @@ print("- load: r " + each(lambda i: secs(f"load_ramd_{i}")) + "; p " + each(lamb
       + " (odd runs ramd first); p, one stream per object: " + each(lambda i: secs(f"load_peer1_{i}")))
 print("- incremental save bytes (MiB): " + each(lambda i: num(f"incr_ramd_{i}_bytes") / MiB)
       + "; its segment object as rclone lists it: " + each(lambda i: num(f"incr_segment_bytes_{i}") / MiB)
-      + "; filesystem disk: " + each(lambda i: num(f"fs_incr_{i}_bytes") / MiB))
+      + "; filesystem disk: " + each(lambda i: num(f"fs_incr_{i}_bytes") / MiB)
+      + "; many files: " + each(lambda i: num(f"many_incr_{i}_bytes") / MiB))
 print()
 print("Host load during each timed step (cores busy: SeaweedFS / ramd serve / client / everything else; 1-min load average):")
 print()
