@@ -36,6 +36,7 @@ mod standby;
 mod status;
 #[cfg(test)]
 mod tests;
+mod tree;
 mod writer;
 
 pub use crate::store::{PageRef, SavePlan, SaveSession};
@@ -47,12 +48,13 @@ pub use lease::{LeaseHolder, LeaseWatch};
 pub use load::{load, loading_stopped, open_image, stop_loading, Progress};
 pub use manifest::{Manifest, SegEntry};
 pub use outer::{OuterPages, OuterSave};
-pub use policy::{MetaFn, Persister, TreeFn, TreeSave};
+pub use policy::Persister;
 pub use remote::{is_url, S3_SCHEME};
 pub use replica::{Replica, ReplicaStatus};
 pub use salvage::{LostPages, SalvageChain, Salvaged};
 pub use standby::{FollowTree, StandbyStatus};
 pub use status::{FlushMode, PersistStatus, SaveReport};
+pub use tree::{MetaFn, TreeFn, TreeSave};
 pub use writer::SegWriter;
 
 /// A save's time (nanoseconds since the epoch) as `YYYY-MM-DD HH:MM:SS UTC`.

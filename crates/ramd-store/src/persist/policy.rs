@@ -27,6 +27,7 @@ use super::outer::OuterPages;
 use super::replica::Replica;
 use super::standby::{Follow, FollowTree};
 use super::status::{report_of, FlushMode, PersistStatus, SaveReport};
+use super::tree::MetaFn;
 
 /// An incremental chain is replaced by a full save once it has this many
 /// saves, or once its incremental saves add up to the full save's size:
@@ -53,31 +54,6 @@ pub(super) struct State {
     pub(super) stop: bool,
     /// No save will come any more: flushes fail at once.
     pub(super) closed: bool,
-}
-
-/// Takes a filesystem's tree at a save's switch, while no request is in
-/// flight, for a full save (`true`: the whole tree) or an incremental one
-/// (what changed since the last committed save, if the filesystem can
-/// tell): only what must be taken then, so that the switch stays short.
-pub type MetaFn = Box<dyn Fn(bool) -> TreeFn + Send + Sync>;
-
-/// The rest of a [`MetaFn`]'s work, once requests go on again: the tree
-/// as the save writes it.
-pub type TreeFn = Box<dyn FnOnce() -> TreeSave + Send>;
-
-/// A filesystem's tree as one save writes it (its META record).
-pub struct TreeSave {
-    pub bytes: Vec<u8>,
-    /// `bytes` change the tree of the chain's saves before this one (META
-    /// variant 1) rather than replace it (variant 0).
-    pub delta: bool,
-    /// The tree differs from the one the image's last committed save
-    /// holds: an unchanged tree alone is no reason to save.
-    pub changed: bool,
-    /// Run once the save is committed, never for one that fails or writes
-    /// nothing: the filesystem then knows what the image holds (a delta is
-    /// always against the last committed save's tree).
-    pub committed: Box<dyn FnOnce() + Send>,
 }
 
 pub struct Persister {

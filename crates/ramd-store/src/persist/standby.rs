@@ -45,6 +45,7 @@ use super::lease::{Lease, LeaseHolder};
 use super::manifest::{Manifest, SegEntry};
 use super::reader::parse_segment;
 use super::remote::is_url;
+use super::tree::TreeSave;
 
 /// A standby's following, as `ramd status` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -98,7 +99,7 @@ pub trait FollowTree: Send + Sync {
     fn announce(&self);
     /// The whole tree as it is now, for the META of a promotion's save
     /// (its `committed` runs once that save is committed).
-    fn save(&self) -> super::policy::TreeSave;
+    fn save(&self) -> TreeSave;
 }
 
 /// A standby's state between polls.
