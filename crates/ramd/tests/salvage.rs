@@ -235,11 +235,7 @@ fn salvage_fs_damaged_tree_falls_back_to_the_previous_save() {
     put(d.path(), "young.bin", &young);
     d.stop();
     let segs = segments(&img);
-    let meta = records_unchecked(&segs[1])
-        .into_iter()
-        .find(|r| r.kind == META)
-        .expect("the incremental save has a tree");
-    flip_byte(&segs[1], meta.off + 32 + meta.len / 2);
+    damage_tree(&segs[1]);
 
     let out = tmp.path().join("out");
     let (code, report) = salvage(&[p(&img), "--export", p(&out)]);
@@ -271,6 +267,16 @@ fn salvage_fs_damaged_tree_falls_back_to_the_previous_save() {
     );
 }
 
+/// Flips a byte in the middle of the tree record (META) of `seg`, an
+/// incremental save's segment.
+fn damage_tree(seg: &Path) {
+    let meta = records_unchecked(seg)
+        .into_iter()
+        .find(|r| r.kind == META)
+        .expect("the incremental save has a tree");
+    flip_byte(seg, meta.off + 32 + meta.len / 2);
+}
+
 /// The tree delta of a save in the middle of the chain damaged: the
 /// deltas after it assume it, so the trees of those saves are not built
 /// without it; the whole tree of the full save is used.
@@ -293,11 +299,7 @@ fn salvage_fs_damaged_tree_delta_is_not_skipped() {
     d.stop();
     let segs = segments(&img);
     assert_eq!(segs.len(), 3, "a full save and two incremental ones");
-    let meta = records_unchecked(&segs[1])
-        .into_iter()
-        .find(|r| r.kind == META)
-        .expect("the incremental save has a tree");
-    flip_byte(&segs[1], meta.off + 32 + meta.len / 2);
+    damage_tree(&segs[1]);
 
     let out = tmp.path().join("out");
     let (code, report) = salvage(&[p(&img), "--export", p(&out)]);
