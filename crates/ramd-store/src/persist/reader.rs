@@ -60,8 +60,6 @@ pub(super) struct AheadReader {
     blocks: Option<std::sync::mpsc::Receiver<io::Result<Buf>>>,
     empties: std::sync::mpsc::Sender<Buf>,
     reader: Option<std::thread::JoinHandle<()>>,
-    cur: Buf,
-    pos: usize,
 }
 
 /// What one read of [`AheadReader`] asks for.
@@ -114,8 +112,6 @@ impl AheadReader {
             blocks: Some(blocks),
             empties,
             reader: Some(reader),
-            cur: Buf::new(DIO_ALIGN),
-            pos: 0,
         })
     }
 }
@@ -152,25 +148,6 @@ pub(super) fn read_block(
         }
     }
     Ok(n.min(want))
-}
-
-impl Read for AheadReader {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if self.pos == self.cur.len() {
-            let Some(next) = self.blocks.as_ref().and_then(|b| b.recv().ok()) else {
-                return Ok(0); // end of file
-            };
-            let old = std::mem::replace(&mut self.cur, next?);
-            if old.capacity() > 0 {
-                let _ = self.empties.send(old);
-            }
-            self.pos = 0;
-        }
-        let n = out.len().min(self.cur.len() - self.pos);
-        out[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
 }
 
 impl Pieces for AheadReader {
