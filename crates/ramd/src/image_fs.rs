@@ -68,9 +68,8 @@ pub fn load_fs(dir: &Path) -> Result<Fs> {
     let store = offline_store(DiskKind::Fs, m.size, false)?;
     let chain = persist::load(&image, &store, &mut crate::progress::load_progress())?
         .expect("fs images have a tree");
-    let tree = ramd_fs::fs::TreeRecords::merge(&chain)
-        .map_err(|e| anyhow::anyhow!("loading image {}: the tree: {e}", dir.display()))?;
-    Fs::load(store, offline_fs_config(m.size), &tree)
+    Fs::load_chain(store, offline_fs_config(m.size), &chain)
+        .map(|(fs, _)| fs)
         .map_err(|e| anyhow::anyhow!("loading image {}: the tree: {e}", dir.display()))
 }
 

@@ -66,10 +66,7 @@ pub(super) fn prepare(args: &FsDisk, p: &Prepare) -> Result<Prepared> {
         (Some(image), None) => {
             let chain = persist::load(image, store, &mut (p.load_progress)())?
                 .expect("fs images have a tree");
-            let tree = crate::fs::TreeRecords::merge(&chain).map_err(|e| {
-                anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
-            })?;
-            let fs = Fs::load(store.clone(), cfg, &tree).map_err(|e| {
+            let (fs, tree) = Fs::load_chain(store.clone(), cfg, &chain).map_err(|e| {
                 anyhow::anyhow!("loading image {}: the tree: {e}", image.path().display())
             })?;
             (fs, Some(tree))

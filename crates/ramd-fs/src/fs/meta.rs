@@ -522,6 +522,18 @@ impl Fs {
         Self::decode(store, cfg, meta, true)
     }
 
+    /// [`Fs::load`] of the tree a chain's META records build (`persist::load`
+    /// returns them); also returns that tree, whole.
+    pub fn load_chain(
+        store: Arc<Store>,
+        cfg: FsConfig,
+        chain: &TreeChain,
+    ) -> std::result::Result<(Fs, Vec<u8>), String> {
+        let tree = TreeRecords::merge(chain)?;
+        let fs = Self::load(store, cfg, &tree)?;
+        Ok((fs, tree))
+    }
+
     /// [`Fs::load`] of a tree whose file data is not in the store (a
     /// load into the hot tier, `--data-path kernel`).
     pub(super) fn load_tree(
