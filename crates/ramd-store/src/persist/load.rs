@@ -41,8 +41,9 @@ pub enum Progress {
 }
 
 /// Loads the image into `store`; returns the filesystem tree if it is an
-/// fs image (its last whole tree and the changes after it). Progress goes to `progress`: `Read` as records are read,
-/// `Done` once the load succeeded (not after an error).
+/// fs image (its last whole tree and the changes after it). Progress goes
+/// to `progress`: `Read` as records are read, `Done` once the load
+/// succeeded (not after an error).
 pub fn load(
     image: &ImageDir,
     store: &Store,

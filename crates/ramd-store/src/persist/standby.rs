@@ -382,7 +382,7 @@ impl ImageDir {
             // one just applied, unchanged.
             let saved = tree.map(|t| t.save());
             if let Some(t) = &saved {
-                if let Err(e) = w.meta(&t.bytes, false).and_then(|()| w.write_out()) {
+                if let Err(e) = w.meta(&t.bytes, t.delta).and_then(|()| w.write_out()) {
                     w.discard();
                     return Err(e);
                 }
